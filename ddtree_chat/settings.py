@@ -1,0 +1,170 @@
+"""User defaults for generation, persisted as JSON under the user config dir.
+
+One place validates every value, so the file, the CLI, slash commands and the command
+palette all agree on what is allowed. A corrupt or invalid file never stops the program:
+the bad parts are reported as a warning and the defaults are used instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ddtree_chat import paths
+
+MODES = ("ddtree", "dflash", "ar")
+SETTINGS_FILE = "settings.json"
+
+
+class SettingsError(ValueError):
+    """A value a user gave is not allowed; str(err) says what is."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    system: str = ""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    mode: str | None = None  # None: ddtree when a drafter exists, else ar
+    budget: int = 16
+    thinking: bool = True
+    seed: int = 0
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+_ON = {"on", "true", "yes", "1"}
+_OFF = {"off", "false", "no", "0"}
+
+
+def _to_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise SettingsError(f"{name} must be on or off, not {value!r}.")
+
+
+def _to_number(name: str, value, kind, lo, hi):
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = kind(value) if kind is float else int(str(value).strip())
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name} must be a number between {lo} and {hi}, not {value!r}.") from None
+    if number != number or not lo <= number <= hi:  # NaN fails the first test
+        raise SettingsError(f"{name} must be between {lo} and {hi}, not {value!r}.")
+    return number
+
+
+def validate(name: str, value):
+    """Return `value` converted to the type of setting `name`, or raise SettingsError."""
+    if name == "system":
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise SettingsError("system must be text.")
+        return value
+    if name == "temperature":
+        return _to_number(name, value, float, 0.0, 5.0)
+    if name == "top_p":
+        number = _to_number(name, value, float, 0.0, 1.0)
+        if number == 0.0:
+            raise SettingsError("top_p must be greater than 0 and at most 1.")
+        return number
+    if name == "max_new_tokens":
+        return _to_number(name, value, int, 1, 1_000_000)
+    if name == "budget":
+        return _to_number(name, value, int, 1, 4096)
+    if name == "seed":
+        return _to_number(name, value, int, 0, 2**63 - 1)
+    if name == "thinking":
+        return _to_bool(name, value)
+    if name == "mode":
+        if value is None:
+            return None
+        text = str(value).strip().lower()
+        if text not in MODES:
+            raise SettingsError(f"mode must be one of {', '.join(MODES)}, not {value!r}.")
+        return text
+    raise SettingsError(f"Unknown setting {name!r}.")
+
+
+FIELD_NAMES = tuple(f.name for f in fields(Settings))
+
+
+def settings_path() -> Path:
+    return paths.config_dir() / SETTINGS_FILE
+
+
+def from_dict(data: dict) -> tuple[Settings, list[str]]:
+    """Build Settings from a mapping; unknown keys and bad values become warnings."""
+    warnings: list[str] = []
+    values = {}
+    for key, value in data.items():
+        if key not in FIELD_NAMES:
+            warnings.append(f"ignored unknown setting {key!r}")
+            continue
+        try:
+            values[key] = validate(key, value)
+        except SettingsError as err:
+            warnings.append(f"{err} Using the default.")
+    return Settings(**values), warnings
+
+
+def load(path: Path | None = None) -> tuple[Settings, str | None]:
+    """Return (settings, warning). A missing file is not a warning; a broken one is."""
+    path = path or settings_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Settings(), None
+    except OSError as err:
+        return Settings(), f"Could not read settings file {path} ({err.strerror}); using defaults."
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        return Settings(), f"Settings file {path} is not valid JSON; using defaults (fix or delete it)."
+    settings, problems = from_dict(data)
+    if problems:
+        return settings, f"Settings file {path}: " + "; ".join(problems)
+    return settings, None
+
+
+def save(settings: Settings, path: Path | None = None) -> Path:
+    """Write atomically (temp file + rename), so a crash never leaves half a file."""
+    path = path or settings_path()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def with_overrides(settings: Settings, args) -> Settings:
+    """Apply CLI values (argparse Namespace; None means "not given") for this run only."""
+    mapping = {
+        "system": "system",
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "max_new_tokens": "max_new_tokens",
+        "mode": "mode",
+        "budget": "budget",
+        "seed": "seed",
+        "thinking": "thinking",
+    }
+    changes = {}
+    for attr, name in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            changes[name] = validate(name, value)
+    return settings.replace(**changes)

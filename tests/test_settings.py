@@ -1,0 +1,64 @@
+import argparse
+import json
+
+import pytest
+
+from ddtree_chat import settings as st
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDTREE_CHAT_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_missing_file_gives_defaults_without_warning():
+    s, warning = st.load()
+    assert s == st.Settings() and warning is None
+
+
+def test_roundtrip(home):
+    s = st.Settings(system="be brief", temperature=0.7, top_p=0.9, max_new_tokens=64, mode="dflash", budget=32, thinking=False, seed=3)
+    path = st.save(s)
+    assert path.parent == home / "config"
+    assert st.load() == (s, None)
+
+
+def test_corrupt_file_warns_and_uses_defaults():
+    st.settings_path().write_text("{not json", encoding="utf-8")
+    s, warning = st.load()
+    assert s == st.Settings()
+    assert "not valid JSON" in warning
+
+
+def test_bad_values_are_dropped_with_warning():
+    st.settings_path().write_text(json.dumps({"temperature": "hot", "budget": 8, "colour": 1}), encoding="utf-8")
+    s, warning = st.load()
+    assert s.budget == 8 and s.temperature == st.Settings().temperature
+    assert "temperature" in warning and "colour" in warning
+
+
+@pytest.mark.parametrize(
+    "name,value,expected",
+    [("temperature", "0.5", 0.5), ("top_p", "1", 1.0), ("max_new_tokens", "12", 12), ("mode", "AR", "ar"),
+     ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256)],
+)
+def test_validate_accepts(name, value, expected):
+    assert st.validate(name, value) == expected
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("max_new_tokens", "0"),
+     ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("nope", 1)],
+)
+def test_validate_rejects(name, value):
+    with pytest.raises(st.SettingsError):
+        st.validate(name, value)
+
+
+def test_cli_overrides_only_given_values():
+    base = st.Settings(temperature=0.3, budget=8)
+    args = argparse.Namespace(temperature=None, budget=64, mode="ar", system=None, top_p=None, max_new_tokens=None, seed=None, thinking=None)
+    s = st.with_overrides(base, args)
+    assert (s.temperature, s.budget, s.mode) == (0.3, 64, "ar")
