@@ -1,0 +1,140 @@
+"""The decoding round: draft -> tree -> verify -> accept -> commit (DESIGN 3), plus prefill.
+
+State between calls: the target cache holds the committed tokens; `pending` is the last emitted token
+(the next round's root), not yet in the cache. The drafter context holds the committed tokens' features.
+NOTE: every round is committed before its event is yielded, so stopping between rounds leaves the
+engine exactly at the emitted tokens."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import DraftConfig, TargetConfig
+from .errors import ContextLengthError
+from .kv_cache import DraftCache, KVCache
+from .model import KimiModel, causal_mask
+from .tree import DraftTree, build_tree, chain, root_only, target_choice, walk
+
+
+@dataclass
+class RoundResult:
+    tree: DraftTree
+    choice: list[int]  # the target's token at every node
+    path: list[int]  # accepted nodes, root first
+    emitted: list[int]  # accepted tokens after the root, plus the bonus (truncated at a stop)
+    t_draft: float
+    t_target: float
+
+
+class Decoder:
+    def __init__(self, target: KimiModel, tcfg: TargetConfig, drafter=None, dcfg: DraftConfig | None = None,
+                 max_len: int = 4096):
+        self.target, self.tcfg, self.drafter, self.dcfg = target, tcfg, drafter, dcfg
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.cache = KVCache(tcfg.num_layers, max_len, tcfg.kv_lora_rank, tcfg.qk_rope_head_dim, self.dtype, self.device)
+        self.capture = tuple(dcfg.target_layer_ids) if dcfg else ()
+        self.dcache = DraftCache(dcfg.num_layers, max_len, dcfg.num_kv_heads, dcfg.head_dim, self.dtype, self.device,
+                                 dcfg.kv_window) if dcfg else None
+        self.tokens: list[int] = []  # committed (in the cache)
+        self.pending: int | None = None
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+    # -- target forward over new tokens on top of the committed cache ------------------------------
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
+                                    self.cache, self.capture)
+        return self.target.logits(hidden), feats
+
+    def _commit(self, nodes: list[int], tokens: list[int], feats: torch.Tensor | None) -> None:
+        start = self.cache.length
+        self.cache.commit(torch.tensor(nodes, dtype=torch.long))
+        self.tokens.extend(tokens)
+        if self.drafter is not None and feats is not None:
+            idx = torch.tensor(nodes, device=feats.device)  # NOTE: by node index along the path, not the first n rows
+            pos = torch.arange(start, start + len(nodes), device=self.device)
+            self.dcache.append(self.drafter.context_kv(feats[idx], pos), start + len(nodes))
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Bring the state to `ids` (reusing the longest common committed prefix); returns the logits
+        [V] for the token after ids[-1]. Afterwards all of ids are committed and nothing is pending."""
+        if not ids:
+            raise ValueError("the prompt is empty")
+        lcp = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            lcp += 1
+        lcp = min(lcp, len(ids) - 1)  # at least one token must run to produce logits
+        if len(ids) + 1 > self.max_len:
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.max_len}; shorten it or start a new chat.")
+        self.cache.truncate(lcp)
+        del self.tokens[lcp:]
+        if self.dcache is not None:
+            self.dcache.truncate_to_pos(lcp)
+        self.pending = None
+        new = ids[lcp:]
+        t = len(new)
+        logits, feats = self._forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t))
+        self._commit(list(range(t)), new, feats)
+        return logits[-1]
+
+    # -- one speculative round --------------------------------------------------------------------
+    def draft_logprobs(self, root: int) -> torch.Tensor:
+        """The drafter's log-probabilities [B-1, V] for the block after `root` (at the cache end)."""
+        b = self.dcfg.block_size
+        start = self.cache.length  # the root's position
+        block = torch.full((b,), self.dcfg.mask_token_id, dtype=torch.long, device=self.device)
+        block[0] = root  # NOTE: slot 0 must hold the real bonus token
+        emb = self.target.embed_tokens(block)
+        hidden = self.drafter(emb, torch.arange(start, start + b, device=self.device), self.dcache.layers())
+        return torch.log_softmax(self.target.lm_head(hidden[1:]).float(), dim=-1)
+
+    @torch.no_grad()
+    def draft(self, root: int, mode: str, budget: int) -> DraftTree:
+        if mode == "ar" or self.drafter is None or budget == 0:
+            return root_only(root)
+        logp = self.draft_logprobs(root)
+        if mode == "dflash":
+            vals, ids = logp.max(-1, keepdim=True)
+            return chain(root, vals.cpu(), ids.cpu())
+        depth = min(logp.shape[0], budget)
+        vals, ids = logp[:depth].topk(min(budget, logp.shape[-1]), dim=-1)
+        return build_tree(root, vals.cpu(), ids.cpu(), budget)
+
+    @torch.no_grad()
+    def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
+              stop_ids: frozenset[int], room: int) -> RoundResult:
+        """One round from the pending token. `room`: tokens still allowed (>= 1)."""
+        t0 = time.perf_counter()
+        tree = self.draft(self.pending, mode, budget)
+        t1 = time.perf_counter()
+        start = self.cache.length
+        logits, feats = self._forward(tree.tokens, tree.positions(start), tree.mask())
+        choice = target_choice(logits, temperature, top_p, gen)
+        path, bonus = walk(tree, choice)
+        toks = tree.tokens.tolist()
+        emitted = [toks[n] for n in path[1:]] + [bonus]
+        for i, tok in enumerate(emitted):  # nothing after a stop token, nothing past the limit
+            if tok in stop_ids or i + 1 >= room:
+                emitted = emitted[: i + 1]
+                break
+        m = len(emitted)
+        # NOTE: the cache keeps the root and the accepted nodes before the last emitted token,
+        # which becomes the next root.
+        self._commit(path[:m], [self.pending] + emitted[:-1], feats)
+        self.pending = emitted[-1]
+        return RoundResult(tree, choice.tolist(), path, emitted, t1 - t0, time.perf_counter() - t1)
+
+    def round_room(self, mode: str, budget: int) -> int:
+        """Tree nodes the next round needs in the cache."""
+        if mode == "ar" or self.drafter is None:
+            return 1
+        return 1 + (self.dcfg.block_size - 1 if mode == "dflash" else budget)

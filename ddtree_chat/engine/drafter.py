@@ -1,0 +1,93 @@
+"""DFlash block-diffusion drafter math (Qwen3-style GQA, half-split rope), DESIGN 3.1.
+
+It has no embedding or lm head: callers embed the block with the target's embed_tokens and apply the
+target's lm_head to `norm(hidden)`. Context = target layer features -> fc -> hidden_norm, projected by
+every layer's k_proj/v_proj (+ k_norm, + rope at absolute positions). Context tokens are never queries."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ops
+from .config import DraftConfig
+from .model import MLP, RMSNorm
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.nh, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+
+    def kv(self, x, cos, sin):
+        """x [..., n, H] -> roped k, v [..., n, kv_heads, d] (cacheable for context entries)."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.nkv, self.d)))
+        v = self.v_proj(x).unflatten(-1, (self.nkv, self.d))
+        return ops.apply_rope_half(k, cos, sin), v
+
+    def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
+        """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
+        (None: everything visible — context fully, the block bidirectionally)."""
+        q = ops.apply_rope_half(self.q_norm(self.q_proj(x).unflatten(-1, (self.nh, self.d))), cos, sin)
+        k_blk, v_blk = self.kv(x, cos, sin)
+        k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]
+        v = torch.cat([v_ctx, v_blk], dim=-3).transpose(-3, -2)
+        rep = self.nh // self.nkv
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+        o = F.scaled_dot_product_attention(q.transpose(-3, -2), k, v, attn_mask=mask)
+        return self.o_proj(o.transpose(-3, -2).flatten(-2))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+
+    def _inv_freq(self):
+        return ops.yarn_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+
+    def reset_rope(self, device) -> None:
+        self.inv_freq = self._inv_freq().to(device)
+
+    def rope(self, positions, dtype):
+        return ops.rope_cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+
+    def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """feats [..., n, len(ids) * H] target features at `positions` [n] -> per layer (k, v) [..., n, kv, d]."""
+        ctx = self.hidden_norm(self.fc(feats))
+        cos, sin = self.rope(positions, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(self, block_emb: torch.Tensor, positions: torch.Tensor,
+                ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask=None) -> torch.Tensor:
+        """block_emb [..., B, H] at `positions` [B] -> normed hidden [..., B, H] (apply the target lm_head)."""
+        cos, sin = self.rope(positions, block_emb.dtype)
+        x = block_emb
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x)

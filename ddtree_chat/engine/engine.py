@@ -1,0 +1,151 @@
+"""The public engine: load a target (+ optional DFlash drafter), score sequences, generate round events."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .ddtree import Decoder
+from .errors import DeviceError, EngineError
+from .generation import GenerationConfig, Stats
+from .loader import Progress, load_drafter, load_target
+from .model import causal_mask
+from .tree import target_choice
+
+
+def _pick_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu.")
+    if dev.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device {device!r} is not supported; use cpu or cuda.")
+    return dev
+
+
+class Engine:
+    def __init__(self, target, tcfg, tokenizer, drafter=None, dcfg=None, device=None, max_context: int = 4096):
+        self.target, self.tcfg, self.tokenizer = target, tcfg, tokenizer
+        self.drafter, self.dcfg = drafter, dcfg
+        self.device = device or next(target.parameters()).device
+        self.decoder = Decoder(target, tcfg, drafter, dcfg, max_len=max_context)
+        self._lock = threading.Lock()  # one generation at a time
+
+    @classmethod
+    def load(cls, model_dir: str | Path, draft_dir: str | Path | None = None, device: str | None = None,
+             tp: int | None = None, dtype: torch.dtype | None = None, progress: Progress = None,
+             max_context: int | None = None) -> "Engine":
+        from .tokenizer import load_tokenizer
+
+        if tp not in (None, 1):
+            raise EngineError("tensor parallelism (--tp > 1) is not available yet; run with --tp 1.")
+        dev = _pick_device(device)
+        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        tokenizer = load_tokenizer(model_dir)
+        try:
+            tcfg, target = load_target(model_dir, dev, dtype, progress)
+            drafter = dcfg = None
+            if draft_dir is not None:
+                dcfg, drafter = load_drafter(draft_dir, tcfg, dev, dtype, progress)
+        except torch.OutOfMemoryError:
+            raise DeviceError(f"the model does not fit in {dev} memory; use more GPUs (--tp) or a smaller model.") from None
+        if tokenizer.vocab_size > tcfg.vocab_size:
+            raise EngineError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {tcfg.vocab_size}.")
+        ctx = max_context or min(tcfg.max_position_embeddings, 4096 if dev.type == "cpu" else 32768)
+        return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx)
+
+    @property
+    def info(self) -> dict:
+        return {
+            "model": self.tcfg.name,
+            "device": str(self.device),
+            "tp": 1,
+            "has_drafter": self.drafter is not None,
+            "max_context": self.decoder.max_len,
+            "modes": ["ddtree", "dflash", "ar"] if self.drafter is not None else ["ar"],
+            "block_size": self.dcfg.block_size if self.dcfg else None,
+        }
+
+    @torch.no_grad()
+    def logits(self, token_ids: list[int]) -> torch.Tensor:
+        """The target's float32 logits [len, vocab] for a full sequence, without any cache."""
+        t = len(token_ids)
+        ids = torch.tensor(token_ids, device=self.device)
+        hidden, _ = self.target(ids, torch.arange(t, device=self.device), causal_mask(t, self.device))
+        return self.target.logits(hidden)
+
+    def generate(self, token_ids: list[int], config: GenerationConfig | None = None,
+                 stop: threading.Event | None = None) -> Iterator[dict]:
+        """Yield one {"event": "round"} dict per round, then {"event": "done"}."""
+        cfg = config or GenerationConfig()
+        with self._lock:
+            yield from self._generate(list(token_ids), cfg, stop)
+
+    def _generate(self, ids: list[int], cfg: GenerationConfig, stop: threading.Event | None) -> Iterator[dict]:
+        mode = cfg.mode if self.drafter is not None else "ar"
+        budget = cfg.budget if mode == "ddtree" else (self.dcfg.block_size - 1 if mode == "dflash" else 0)
+        stop_ids = frozenset(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.tokenizer.stop_ids)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        dec = self.decoder
+        stats = Stats()
+        detok = self.tokenizer.stream_decoder()
+        out: list[int] = []
+        t_start = time.perf_counter()
+        logits = dec.prefill(ids)
+        first = int(self._choose(logits, cfg, gen))
+        dec.pending = first
+        out.append(first)
+        stats.target_forwards += 1
+        stats.generated += 1
+        reason = "stop_token" if first in stop_ids else ("max_new_tokens" if cfg.max_new_tokens <= 1 else None)
+        yield {"event": "round", "prefill": True, "token_ids": [first], "text": detok.push(first),
+               "accepted_length": 1, "tree": _tree_json(None, [], []), "budget": budget, "mode": mode,
+               "elapsed_s": time.perf_counter() - t_start}
+        while reason is None:
+            if stop is not None and stop.is_set():
+                reason = "stopped"
+                break
+            if dec.cache.length + dec.round_room(mode, budget) > dec.max_len:
+                reason = "context"
+                break
+            t0 = time.perf_counter()
+            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out))
+            out.extend(r.emitted)
+            stats.target_forwards += 1
+            stats.generated += len(r.emitted)
+            stats.add_round(len(r.emitted))
+            stats.time_draft += r.t_draft
+            stats.time_target += r.t_target
+            if r.emitted[-1] in stop_ids:
+                reason = "stop_token"
+            elif len(out) >= cfg.max_new_tokens:
+                reason = "max_new_tokens"
+            yield {"event": "round", "token_ids": r.emitted, "text": "".join(detok.push(t) for t in r.emitted),
+                   "accepted_length": len(r.emitted), "tree": _tree_json(r.tree, r.choice, r.path),
+                   "budget": budget, "mode": mode, "elapsed_s": time.perf_counter() - t0,
+                   "draft_s": r.t_draft, "target_s": r.t_target}
+        elapsed = time.perf_counter() - t_start
+        tail = detok.flush()
+        yield {"event": "done", "token_ids": out, "text": self.tokenizer.decode(out), "tail_text": tail,
+               "rounds": stats.rounds, "target_forwards": stats.target_forwards,
+               "mean_accepted_length": stats.mean_accepted_length,
+               "tokens_per_second": len(out) / elapsed if elapsed > 0 else 0.0, "stop_reason": reason,
+               "acceptance_histogram": {str(k): v for k, v in sorted(stats.histogram.items())},
+               "mode": mode, "budget": budget, "elapsed_s": elapsed,
+               "draft_s": stats.time_draft, "target_s": stats.time_target}
+
+    def _choose(self, logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -> int:
+        return int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
+
+
+def _tree_json(tree, choice: list[int], path: list[int]) -> dict:
+    if tree is None:
+        return {"tokens": [], "parents": [], "depth": [], "draft_logprobs": [], "target_tokens": [], "accepted_nodes": []}
+    return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "depth": tree.depth.tolist(),
+            "draft_logprobs": [round(x, 4) for x in tree.logprobs.tolist()], "target_tokens": choice,
+            "accepted_nodes": path}

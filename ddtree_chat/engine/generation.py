@@ -1,0 +1,49 @@
+"""What a caller asks of one generation, and the statistics it gets back."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+MODES = ("ddtree", "dflash", "ar")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    mode: str = "ddtree"  # ddtree | dflash | ar
+    budget: int = 16  # drafted tree nodes per round (root excluded); ddtree only
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 512
+    stop_token_ids: tuple[int, ...] | None = None  # None: the tokenizer's stop ids
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.budget < 0:
+            raise ValueError("budget must be >= 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+
+@dataclass
+class Stats:
+    rounds: int = 0
+    target_forwards: int = 0
+    generated: int = 0
+    histogram: Counter = field(default_factory=Counter)  # accepted length -> rounds
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_other: float = 0.0
+
+    def add_round(self, accepted: int) -> None:
+        self.rounds += 1
+        self.histogram[accepted] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target forward (prefill included)."""
+        return self.generated / self.target_forwards if self.target_forwards else 0.0

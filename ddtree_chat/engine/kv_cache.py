@@ -1,0 +1,87 @@
+"""Owners of the target's latent KV cache and the drafter's context KV cache.
+
+Target: slots [0, length) are committed; a forward writes its T tokens at [length, length + T) and
+`commit(nodes)` keeps the chosen ones (in order) as the next committed entries.
+NOTE: a committed node's depth equals its final position, so moving it needs no re-rope."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import ContextLengthError
+
+
+class KVCache:
+    def __init__(self, num_layers: int, max_len: int, rank: int, rope_dim: int, dtype, device):
+        self.max_len = max_len
+        self.ckv = torch.zeros(num_layers, max_len, rank, dtype=dtype, device=device)
+        self.kpe = torch.zeros(num_layers, max_len, rope_dim, dtype=dtype, device=device)
+        self.length = 0
+
+    def ensure_room(self, t: int) -> None:
+        if self.length + t > self.max_len:
+            raise ContextLengthError(
+                f"the conversation needs {self.length + t} tokens but the context holds {self.max_len}; "
+                "start a new chat or lower --max-new-tokens.")
+
+    def write(self, layer: int, ckv: torch.Tensor, kpe: torch.Tensor):
+        t = ckv.shape[-2]
+        self.ensure_room(t)
+        self.ckv[layer, self.length : self.length + t] = ckv
+        self.kpe[layer, self.length : self.length + t] = kpe
+        return self.ckv[layer], self.kpe[layer]
+
+    def commit(self, nodes: torch.Tensor) -> None:
+        """nodes [n]: indices (into the last forward's tokens) that become committed, in order."""
+        n = nodes.numel()
+        src = nodes.to(self.ckv.device) + self.length
+        if not torch.equal(src.cpu(), torch.arange(self.length, self.length + n)):
+            self.ckv[:, self.length : self.length + n] = self.ckv[:, src].clone()
+            self.kpe[:, self.length : self.length + n] = self.kpe[:, src].clone()
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
+class DraftCache:
+    """Per drafter layer, roped K and V of the context features; keeps at most `window` entries."""
+
+    def __init__(self, num_layers: int, max_len: int, kv_heads: int, head_dim: int, dtype, device,
+                 window: int | None = None):
+        self.window = window
+        cap = min(max_len, window) if window else max_len
+        self.k = torch.zeros(num_layers, cap, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0  # entries held (<= cap)
+        self.end_pos = 0  # position one past the newest context entry
+
+    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]], end_pos: int) -> None:
+        """kv: per layer (k, v) [n, kv, d] for positions end_pos - n .. end_pos - 1."""
+        n, cap = kv[0][0].shape[0], self.k.shape[1]
+        if n >= cap:
+            self.k[:], self.v[:] = (torch.stack([k[-cap:] for k, _ in kv]), torch.stack([v[-cap:] for _, v in kv]))
+            self.length = cap
+        else:
+            if self.length + n > cap:  # slide the window: drop the oldest entries
+                keep = cap - n
+                self.k[:, :keep] = self.k[:, self.length - keep : self.length].clone()
+                self.v[:, :keep] = self.v[:, self.length - keep : self.length].clone()
+                self.length = keep
+            for i, (k, v) in enumerate(kv):
+                self.k[i, self.length : self.length + n] = k
+                self.v[i, self.length : self.length + n] = v
+            self.length += n
+        self.end_pos = end_pos
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.k[i, : self.length], self.v[i, : self.length]) for i in range(self.k.shape[0])]
+
+    def truncate_to_pos(self, pos: int) -> None:
+        """Drop entries at positions >= pos. NOTE: the drafter only affects speed, never the output, so
+        a window that cannot cover the drop simply restarts empty."""
+        drop = self.end_pos - pos
+        if drop <= 0:
+            return
+        self.length = max(self.length - drop, 0)
+        self.end_pos = pos

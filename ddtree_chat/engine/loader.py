@@ -1,0 +1,135 @@
+"""Build the target / drafter on the meta device and load weights by assignment, tensor by tensor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .checkpoint import CheckpointReader
+from .config import DraftConfig, TargetConfig, load_draft_config, load_target_config
+from .errors import CheckpointError
+from .model import KimiModel, MoE
+from .ops import yarn_inv_freq
+from .ops.int4 import Int4Weight, dequant_int4
+from .ops.moe import ExpertWeights, prepare_experts
+
+Progress = Callable[[int, int, str], None] | None
+
+
+def _prefixes(cfg: TargetConfig) -> tuple[str, str]:
+    return ("language_model.model.", "language_model.lm_head.weight") if cfg.layout == "k25" \
+        else ("model.", "lm_head.weight")
+
+
+def _check_float(t: torch.Tensor, name: str) -> None:
+    if not t.is_floating_point():
+        raise CheckpointError(f"tensor {name} has dtype {t.dtype}, expected a floating-point dtype.")
+
+
+def _load_dense(module: nn.Module, reader: CheckpointReader, key_of: Callable[[str], str], device, dtype,
+                tick: Callable[[str], None]) -> None:
+    """Assign every parameter/persistent buffer of `module` from the checkpoint."""
+    state = {}
+    for name, ref in module.state_dict(keep_vars=True).items():
+        key = key_of(name)
+        keep_fp32 = name.endswith("e_score_correction_bias")
+        t = reader.get(key, shape=tuple(ref.shape), dtype=torch.float32 if keep_fp32 else None)
+        _check_float(t, key)
+        state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+        tick(key)
+    module.load_state_dict(state, assign=True, strict=True)
+
+
+def _load_experts(cfg: TargetConfig, reader: CheckpointReader, base: str, device, dtype, dense: bool,
+                  tick: Callable[[str], None]) -> ExpertWeights:
+    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    shapes = {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
+    out = {}
+    for proj, (n, k) in shapes.items():
+        if cfg.quant is None:
+            mats = [reader.get(f"{base}.{e}.{proj}.weight", shape=(n, k)) for e in range(cfg.n_routed_experts)]
+            out[proj] = torch.stack(mats).to(device=device, dtype=dtype)
+            tick(f"{base}.*.{proj}")
+            continue
+        g = cfg.quant.group_size
+        if k % g:
+            raise CheckpointError(f"{base}.*.{proj}: input size {k} is not a multiple of group_size {g}.")
+        packed, scales = [], []
+        for e in range(cfg.n_routed_experts):
+            name = f"{base}.{e}.{proj}"
+            if f"{name}.weight_shape" in reader:
+                ws = reader.get(f"{name}.weight_shape").tolist()
+                if [int(v) for v in ws] != [n, k]:
+                    raise CheckpointError(f"tensor {name}.weight_shape is {ws}, expected {[n, k]}.")
+            packed.append(reader.get(f"{name}.weight_packed", shape=(n, k // 8), dtype=torch.int32))
+            s = reader.get(f"{name}.weight_scale", shape=(n, k // g))
+            _check_float(s, f"{name}.weight_scale")
+            scales.append(s)
+        p, s = torch.stack(packed).to(device), torch.stack(scales).to(device=device, dtype=dtype)
+        # NOTE: on CPU the reference path computes with dense weights; GPU kernels keep them packed.
+        out[proj] = dequant_int4(p, s, g, dtype) if dense else Int4Weight(p, s, g)
+        tick(f"{base}.*.{proj}")
+    return ExpertWeights(out["gate_proj"], out["up_proj"], out["down_proj"])
+
+
+def _count(module: nn.Module, cfg: TargetConfig | None = None) -> int:
+    n = len(module.state_dict())
+    if cfg is not None:
+        n += 3 * sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    return n
+
+
+def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
+                progress: Progress = None) -> tuple[TargetConfig, KimiModel]:
+    cfg = load_target_config(model_dir)
+    reader = CheckpointReader(model_dir)
+    with torch.device("meta"):
+        model = KimiModel(cfg)
+    prefix, head = _prefixes(cfg)
+    total, done = _count(model, cfg), 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, what)
+
+    _load_dense(model, reader, lambda n: head if n == "lm_head.weight" else prefix + n, device, dtype, tick)
+    dense_experts = torch.device(device).type == "cpu"
+    for i, layer in enumerate(model.layers):
+        if isinstance(layer.mlp, MoE):
+            experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts, tick)
+            layer.mlp.experts = prepare_experts(experts)
+    # NOTE: non-persistent buffers were built on meta; recompute them on the device.
+    model.inv_freq = yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    reader.close()
+    return cfg, model.eval().requires_grad_(False)
+
+
+def load_drafter(draft_dir: str | Path, target: TargetConfig, device: torch.device, dtype: torch.dtype,
+                 progress: Progress = None) -> tuple[DraftConfig, nn.Module]:
+    from .drafter import DFlashDrafter
+
+    dcfg = load_draft_config(draft_dir)
+    dcfg.check_against(target)
+    reader = CheckpointReader(draft_dir)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(dcfg)
+    total, done = _count(drafter), 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, what)
+
+    # NOTE: public DFlash checkpoints store keys at top level; some exports prefix them with "model.".
+    key_prefix = "model." if "model.fc.weight" in reader else ""
+    _load_dense(drafter, reader, lambda n: key_prefix + n, device, dtype, tick)
+    drafter.reset_rope(device)
+    reader.close()
+    return dcfg, drafter.eval().requires_grad_(False)
+

@@ -1,0 +1,171 @@
+"""Kimi K2 / DeepSeek-V3 target math: MLA with YaRN (interleaved rope), dense first layers,
+noaux_tc MoE with a shared expert. Math only: loading, caching and scheduling live elsewhere.
+
+Module and parameter names follow the checkpoint (minus its prefix), so loading is near-identity;
+the routed experts are the exception (stacked into one ExpertWeights per layer)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ops
+from .config import TargetConfig
+from .ops.moe import ExpertWeights
+
+
+class LatentCache(Protocol):
+    """What attention needs from the cache owner (kv_cache.KVCache)."""
+
+    length: int  # committed entries; this forward's tokens are written right after them
+
+    def write(self, layer: int, ckv: torch.Tensor, kpe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store [T, r] / [T, p] at slots length..length+T-1; return the full [S, r], [S, p] buffers."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MLA(nn.Module):
+    def __init__(self, cfg: TargetConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.h, self.dn, self.dr, self.dv = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.r = cfg.kv_lora_rank
+        self.scale = cfg.softmax_scale
+        hd = self.dn + self.dr
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, self.h * hd, bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden_size, self.h * hd, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.r + self.dr, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.r, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.r, self.h * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(self.h * self.dv, cfg.hidden_size, bias=False)
+
+    def _q(self, x):
+        if hasattr(self, "q_b_proj"):
+            return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return self.q_proj(x)
+
+    def latent(self, x, cos, sin):
+        """x [..., T, H] -> normed c_kv [..., T, r] and roped k_pe [..., T, p] (what the cache stores)."""
+        kv = self.kv_a_proj_with_mqa(x)
+        ckv = self.kv_a_layernorm(kv[..., : self.r])
+        kpe = ops.apply_rope_interleaved(kv[..., self.r :], cos, sin)
+        return ckv, kpe
+
+    def forward(self, x, cos, sin, tree_mask, cache: LatentCache | None = None):
+        q = self._q(x).unflatten(-1, (self.h, self.dn + self.dr))  # [..., T, h, 192]
+        q_nope, q_pe = q[..., : self.dn], ops.apply_rope_interleaved(q[..., self.dn :], cos, sin)
+        ckv, kpe = self.latent(x, cos, sin)
+        prefix = 0
+        if cache is not None:
+            prefix = cache.length
+            ckv, kpe = cache.write(self.layer, ckv, kpe)
+        w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
+        w_uk, w_uv = w[:, : self.dn], w[:, self.dn :]  # [h, dn, r], [h, dv, r]
+        q_lat = torch.einsum("...thd,hdr->...thr", q_nope, w_uk)  # absorbed: queries in latent space
+        o_lat = ops.mla_attention(q_lat, q_pe, ckv, kpe, prefix, tree_mask, self.scale)
+        o = torch.einsum("...thr,hvr->...thv", o_lat, w_uv)
+        return self.o_proj(o.flatten(-2))
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.hidden_size, cfg.n_routed_experts, bias=False)
+        # NOTE: fp32 on disk and in memory; used for selection only.
+        self.gate.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
+        self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * max(cfg.n_shared_experts, 1)) \
+            if cfg.n_shared_experts else None
+        self.experts: ExpertWeights | None = None  # assigned by the loader
+
+    def forward(self, x):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        c = self.cfg
+        logits = F.linear(x2.float(), self.gate.weight.float())
+        ids, w = ops.route(logits, self.gate.e_score_correction_bias, c.num_experts_per_tok,
+                           c.routed_scaling_factor, c.n_group, c.topk_group, c.norm_topk_prob)
+        y = ops.moe_experts(x2, ids, w, self.experts)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x2)
+        return y.view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MLA(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, tree_mask, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, tree_mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class KimiModel(nn.Module):
+    """The text backbone. Parameter names: embed_tokens.*, layers.N.*, norm.*, lm_head.*."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer(
+            "inv_freq", ops.yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype):
+        return ops.rope_cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+
+    def forward(self, tokens, positions, tree_mask, cache: LatentCache | None = None, capture: tuple[int, ...] = ()):
+        """tokens [..., T], positions [T], tree_mask [T, T] bool (row i sees column j).
+        Returns the last hidden state [..., T, H] (before the final norm) and, concatenated on the last
+        axis, the outputs of the layers in `capture` ([..., T, len(capture) * H], or None)."""
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rope(positions, x.dtype)
+        feats = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, tree_mask, cache)
+            if i in capture:
+                feats.append(x)
+        if capture:
+            feats = [feats[sorted(capture).index(i)] for i in capture]
+        return x, (torch.cat(feats, dim=-1) if feats else None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()
+
+
+def causal_mask(t: int, device=None) -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()

@@ -1,0 +1,18 @@
+"""Hot-path ops. Each module holds a pure-torch reference (`*_ref`, the CPU path and the test oracle)
+and a dispatching entry that picks a CUDA/Triton kernel when one is registered for the tensor's device.
+
+The model calls only the dispatching names exported here."""
+
+from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
+from .moe import moe_experts, moe_experts_ref
+from .norm import rms_norm, rms_norm_ref
+from .rope import apply_rope_interleaved, apply_rope_half, rope_cos_sin, yarn_inv_freq
+from .router import route, route_ref
+
+__all__ = [
+    "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
+    "moe_experts", "moe_experts_ref",
+    "rms_norm", "rms_norm_ref",
+    "apply_rope_interleaved", "apply_rope_half", "rope_cos_sin", "yarn_inv_freq",
+    "route", "route_ref",
+]

@@ -1,0 +1,51 @@
+"""Routed experts: y[t] = sum_k w[t,k] * down(silu(gate(x[t])) * up(x[t]))[ids[t,k]]."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .int4 import Int4Weight
+from .registry import fast
+
+
+@dataclass
+class ExpertWeights:
+    """gate/up [E, I, H] and down [E, H, I]: dense tensors or packed INT4."""
+
+    gate: torch.Tensor | Int4Weight
+    up: torch.Tensor | Int4Weight
+    down: torch.Tensor | Int4Weight
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate.shape[0]
+
+    def matrix(self, which: str, expert: int, dtype) -> torch.Tensor:
+        w = getattr(self, which)
+        return w.dequant(expert, dtype) if isinstance(w, Int4Weight) else w[expert]
+
+
+def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
+    """x [T, H], ids/weights [T, k] -> [T, H]. Each touched expert is read once for all its tokens."""
+    out = torch.zeros(x.shape[0], experts.down.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        xe = x[tok]
+        h = F.silu(xe @ experts.matrix("gate", e, x.dtype).T) * (xe @ experts.matrix("up", e, x.dtype).T)
+        ye = h @ experts.matrix("down", e, x.dtype).T
+        out.index_add_(0, tok, ye.float() * weights[tok, slot, None].float())
+    return out.to(x.dtype)
+
+
+def moe_experts(x, ids, weights, experts: ExpertWeights):
+    fn = fast("moe_experts", x)
+    return fn(x, ids, weights, experts) if fn else moe_experts_ref(x, ids, weights, experts)
+
+
+def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
+    """Load-time hook: a registered kernel may repack the experts into its own layout."""
+    fn = fast("prepare_experts", experts.down if torch.is_tensor(experts.down) else experts.down.packed)
+    return fn(experts) if fn else experts

@@ -1,0 +1,52 @@
+"""Rotary embeddings: YaRN frequencies, interleaved pairs (target MLA) and half-split (DFlash drafter)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import RopeScaling
+
+
+def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
+    return (dim * math.log(max_pos / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def yarn_inv_freq(dim: int, base: float, rs: RopeScaling) -> torch.Tensor:
+    """[dim/2] float64 inverse frequencies; plain rope when rs is not yarn."""
+    exps = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    extra = 1.0 / (base**exps)
+    if rs.type != "yarn":
+        return extra
+    inter = extra / rs.factor
+    low = max(math.floor(_correction_dim(rs.beta_fast, dim, base, rs.original_max_position_embeddings)), 0)
+    high = min(math.ceil(_correction_dim(rs.beta_slow, dim, base, rs.original_max_position_embeddings)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep_extra = 1.0 - ramp  # low dims (fast rotation) keep the original frequency
+    return inter * (1 - keep_extra) + extra * keep_extra
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] -> cos, sin [T, dim/2] (angles computed in float64 for exactness at 256k)."""
+    ang = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]
+    return (ang.cos() * attention_factor).to(dtype), (ang.sin() * attention_factor).to(dtype)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., T, (heads,) d] with pairs (x[2i], x[2i+1]); cos/sin [T, d/2] broadcast over heads."""
+    if x.dim() == cos.dim() + 1:  # has a heads axis
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX rotate_half layout: pairs (x[i], x[i + d/2])."""
+    if x.dim() == cos.dim() + 1:
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
