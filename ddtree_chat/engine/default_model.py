@@ -1,0 +1,43 @@
+"""The model pair `ddtree-chat` loads when no --model is given.
+
+Order: the shipped demo pair (issue 7) in the repository's ``assets/demo/`` (next to the package) or inside the
+package at ``ddtree_chat/assets/demo/``; otherwise a random tiny synthetic pair generated once into the cache dir
+(so a checkout without the weights still starts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parents[1]  # .../ddtree_chat
+_CANDIDATES = (_PKG.parent / "assets" / "demo", _PKG / "assets" / "demo")
+
+
+def _is_target(d: Path) -> bool:
+    return (d / "config.json").is_file() and (
+        (d / "model.safetensors.index.json").is_file() or (d / "model.safetensors").is_file())
+
+
+def _is_draft(d: Path) -> bool:
+    return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
+
+
+def shipped_demo_dirs() -> tuple[Path, Path | None] | None:
+    """(target_dir, draft_dir or None) of the shipped demo pair, or None when it is not present."""
+    for base in _CANDIDATES:
+        target, draft = base / "target", base / "draft"
+        if _is_target(target):
+            return target, (draft if _is_draft(draft) else None)
+    return None
+
+
+def default_model_dirs() -> tuple[Path, Path | None]:
+    """The shipped demo pair when present, else a synthetic tiny pair (random weights) in the cache dir."""
+    found = shipped_demo_dirs()
+    if found is not None:
+        return found
+    from .. import paths
+    from .synthetic import make_synthetic_pair
+
+    target, draft = make_synthetic_pair(paths.cache_dir() / "synthetic-tiny")
+    return Path(target), Path(draft)
