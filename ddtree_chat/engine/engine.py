@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -56,6 +57,11 @@ class Engine:
             raise DeviceError(f"the model does not fit in {dev} memory; use more GPUs (--tp) or a smaller model.") from None
         if tokenizer.vocab_size > tcfg.vocab_size:
             raise EngineError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {tcfg.vocab_size}.")
+        if dev.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # NOTE: small models run many tiny ops; intra-op threads cost more than they give (and on a
+            # loaded 2-core box OpenMP spinning made each op ~1000x slower).
+            if sum(p.numel() for p in target.parameters()) < 200_000_000:
+                torch.set_num_threads(1)
         ctx = max_context or min(tcfg.max_position_embeddings, 4096 if dev.type == "cpu" else 32768)
         return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx)
 

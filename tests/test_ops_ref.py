@@ -1,0 +1,80 @@
+import math
+
+import torch
+
+from ddtree_chat.engine.config import RopeScaling, TargetConfig
+from ddtree_chat.engine.ops import (apply_rope_half, apply_rope_interleaved, mla_attention_naive_ref,
+                                    mla_attention_ref, route_ref, rope_cos_sin, yarn_inv_freq)
+from ddtree_chat.engine.tree import build_tree
+
+K26_YARN = RopeScaling(type="yarn", factor=64, original_max_position_embeddings=4096, beta_fast=32, beta_slow=1,
+                       mscale=1, mscale_all_dim=1)
+
+
+def test_absorbed_mla_equals_naive():
+    g = torch.Generator().manual_seed(0)
+    h, dn, dv, r, p, prefix, t = 4, 16, 12, 32, 8, 9, 6
+    q_nope, q_pe = torch.randn(t, h, dn, generator=g), torch.randn(t, h, p, generator=g)
+    ckv, kpe = torch.randn(prefix + t + 3, r, generator=g), torch.randn(prefix + t + 3, p, generator=g)
+    w_uk, w_uv = torch.randn(h, dn, r, generator=g), torch.randn(h, dv, r, generator=g)
+    tree = build_tree(0, torch.log_softmax(torch.randn(3, 4, generator=g), -1).sort(-1, descending=True).values,
+                      torch.arange(4).repeat(3, 1), 5)
+    mask = tree.mask()
+    q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
+    o_lat = mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix, mask, 0.3)
+    absorbed = torch.einsum("thr,hvr->thv", o_lat, w_uv)
+    naive = mla_attention_naive_ref(q_nope, q_pe, ckv, kpe, w_uk, w_uv, prefix, mask, 0.3)
+    assert torch.allclose(absorbed, naive, atol=1e-4, rtol=1e-4)
+
+
+def test_interleaved_rope_rotates_adjacent_pairs():
+    x = torch.randn(3, 8)
+    inv = yarn_inv_freq(8, 10000.0, RopeScaling())
+    pos = torch.tensor([0, 1, 7])
+    cos, sin = rope_cos_sin(pos, inv, 1.0, torch.float32)
+    y = apply_rope_interleaved(x, cos, sin)
+    for t in range(3):
+        for i in range(4):
+            a = pos[t].item() * inv[i].item()
+            c, s = math.cos(a), math.sin(a)
+            x0, x1 = x[t, 2 * i].item(), x[t, 2 * i + 1].item()
+            assert abs(y[t, 2 * i].item() - (x0 * c - x1 * s)) < 1e-5
+            assert abs(y[t, 2 * i + 1].item() - (x1 * c + x0 * s)) < 1e-5
+    assert not torch.allclose(y, apply_rope_half(x, cos, sin))  # the NeoX layout is a different rotation
+
+
+def test_yarn_frequencies_match_formula():
+    dim, base = 64, 50000.0
+    inv = yarn_inv_freq(dim, base, K26_YARN)
+
+    def corr(rot):
+        return dim * math.log(4096 / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = math.floor(corr(32)), math.ceil(corr(1))
+    for i in range(dim // 2):
+        extra = base ** (-2 * i / dim)
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        want = extra / 64 * ramp + extra * (1 - ramp)
+        assert abs(inv[i].item() - want) <= 1e-12 * max(1.0, want)
+    assert inv[0].item() == 1.0 and abs(inv[-1].item() - base ** (-62 / 64) / 64) < 1e-15
+
+
+def test_k26_softmax_scale_and_attention_factor():
+    raw = {"vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "kv_lora_rank": 4,
+           "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "intermediate_size": 8,
+           "rope_scaling": {"type": "yarn", "factor": 64, "original_max_position_embeddings": 4096,
+                            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+    cfg = TargetConfig.from_json(raw)
+    assert abs(cfg.softmax_scale - 0.14468) < 1e-4
+    assert cfg.rope_scaling.attention_factor == 1.0
+
+
+def test_router_bias_selects_but_does_not_weight():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias = torch.tensor([0.0, 0.0, 5.0, 5.0])
+    ids, w = route_ref(logits, bias, 2, 2.827)
+    assert sorted(ids[0].tolist()) == [2, 3]  # the bias decides the selection
+    s = torch.sigmoid(logits[0, [2, 3]])
+    want = s / s.sum() * 2.827
+    got = w[0][ids[0].argsort()]
+    assert torch.allclose(got, want)  # weights from the unbiased scores
