@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
@@ -63,22 +64,16 @@ def kimi_special_names(n_ranks: int) -> dict[int, str]:
     return {n_ranks + i: KIMI_NAMED_SPECIALS.get(i, f"<|reserved_token_{i}|>") for i in range(N_KIMI_SPECIALS)}
 
 
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to 256+."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-_B2U = _byte_to_unicode()
+# GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for chr(256 + k).
+_PRINTABLE = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+_B2U = dict(zip(sorted(_PRINTABLE), map(chr, sorted(_PRINTABLE))))
+_B2U.update(zip(sorted(set(range(256)) - _PRINTABLE), map(chr, range(256, 512))))
 _U2B = {c: b for b, c in _B2U.items()}
 _LATIN1_TO_BL = str.maketrans({chr(b): c for b, c in _B2U.items()})
+
+
+_HEX_ERRORS = "ddtree-chat-hexbytes"
+codecs.register_error(_HEX_ERRORS, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start:e.end]), e.end))
 
 
 def _bl(token: bytes) -> str:
@@ -93,6 +88,7 @@ def _read_tiktoken(path: Path) -> tuple[bytes, list[bytes]]:
     except OSError as e:
         raise TokenizerError(f"Cannot read {path} ({e.strerror}); check its permissions or download it again.") from e
     by_rank: dict[int, bytes] = {}
+    lines = 0
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
@@ -102,11 +98,12 @@ def _read_tiktoken(path: Path) -> tuple[bytes, list[bytes]]:
         except (ValueError, binascii.Error):
             raise TokenizerError(
                 f"{path} line {n} is not 'base64-token rank'; the file is corrupt, download it again.") from None
-    tokens = [by_rank.get(r) for r in range(len(by_rank))]
-    if not tokens or None in tokens or len(set(tokens)) != len(tokens):
+        lines += 1
+    tokens = [by_rank.get(r) for r in range(lines)]
+    if not tokens or None in tokens or len(set(tokens)) != lines:
         raise TokenizerError(f"{path} does not hold unique ranks 0..N-1; the file is corrupt, download it again.")
-    if len(set(tokens[:256])) != 256 or any(len(t) != 1 for t in tokens[:256]):
-        raise TokenizerError(f"{path} does not start with the 256 single bytes; it is not a byte-level BPE file.")
+    if len({t for t in tokens if len(t) == 1}) != 256:
+        raise TokenizerError(f"{path} lacks some of the 256 single bytes, so it is no byte-level BPE; download it again.")
     return data, tokens
 
 
@@ -193,18 +190,12 @@ def _token_name(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _config_specials(config: dict, path: Path) -> dict[int, str]:
-    out = {}
-    for key, entry in (config.get("added_tokens_decoder") or {}).items():
-        name = _token_name(entry)
-        if not str(key).isdigit() or name is None:
-            raise TokenizerError(f"{path} has a malformed added_tokens_decoder entry {key!r}; fix or remove it.")
-        out[int(key)] = name
-    return out
-
-
 def _tiktoken_specials(n_ranks: int, config: dict, config_path: Path) -> dict[int, str]:
-    overrides = _config_specials(config, config_path)
+    overrides, entries = {}, config.get("added_tokens_decoder") or {}
+    for key, entry in entries.items() if isinstance(entries, dict) else [("added_tokens_decoder", None)]:
+        if not str(key).isdigit() or _token_name(entry) is None:
+            raise TokenizerError(f"{config_path} has a malformed added_tokens_decoder entry {key!r}; fix or remove it.")
+        overrides[int(key)] = _token_name(entry)
     if overrides and min(overrides) < n_ranks:
         raise TokenizerError(
             f"{config_path} names token {min(overrides)} as special, but that id is a BPE rank in tiktoken.model; "
@@ -218,14 +209,14 @@ def _tiktoken_specials(n_ranks: int, config: dict, config_path: Path) -> dict[in
 
 def _load_hf_json(path: Path) -> tuple[_HF, dict[int, str]]:
     obj = _read_json(path)
-    added = obj.get("added_tokens") or []
-    for entry in added:
-        entry["special"] = True  # NOTE: every added token is a control token; typed text never becomes one
     try:
+        added = obj.get("added_tokens") or []
+        for entry in added:
+            entry["special"] = True  # NOTE: every added token is a control token; typed text never becomes one
         hf = _HF.from_str(json.dumps(obj))
+        return hf, {int(e["id"]): e["content"] for e in added}
     except Exception as e:
         raise TokenizerError(f"{path} is not a tokenizer the tokenizers library can load ({e}); download it again.") from e
-    return hf, {int(e["id"]): e["content"] for e in added}
 
 
 def load_tokenizer(model_dir) -> "Tokenizer":
@@ -243,7 +234,8 @@ def load_tokenizer(model_dir) -> "Tokenizer":
         specials = _tiktoken_specials(n_ranks, config, config_path)
         hf.add_special_tokens([AddedToken(specials[i], special=True, normalized=False) for i in sorted(specials)])
         if any(hf.token_to_id(name) != i for i, name in specials.items()):
-            raise TokenizerError(f"{config_path} gives two special tokens the same name; fix it or remove it.")
+            raise TokenizerError(f"The special tokens of {config_path} clash with each other or with tiktoken.model; "
+                                 "fix that file or remove it.")
         byte_level = True
     else:
         raise TokenizerError(
@@ -261,3 +253,207 @@ def load_tokenizer(model_dir) -> "Tokenizer":
                      eos=_token_name(config.get("eos_token")) or "[EOS]", template=template, template_source=source)
 
 
+# ----------------------------------------------------------------------------- chat template
+
+# DESIGN 2.4's format, used when the checkpoint ships no template of its own.
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>"
+    "{% if m.role == 'assistant' %}<think></think>{% endif %}{{ m.content }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>"
+    "{% if thinking %}<think>{% else %}<think></think>{% endif %}{% endif %}"
+)
+_ROLES = ("system", "user", "assistant")
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
+
+
+def _sandbox():
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.sandbox import SandboxedEnvironment
+
+    class Sandbox(SandboxedEnvironment):
+        def unsafe_undefined(self, obj, attribute):  # NOTE: fail loudly instead of rendering ""
+            raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def raise_exception(message):
+        raise TemplateError(str(message))
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _compile_template(source: str, where):
+    try:
+        return _sandbox().from_string(source)
+    except Exception as e:
+        raise TokenizerError(f"The chat template in {where} does not parse ({e}); fix it or delete it.") from e
+
+
+# ----------------------------------------------------------------------------- the tokenizer
+
+class Tokenizer:
+    """Text <-> ids for one model. Thread-safe; `stream_decoder()` objects are per stream."""
+
+    def __init__(self, hf: _HF, specials: dict[int, str], *, byte_level: bool, bos: str, eos: str,
+                 template: str | None = None, template_source=None):
+        self._hf = hf
+        hf.encode_special_tokens = True  # NOTE: specials in text stay text; we split them out ourselves
+        self._byte_level = byte_level
+        self._special_name = dict(specials)
+        self._special_id = {name: i for i, name in specials.items()}
+        names = sorted(self._special_id, key=len, reverse=True)  # NOTE: longest first, so prefixes lose
+        self._special_re = re.compile("(" + ("|".join(map(re.escape, names)) or "(?!)") + ")")
+        self._bytes: dict[int, bytes] = {}
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self.special_ids = frozenset(specials)
+        self.bos_id, self.eos_id = self.token_id(bos), self.token_id(eos)
+        self.im_end_id = self.token_id("<|im_end|>")
+        self.think_start_id, self.think_end_id = self.token_id("<think>"), self.token_id("</think>")
+        self.stop_ids = frozenset(i for i in (self.im_end_id, self.eos_id) if i is not None)
+        self._template_source = template_source
+        self._template = _compile_template(template, template_source) if template is not None else None
+        self._fallback = None
+
+    def token_id(self, name: str) -> int | None:
+        """Id of the special token called `name`, None when there is none."""
+        return self._special_id.get(name)
+
+    # -- encode / decode
+
+    def _plain(self, text: str) -> list[int]:
+        if not text:
+            return []
+        try:
+            return self._hf.encode(text, add_special_tokens=False).ids
+        except Exception:  # NOTE: lone surrogates (e.g. from surrogateescape) cannot cross into Rust
+            return self._hf.encode(re.sub("[\ud800-\udfff]", "\ufffd", text), add_special_tokens=False).ids
+
+    def _split_specials(self, text: str) -> Iterable[tuple[str, int | None]]:
+        for i, part in enumerate(self._special_re.split(text)):
+            if i % 2:
+                yield part, self._special_id[part]
+            elif part:
+                yield part, None
+
+    def encode(self, text: str, allow_special: bool = False) -> list[int]:
+        """Ids of `text`, no specials added. Special-token strings are parsed only with allow_special."""
+        if not allow_special:
+            return self._plain(text)
+        ids: list[int] = []
+        for part, special in self._split_specials(text):
+            ids.extend(self._plain(part) if special is None else (special,))
+        return ids
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def _token_bytes(self, token_id: int, skip_special: bool = False) -> bytes:
+        if token_id in self._special_name:
+            return b"" if skip_special else self._special_name[token_id].encode()
+        b = self._bytes.get(token_id)
+        if b is None:
+            s = self._hf.id_to_token(token_id) or ""
+            b = self._bytes[token_id] = b"".join(
+                bytes((_U2B[c],)) if c in _U2B else c.encode() for c in s)
+        return b
+
+    def piece(self, token_id: int) -> str:
+        """Short display text of one token: specials by name, stray bytes as <0xAB>."""
+        token_id = int(token_id)
+        if token_id in self._special_name:
+            return self._special_name[token_id]
+        if not self._byte_level:
+            text = self._hf.decode([token_id])
+            return text if "\ufffd" not in text else (self._hf.id_to_token(token_id) or f"<{token_id}?>")
+        if self._hf.id_to_token(token_id) is None:
+            return f"<{token_id}?>"
+        return self._token_bytes(token_id).decode("utf-8", _HEX_ERRORS)
+
+    def stream_decoder(self, skip_special: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special)
+
+    # -- chat
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    thinking: bool = True) -> list[int]:
+        """Prompt ids for a conversation. Only the template's own special tokens become control ids."""
+        template = self._template
+        if template is None:
+            missing = [n for n in ("<|im_end|>", "<|im_middle|>", "<|im_user|>", "<|im_assistant|>",
+                                   "<|im_system|>") if n not in self._special_id]
+            if missing:
+                raise TokenizerError(
+                    f"This tokenizer has no {missing[0]} token and the model ships no chat_template.jinja; "
+                    "use --raw to send the prompt without a chat template.")
+            template = self._fallback = self._fallback or _compile_template(FALLBACK_TEMPLATE, "the built-in format")
+        nonce = secrets.token_hex(8)
+        contents, shown = [], []
+        for m in messages:
+            role, content = m.get("role"), m.get("content")
+            if role not in _ROLES or not isinstance(content, str):
+                raise ValueError(f"a chat message needs role in {_ROLES} and str content, got {m!r}")
+            if role == "assistant":  # NOTE: past reasoning is not fed back; the turn carries <think></think>
+                stripped = _THINK_BLOCK.sub("", content)
+                content = stripped.lstrip() if stripped != content else content
+            shown.append({"role": role, "content": f"\ue000{nonce}:{len(contents)}\ue001"})
+            contents.append(content)
+        try:
+            text = template.render(messages=shown, add_generation_prompt=add_generation_prompt, thinking=thinking,
+                                   bos_token=self._special_name.get(self.bos_id, ""),
+                                   eos_token=self._special_name.get(self.eos_id, ""))
+        except Exception as e:
+            where = self._template_source if self._template is not None else "the built-in format"
+            raise TokenizerError(f"The chat template in {where} failed ({type(e).__name__}: {e}); "
+                                 "fix it or delete it to use the built-in format.") from e
+        ids: list[int] = []
+        plain: list[str] = []  # NOTE: adjacent text is encoded in one piece, as it would be unsplit
+        for i, part in enumerate(re.split(f"\ue000{nonce}:(\\d+)\ue001", text)):
+            if i % 2:
+                plain.append(contents[int(part)])
+                continue
+            if nonce in part or "\ue000" in part or "\ue001" in part:
+                raise TokenizerError(f"The chat template in {self._template_source} rewrites message text, "
+                                     "so it cannot be tokenized safely; delete it to use the built-in format.")
+            for piece, special in self._split_specials(part):
+                if special is None:
+                    plain.append(piece)
+                else:
+                    ids.extend(self._plain("".join(plain)))
+                    plain = []
+                    ids.append(special)
+        ids.extend(self._plain("".join(plain)))
+        return ids
+
+
+class StreamDecoder:
+    """Incremental detokenizer: push ids, get text; incomplete UTF-8 is held back until it completes."""
+
+    _MAX_HELD = 8  # tokens held at most by the generic path before text is forced out
+
+    def __init__(self, tok: Tokenizer, skip_special: bool = False):
+        self._tok, self._skip = tok, skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if tok._byte_level else None
+        self._ids: list[int] = []  # generic path: a small window of ids, the read text being ids[:_read]
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        token_id = int(token_id)
+        if self._utf8 is not None:
+            return self._utf8.decode(self._tok._token_bytes(token_id, self._skip))
+        # Decoders like Metaspace depend on the left neighbour, so decode a window and diff.
+        self._ids.append(token_id)
+        before = self._tok.decode(self._ids[:self._read], self._skip)
+        now = self._tok.decode(self._ids, self._skip)
+        if len(now) > len(before) and (not now.endswith("\ufffd") or len(self._ids) - self._read > self._MAX_HELD):
+            self._ids, self._read = self._ids[self._read:], len(self._ids) - self._read
+            return now[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        if self._utf8 is not None:
+            return self._utf8.decode(b"", final=True)
+        before = self._tok.decode(self._ids[:self._read], self._skip)
+        now = self._tok.decode(self._ids, self._skip)
+        self._ids, self._read = [], 0
+        return now[len(before):]
