@@ -1,0 +1,237 @@
+"""DDTree / DFlash are lossless against AR, trees are the true top-budget prefixes, commits are exact."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.errors import ContextLengthError
+from ddtree_chat.engine.tree import build_tree, walk
+
+from drafters import TargetDrafter
+
+
+@pytest.fixture(scope="module")
+def eng(synthetic_pair):
+    e = Engine.load(*synthetic_pair, device="cpu")
+    yield e
+    e.decoder.__dict__.pop("draft_logprobs", None)
+
+
+def ids_of(engine, prompt, **kw):
+    kw.setdefault("stop_token_ids", ())
+    return list(engine.generate(prompt, GenerationConfig(**kw)))[-1]
+
+
+PROMPTS = ["def f(x):", "hello, world", "日本語 and emoji 🎉", "a"]
+
+
+@pytest.mark.parametrize("budget", [1, 2, 7, 16, 64, 256])
+def test_ddtree_equals_ar_with_random_drafter(eng, budget):
+    for text in PROMPTS[:2]:
+        prompt = eng.tokenizer.encode(text)
+        ar = ids_of(eng, prompt, mode="ar", max_new_tokens=20)["token_ids"]
+        assert ids_of(eng, prompt, mode="ddtree", budget=budget, max_new_tokens=20)["token_ids"] == ar
+    assert ids_of(eng, prompt, mode="dflash", max_new_tokens=20)["token_ids"] == ar
+
+
+@pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 4), (0.3, 16), (0.6, 64), (0.5, 256)])
+def test_lossless_with_partial_acceptance(eng, noise, budget):
+    eng.decoder.draft_logprobs = TargetDrafter(eng, noise=noise, seed=budget)
+    try:
+        for text in PROMPTS:
+            prompt = eng.tokenizer.encode(text)
+            ar = ids_of(eng, prompt, mode="ar", max_new_tokens=30)["token_ids"]
+            dd = ids_of(eng, prompt, mode="ddtree", budget=budget, max_new_tokens=30)
+            assert dd["token_ids"] == ar
+            assert ids_of(eng, prompt, mode="dflash", max_new_tokens=30)["token_ids"] == ar
+    finally:
+        del eng.decoder.draft_logprobs
+    if noise == 0.0:
+        assert dd["mean_accepted_length"] > 4
+
+
+def test_oracle_accepts_whole_blocks_and_useless_accepts_one(eng):
+    prompt = eng.tokenizer.encode("oracle")
+    b = eng.dcfg.block_size
+    eng.decoder.draft_logprobs = TargetDrafter(eng)
+    try:
+        rounds = [ev for ev in eng.generate(prompt, GenerationConfig(mode="dflash", max_new_tokens=4 * b + 1,
+                                                                      stop_token_ids=())) if ev["event"] == "round"]
+        assert [r["accepted_length"] for r in rounds[1:]] == [b] * 4
+        eng.decoder.draft_logprobs = TargetDrafter(eng, useless=True)
+        done = ids_of(eng, prompt, mode="ddtree", budget=8, max_new_tokens=10)
+        assert done["acceptance_histogram"] == {"1": 9}
+    finally:
+        del eng.decoder.draft_logprobs
+    assert done["token_ids"] == ids_of(eng, prompt, mode="ar", max_new_tokens=10)["token_ids"]
+
+
+def test_stop_token_inside_accepted_path(eng):
+    prompt = eng.tokenizer.encode("stop here")
+    ar = ids_of(eng, prompt, mode="ar", max_new_tokens=20)["token_ids"]
+    stop = next(t for i, t in enumerate(ar) if i >= 3 and t not in ar[:i])  # first occurrence past a round start
+    want = ar[: ar.index(stop) + 1]
+    eng.decoder.draft_logprobs = TargetDrafter(eng)
+    try:
+        dd = ids_of(eng, prompt, mode="ddtree", budget=16, max_new_tokens=20, stop_token_ids=(stop,))
+    finally:
+        del eng.decoder.draft_logprobs
+    assert dd["token_ids"] == want and dd["stop_reason"] == "stop_token"
+    assert eng.decoder.tokens + [eng.decoder.pending] == prompt + want  # nothing after the stop is committed
+
+
+def test_multi_turn_reuses_cache_and_stays_lossless(eng, synthetic_pair):
+    tok = eng.tokenizer
+    eng.decoder.draft_logprobs = TargetDrafter(eng, noise=0.3)
+    messages = [{"role": "user", "content": "first question"}]
+    try:
+        for turn in range(3):
+            ids = tok.render_chat(messages)
+            dd = ids_of(eng, ids, mode="ddtree", budget=16, max_new_tokens=15)
+            fresh = Engine.load(*synthetic_pair, device="cpu")  # no cache to reuse
+            assert dd["token_ids"] == ids_of(fresh, ids, mode="ar", max_new_tokens=15)["token_ids"]
+            messages += [{"role": "assistant", "content": tok.decode(dd["token_ids"])},
+                         {"role": "user", "content": f"follow-up {turn}"}]
+    finally:
+        del eng.decoder.draft_logprobs
+
+
+def test_commit_leaves_the_cache_ar_would_build(eng, synthetic_pair):
+    prompt = eng.tokenizer.encode("cache check")
+    eng.decoder.draft_logprobs = TargetDrafter(eng, noise=0.3)
+    try:
+        ids_of(eng, prompt, mode="ddtree", budget=16, max_new_tokens=25)
+    finally:
+        del eng.decoder.draft_logprobs
+    ref = Engine.load(*synthetic_pair, device="cpu")
+    ids_of(ref, prompt, mode="ar", max_new_tokens=25)
+    a, b = eng.decoder, ref.decoder
+    assert a.tokens == b.tokens and a.pending == b.pending and a.cache.length == b.cache.length
+    n = a.cache.length
+    assert torch.allclose(a.cache.ckv[:, :n], b.cache.ckv[:, :n], atol=1e-5)
+    assert torch.allclose(a.cache.kpe[:, :n], b.cache.kpe[:, :n], atol=1e-5)
+    assert a.dcache.length == b.dcache.length == n
+
+
+def test_prompt_longer_than_context_is_a_clear_error(synthetic_pair):
+    small = Engine.load(*synthetic_pair, device="cpu", max_context=32)
+    with pytest.raises(ContextLengthError, match="context holds 32"):
+        ids_of(small, list(range(40)), mode="ar", max_new_tokens=4)
+    done = ids_of(small, list(range(20)), mode="ddtree", budget=16, max_new_tokens=100)
+    assert done["stop_reason"] == "context"
+
+
+# -- tree construction ---------------------------------------------------------------------------
+
+def _brute_force_scores(lp: list[list[float]]) -> list[float]:
+    out, frontier = [], [((), 0.0)]
+    for d in range(len(lp)):
+        frontier = [(r + (k,), s + lp[d][k]) for r, s in frontier for k in range(len(lp[d]))]
+        out += [s for _, s in frontier]
+    return sorted(out, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(depth=st.integers(1, 4), k=st.integers(1, 4), budget=st.integers(0, 60), seed=st.integers(0, 10_000),
+       start=st.integers(0, 1000))
+def test_tree_is_the_top_budget_prefixes(depth, k, budget, seed, start):
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(depth, 9, generator=g), -1).sort(-1, descending=True)
+    vals, ids = lp.values[:, :k], lp.indices[:, :k]
+    tree = build_tree(777, vals, ids, budget)
+    n = tree.size - 1
+    best = _brute_force_scores(vals.tolist())
+    assert n == min(budget, len(best))
+    parents, depths, toks = tree.parents.tolist(), tree.depth.tolist(), tree.tokens.tolist()
+    scores = [0.0]
+    for i in range(1, tree.size):
+        assert 0 <= parents[i] < i and depths[i] == depths[parents[i]] + 1 <= depth
+        scores.append(scores[parents[i]] + tree.logprobs[i].item())
+        assert toks[i] == ids[depths[i] - 1].tolist()[[round(v, 5) for v in vals[depths[i] - 1].tolist()].index(
+            round(tree.logprobs[i].item(), 5))]
+    assert sorted(scores[1:], reverse=True) == pytest.approx(best[:n], abs=1e-5)
+    mask = tree.mask()
+    for i in range(tree.size):
+        anc, j = {i}, i
+        while parents[j] >= 0:
+            j = parents[j]
+            anc.add(j)
+        assert set(mask[i].nonzero().flatten().tolist()) == anc
+    assert tree.positions(start).tolist() == [start + d for d in depths]
+    packed = tree.packed_mask()
+    unpacked = ((packed.unsqueeze(-1) >> torch.arange(64)) & 1).flatten(1)[:, : tree.size].bool()
+    assert torch.equal(unpacked, mask)
+
+
+def test_walk_follows_target_choices():
+    vals = torch.log_softmax(torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]]), -1)
+    ids = torch.tensor([[10, 11, 12], [20, 21, 22]])
+    tree = build_tree(5, vals, ids, 6)
+    toks = tree.tokens.tolist()
+    choice = torch.zeros(tree.size, dtype=torch.long)
+    choice[0] = 11  # root -> the rank-1 child
+    n11 = toks.index(11)
+    choice[n11] = 99  # not drafted: stop there, 99 is the bonus
+    path, bonus = walk(tree, choice)
+    assert path == [0, n11] and bonus == 99
+
+
+# -- T > 0: the emitted distribution is the target's --------------------------------------------
+
+def _chi2_pvalue(stat: float, dof: int) -> float:
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))  # Wilson-Hilferty
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    p = torch.softmax(logits / temperature, -1)
+    order = p.argsort(descending=True)
+    cum = torch.cumsum(p[order], 0)
+    keep = order[: int((cum < top_p).sum()) + 1]
+    q = torch.zeros_like(p)
+    q[keep] = p[keep]
+    return q / q.sum()
+
+
+def test_sampled_distribution_matches_target(eng):
+    """Joint law of the first three tokens (the third comes through an accepted tree node) vs the
+    target's own tempered/top-p law, chi-square with fixed seeds (false-failure rate ~1e-3)."""
+    temp, top_p, runs = 0.2, 0.9, 1200
+    prompt = eng.tokenizer.encode("sampling")
+    eng.decoder.draft_logprobs = TargetDrafter(eng, noise=0.2)
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = 0
+    try:
+        for seed in range(runs):
+            done = ids_of(eng, prompt, mode="ddtree", budget=8, temperature=temp, top_p=top_p, seed=seed,
+                          max_new_tokens=3)
+            counts[tuple(done["token_ids"])] = counts.get(tuple(done["token_ids"]), 0) + 1
+            accepted += done["rounds"] == 1
+    finally:
+        del eng.decoder.draft_logprobs
+    assert accepted > runs // 4  # the third token often came from an accepted node, not a second round
+
+    def probs(prefix):
+        return _target_probs(eng.logits(prompt + list(prefix))[-1], temp, top_p)
+
+    expected: dict[tuple[int, ...], float] = {}
+    p1 = probs(())
+    for t1 in {c[0] for c in counts} | set(p1.topk(3).indices.tolist()):
+        p2 = probs((t1,))
+        for t2 in {c[1] for c in counts if c[0] == t1} | set(p2.topk(3).indices.tolist()):
+            p3 = probs((t1, t2))
+            for t3 in p3.nonzero().flatten().tolist():
+                expected[(t1, t2, t3)] = p1[t1].item() * p2[t2].item() * p3[t3].item() * runs
+    big = [c for c, e in expected.items() if e >= 5]
+    stat, rest_obs, rest_exp = 0.0, runs, runs
+    for cell in big:
+        o, e = counts.get(cell, 0), expected[cell]
+        stat += (o - e) ** 2 / e
+        rest_obs, rest_exp = rest_obs - o, rest_exp - e
+    stat += (rest_obs - rest_exp) ** 2 / max(rest_exp, 1.0)
+    assert len(big) >= 5
+    assert _chi2_pvalue(stat, len(big)) > 1e-3, (stat, len(big))
