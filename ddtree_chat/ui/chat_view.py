@@ -1,0 +1,117 @@
+"""The conversation column: message widgets and the multi-line input."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Collapsible, Markdown, Static, TextArea
+
+from ddtree_chat.ui.thinking import ThinkSplitter, split_text
+
+NEWLINE_KEYS = {"ctrl+j", "shift+enter", "alt+enter", "ctrl+enter"}
+
+
+class UserMessage(Static):
+    """What the user typed, shown as plain text (it is text, not markup)."""
+
+    def __init__(self, text: str):
+        super().__init__(text, markup=False, classes="message user")
+        self.border_title = "You"
+
+
+class Note(Static):
+    """Output of a slash command, a warning or an error, inside the conversation."""
+
+    def __init__(self, text: str, kind: str = "info"):
+        super().__init__(text, markup=False, classes=f"message note {kind}")
+
+
+class AssistantMessage(Vertical):
+    """A reply: collapsed thinking above, the answer as streamed Markdown below."""
+
+    def __init__(self, in_think: bool, answer: str = "", thinking: str = "", footer: str = ""):
+        super().__init__(classes="message assistant")
+        self.border_title = "Assistant"
+        self.splitter = ThinkSplitter(in_think)
+        self._started_in_think = in_think
+        self._initial = (answer, thinking, footer)
+        self._streams: dict[str, object] = {}
+
+    def compose(self) -> ComposeResult:
+        answer, thinking, footer = self._initial
+        with Collapsible(title="Thinking", collapsed=True, classes="thinking") as c:
+            c.display = bool(thinking) or self.splitter.in_think
+            yield Markdown(thinking, classes="thinking-text")
+        yield Markdown(answer, classes="answer")
+        footer_widget = Static(footer, markup=False, classes="reply-footer")
+        footer_widget.display = bool(footer)
+        yield footer_widget
+
+    def _stream(self, name: str, widget: Markdown):
+        if name not in self._streams:
+            self._streams[name] = Markdown.get_stream(widget)
+        return self._streams[name]
+
+    async def append(self, text: str) -> None:
+        think, answer = self.splitter.feed(text)
+        if think:
+            self.query_one(".thinking", Collapsible).display = True
+            await self._stream("think", self.query_one(".thinking-text", Markdown)).write(think)
+        if answer:
+            await self._stream("answer", self.query_one(".answer", Markdown)).write(answer)
+
+    async def finish(self, footer: str, full_text: str | None = None) -> tuple[str, str]:
+        """Stop streaming and render the whole reply once (the stream may have skipped work).
+
+        `full_text` (the engine's final text) wins over the streamed pieces when given.
+        """
+        self.splitter.flush()
+        for stream in self._streams.values():
+            await stream.stop()
+        self._streams.clear()
+        if full_text is not None:
+            self.splitter.thinking, self.splitter.answer = split_text(full_text, self._started_in_think)
+        thinking, answer = self.splitter.thinking.strip(), self.splitter.answer.strip()
+        collapsible = self.query_one(".thinking", Collapsible)
+        collapsible.display = bool(thinking)
+        if thinking and self.splitter.in_think:
+            collapsible.title = "Thinking (unfinished)"
+        await self.query_one(".thinking-text", Markdown).update(thinking)
+        await self.query_one(".answer", Markdown).update(answer)
+        self.set_footer(footer)
+        return thinking, answer
+
+    def set_footer(self, footer: str) -> None:
+        widget = self.query_one(".reply-footer", Static)
+        widget.update(footer)
+        widget.display = bool(footer)
+
+
+class ChatInput(TextArea):
+    """Enter sends; ctrl+j (or shift/alt+enter where the terminal reports them) adds a newline."""
+
+    class Submitted(Message):
+        def __init__(self, text: str):
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs):
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.post_message(self.Submitted(text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            start, end = self.selection
+            self._replace_via_keyboard("\n", start, end)
+            return
+        await super()._on_key(event)

@@ -1,0 +1,122 @@
+"""Slash commands typed in the input, and the same actions as command-palette entries.
+
+The app provides: `settings`, `set_setting(name, value) -> str`, `new_chat()`,
+`export_conversation(path|None)`, `save_defaults()`, `note(text, kind)`,
+`action_conversations()`, `action_toggle_debug()`, `prefill(text)`.
+"""
+
+from __future__ import annotations
+
+from textual.app import SystemCommand
+
+from ddtree_chat.settings import MODES, SettingsError
+
+# (command, argument, what it does) — /help prints this table
+COMMANDS = [
+    ("/help", "", "list commands and keys"),
+    ("/system", "TEXT", "set the system prompt (no TEXT: show it; /system clear: remove it)"),
+    ("/temp", "X", "sampling temperature (0 = greedy)"),
+    ("/top_p", "X", "nucleus sampling threshold, 0 < X ≤ 1"),
+    ("/max", "N", "max new tokens per reply"),
+    ("/mode", "ddtree|dflash|ar", "decoding mode"),
+    ("/budget", "N", "DDTree node budget"),
+    ("/seed", "N", "sampling seed"),
+    ("/think", "on|off", "let the model think before answering"),
+    ("/new", "", "start a new conversation"),
+    ("/list", "", "saved conversations (open, delete)"),
+    ("/export", "[PATH]", "export this conversation to Markdown"),
+    ("/save", "", "save the current settings as defaults"),
+    ("/settings", "", "show the current settings"),
+]
+ALIASES = {"/temperature": "/temp", "/max_new_tokens": "/max", "/thinking": "/think", "/top-p": "/top_p", "/quit": "/quit"}
+SETTING_OF = {"/temp": "temperature", "/top_p": "top_p", "/max": "max_new_tokens", "/mode": "mode", "/budget": "budget",
+              "/seed": "seed", "/think": "thinking"}
+
+KEYS = [
+    ("enter", "send"), ("ctrl+j", "newline in the input (also shift+enter where the terminal reports it)"),
+    ("esc", "stop the reply (keeps what was generated)"), ("f2", "toggle the round-detail debug pane"),
+    ("f3 / f4", "previous / next round in the debug pane ([ ] { } when its table has focus)"),
+    ("ctrl+n", "new chat"), ("ctrl+o", "conversations"), ("ctrl+t", "show/hide the DDTree panel"),
+    ("ctrl+p", "command palette"), ("ctrl+q", "quit"),
+]
+
+
+def help_text() -> str:
+    width = max(len(c) + len(a) + 1 for c, a, _ in COMMANDS)
+    lines = ["Commands:"]
+    lines += [f"  {(c + ' ' + a).strip():<{width}}  {d}" for c, a, d in COMMANDS]
+    lines.append("Keys:")
+    lines += [f"  {k:<{width}}  {d}" for k, d in KEYS]
+    return "\n".join(lines)
+
+
+def is_command(text: str) -> bool:
+    first = text.strip().split(maxsplit=1)[0] if text.strip() else ""
+    return first.startswith("/") and len(first) > 1 and "/" not in first[1:]
+
+
+def run_command(app, text: str) -> None:
+    """Execute one slash command; every outcome is reported in the conversation."""
+    parts = text.strip().split(maxsplit=1)
+    name, arg = parts[0].lower(), (parts[1].strip() if len(parts) > 1 else "")
+    name = ALIASES.get(name, name)
+    try:
+        if name == "/help":
+            app.note(help_text())
+        elif name == "/system":
+            if not arg:
+                current = app.settings.system
+                app.note(f"System prompt: {current}" if current else "No system prompt. Set one with /system TEXT.")
+            else:
+                app.note(app.set_setting("system", "" if arg.lower() in ("clear", "none", "off") else arg))
+        elif name in SETTING_OF:
+            if not arg:
+                raise SettingsError(f"{name} needs a value: {name} {next(a for c, a, _ in COMMANDS if c == name)}.")
+            app.note(app.set_setting(SETTING_OF[name], arg))
+        elif name == "/new":
+            app.new_chat()
+        elif name == "/list":
+            app.action_conversations()
+        elif name == "/export":
+            app.export_conversation(arg or None)
+        elif name == "/save":
+            app.save_defaults()
+        elif name == "/settings":
+            app.note(describe(app.settings))
+        elif name == "/quit":
+            app.exit()
+        else:
+            app.note(f"Unknown command {name}. Type /help for the list.", "error")
+    except SettingsError as err:
+        app.note(str(err), "error")
+
+
+def describe(settings) -> str:
+    return (
+        f"mode {settings.mode or 'auto'} · budget {settings.budget} · temperature {settings.temperature:g} · "
+        f"top_p {settings.top_p:g} · max {settings.max_new_tokens} · seed {settings.seed} · "
+        f"thinking {'on' if settings.thinking else 'off'} · system prompt {'set' if settings.system else 'none'}"
+    )
+
+
+def palette_commands(app):
+    """Command-palette entries; the ones that need a value prefill the input with the command."""
+
+    def setter(name, value):
+        return lambda: app.note(app.set_setting(name, value))
+
+    for mode in MODES:
+        yield SystemCommand(f"Mode: {mode}", f"decode with {mode}", setter("mode", mode))
+    yield SystemCommand("Thinking: on", "let the model think before answering", setter("thinking", True))
+    yield SystemCommand("Thinking: off", "answer directly", setter("thinking", False))
+    for label, cmd in (("Set system prompt…", "/system "), ("Set temperature…", "/temp "), ("Set top-p…", "/top_p "),
+                       ("Set max new tokens…", "/max "), ("Set tree budget…", "/budget "), ("Set seed…", "/seed "),
+                       ("Export conversation to…", "/export ")):
+        yield SystemCommand(label, f"type {cmd.strip()} VALUE in the input", lambda cmd=cmd: app.prefill(cmd))
+    yield SystemCommand("New chat", "start a new conversation", app.new_chat)
+    yield SystemCommand("Conversations", "open or delete saved conversations", app.action_conversations)
+    yield SystemCommand("Export conversation", "write it as Markdown under the data dir", lambda: app.export_conversation(None))
+    yield SystemCommand("Save settings as defaults", "used on the next start", app.save_defaults)
+    yield SystemCommand("Toggle debug pane", "one round of the tree in full", app.action_toggle_debug)
+    yield SystemCommand("Show settings", "current generation settings", lambda: app.note(describe(app.settings)))
+    yield SystemCommand("Help", "slash commands and keys", lambda: app.note(help_text()))
