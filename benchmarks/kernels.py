@@ -1,0 +1,216 @@
+"""Kernel benchmark at K2.6 shapes: time and achieved fraction of the device's own copy ceiling.
+
+  PYTHONPATH=. python benchmarks/kernels.py --json out.json [--quick]
+
+Ceiling: an eager SM-driven copy_ of 2 GiB -> 2 GiB timed with CUDA events (bytes read + written).
+Each kernel is timed as CUDA-graph replays of N back-to-back calls (launch gaps shrunk, as in the engine),
+median of several replays; fraction = bytes that must be read (and written) / time / ceiling. For the MoE
+only the distinct experts touched count. The plain-torch references are timed in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+from ddtree_chat.engine.ops import build  # noqa: E402
+from ddtree_chat.engine.ops.int4 import Int4Weight  # noqa: E402
+from ddtree_chat.engine.ops.moe import ExpertWeights, moe_experts_ref  # noqa: E402
+
+BF16_TFLOPS = 790e12  # measured bf16 matrix rate on this H200 (device README); used only for the FLOP floor
+
+
+def events_ms(fn, iters):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def copy_ceiling():
+    n = 1 << 30  # 1 Gi bf16 = 2 GiB
+    src = torch.randn(n // 2, device="cuda").to(torch.bfloat16).repeat(2)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ms = events_ms(lambda: dst.copy_(src), 20)
+    del src, dst
+    return 2 * 2 * n / (ms * 1e-3)
+
+
+def graph_us(fn, inner=20, reps=7):
+    """Per-call time from CUDA-graph replays of `inner` calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+        with torch.cuda.graph(g, stream=st):
+            for _ in range(inner):
+                fn()
+    torch.cuda.current_stream().wait_stream(st)
+    torch.cuda.synchronize()
+    g.replay()
+    torch.cuda.synchronize()
+    return events_ms(g.replay, reps) * 1e3 / inner
+
+
+def eager_us(fn, iters=5):
+    fn()
+    torch.cuda.synchronize()
+    return events_ms(fn, iters) * 1e3
+
+
+def row(kind, shape, us, nbytes, ceiling, ref_us=None, flops=None, extra=None):
+    r = {"kernel": kind, "shape": shape, "us": us, "bytes": nbytes, "GBps": nbytes / (us * 1e-6) / 1e9,
+         "frac_ceiling": nbytes / (us * 1e-6) / ceiling}
+    if flops:
+        r["floor_us"] = max(nbytes / ceiling, flops / BF16_TFLOPS) * 1e6
+        r["frac_floor"] = r["floor_us"] / us
+    if ref_us is not None:
+        r["torch_us"] = ref_us
+        r["speedup_vs_torch"] = ref_us / us
+    if extra:
+        r.update(extra)
+    return r
+
+
+def bench_moe(ceiling, quick):
+    from ddtree_chat.engine.ops.cuda_moe import moe_forward, pack_experts
+
+    e, h, inter, k = 384, 7168, 2048, 8
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(out, inp):
+        p = torch.randint(-2**31, 2**31 - 1, (e, out, inp // 8), dtype=torch.int32, device="cuda", generator=gen)
+        s = (torch.rand(e, out, inp // 32, device="cuda", generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
+        return Int4Weight(p, s, 32)
+
+    ex = ExpertWeights(rnd(inter, h), rnd(inter, h), rnd(h, inter))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    pe = pack_experts(ex)
+    torch.cuda.synchronize()
+    pack_s = time.perf_counter() - t0
+    per_expert = 3 * inter * h // 2 + 3 * inter * (h // 32) * 2  # nibbles + bf16 scales
+    rows = []
+    for t in ([1, 8, 64] if quick else [1, 2, 4, 8, 16, 32, 64]):
+        x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+        ids = torch.rand(t, e, device="cuda", generator=gen).topk(k, dim=-1).indices
+        w = torch.rand(t, k, device="cuda")
+        d = int(torch.unique(ids).numel())
+        nbytes = d * per_expert + 2 * x.numel() * 2
+        us = graph_us(lambda: moe_forward(x, ids, w, pe))
+        us_eager = eager_us(lambda: moe_forward(x, ids, w, pe), 20)
+        ref_us = eager_us(lambda: moe_experts_ref(x, ids, w, ex), 2) if t in (1, 8, 64) else None
+        rows.append(row("moe_int4", f"T={t} experts={d}", us, nbytes, ceiling, ref_us,
+                        extra={"eager_us": us_eager, "pack_s": pack_s}))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def bench_mla(ceiling, quick):
+    from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+    from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
+
+    rows = []
+    ctxs = [8192, 131072] if quick else [8192, 32768, 131072]
+    for ctx in ctxs:
+        cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
+        for nh in (64, 8):
+            for t in (1, 16, 64):
+                q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
+                qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
+                mask = torch.ones(t, t, device="cuda").tril().bool()
+                ckv, kpe = cache[: ctx + t, :512], cache[: ctx + t, 512:]
+                nbytes = (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2
+                flops = 2 * t * nh * (ctx + t) * (576 + 512)
+                fn = lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
+                us = graph_us(fn)
+                ref_us = None
+                if t == 1 and nh == 64:
+                    ref_us = eager_us(lambda: mla_attention_ref(q, qp, ckv, kpe, ctx, mask, 0.14468), 3)
+                rows.append(row("mla_verify", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, ref_us, flops))
+                print(rows[-1], flush=True)
+        del cache
+    return rows
+
+
+def bench_small(ceiling):
+    from ddtree_chat.engine.ops.cuda_small import rms_norm_fast, rms_norm_residual_fast, route_fast
+    from ddtree_chat.engine.ops.norm import rms_norm_ref
+    from ddtree_chat.engine.ops.router import route_ref
+
+    rows = []
+    for t in (1, 64, 256):
+        lg = torch.randn(t, 384, device="cuda")
+        b = torch.randn(384, device="cuda") * 0.1
+        us = graph_us(lambda: route_fast(lg, b, 8, 2.827, True))
+        ref = graph_us(lambda: route_ref(lg, b, 8, 2.827))
+        rows.append(row("router", f"T={t} E=384 top8", us, lg.numel() * 4 + 1536, ceiling, ref))
+        x = torch.randn(t, 7168, device="cuda").to(torch.bfloat16)
+        r = torch.randn(t, 7168, device="cuda").to(torch.bfloat16)
+        wt = torch.rand(7168, device="cuda").to(torch.bfloat16)
+        us = graph_us(lambda: rms_norm_fast(x, wt, 1e-6))
+        ref = graph_us(lambda: rms_norm_ref(x, wt, 1e-6))
+        rows.append(row("rms_norm", f"T={t} D=7168", us, 2 * x.numel() * 2, ceiling, ref))
+        us = graph_us(lambda: rms_norm_residual_fast(x, r, wt, 1e-6))
+        ref = graph_us(lambda: rms_norm_ref(x + r, wt, 1e-6))
+        rows.append(row("rms_norm+residual", f"T={t} D=7168", us, 4 * x.numel() * 2, ceiling, ref))
+        for rr in rows[-3:]:
+            print(rr, flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default="kernels.json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="moe,mla,small")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    build.library()
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "build_s": build.build_seconds, "lib_s": time.perf_counter() - t0}
+    ceiling = copy_ceiling()
+    info["copy_ceiling_GBps"] = ceiling / 1e9
+    print(info, flush=True)
+    rows = []
+    only = a.only.split(",")
+    for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
+                     ("mla", lambda: bench_mla(ceiling, a.quick))):
+        if name in only:
+            try:
+                rows += fn()
+            except Exception as e:  # keep the other sections' numbers
+                import traceback
+                traceback.print_exc()
+                rows.append({"kernel": name, "error": repr(e)})
+    with open(a.json, "w") as f:
+        json.dump({"info": info, "rows": rows}, f, indent=1)
+    print(f"\ncopy ceiling {ceiling / 1e9:.0f} GB/s ({info['device']})")
+    print(f"{'kernel':18} {'shape':28} {'us':>9} {'GB/s':>7} {'%ceil':>6} {'%floor':>6} {'torch us':>9} {'x':>6}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['kernel']:18} ERROR {r['error'][:80]}")
+            continue
+        print(f"{r['kernel']:18} {r['shape']:28} {r['us']:9.1f} {r['GBps']:7.0f} {100 * r['frac_ceiling']:6.1f} "
+              f"{100 * r.get('frac_floor', r['frac_ceiling']):6.1f} {r.get('torch_us', float('nan')):9.1f} "
+              f"{r.get('speedup_vs_torch', float('nan')):6.1f}")
+
+
+if __name__ == "__main__":
+    main()

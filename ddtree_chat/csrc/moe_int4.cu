@@ -1,0 +1,264 @@
+// INT4 W4A16 routed-expert MoE for the decode / tree-verify regime (1..256 tokens x top-k).
+// Raw-pointer kernels, no torch headers. Weights are repacked at load time (ops/cuda_moe.py) so that
+// each lane of a warp loads, with one 16-byte load, the A fragments of four m16n8k16 bf16 MMAs:
+//
+//   words  int32 [E, NT, KT, 32 lanes, 4]   NT = N/16 row tiles, KT = K/64 k-steps
+//   scales u32   [E, NT, K/32, 8]           each u32 = {scale(row g), scale(row g+8)} as two bf16
+//
+// Inside a 64-wide k-step, lane (g = lane/4, c = lane%4) covers physical k = 64*it + 16*c + 0..15, so its
+// activations are 32 contiguous bytes and its scales one group. Word w (0..3) holds, in nibble order
+// 0..7: (g,4w) (g+8,4w) (g,4w+2) (g+8,4w+2) (g,4w+1) (g+8,4w+1) (g,4w+3) (g+8,4w+3), i.e. the pairs
+// (nib j, nib j+4) are the four bf16x2 A registers; one lop3 per pair turns them into bf16 128+q+8.
+// Nibbles are stored as on disk (q + 8). Dequant w = bf16(bf16(q) * scale), as the reference does.
+//
+// Forward: align (token->expert blocks of 8 pairs) -> gate/up GEMM + SiLU*up -> down GEMM -> top-k sum.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarps = 4;     // warps per CTA; they split K and reduce through shared memory
+constexpr int kUnroll = 4;    // k-steps whose loads are issued before the first MMA
+constexpr int kSlots = 8;     // token slots (pairs) per block = MMA N
+
+__device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
+  __nv_bfloat162 v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One packed word -> four bf16x2 A registers, scaled per row.
+__device__ __forceinline__ void dequant(uint32_t q, __nv_bfloat162 s_lo, __nv_bfloat162 s_hi, uint32_t (&a)[4]) {
+  const __nv_bfloat162 off = as_bf162(0x43084308u);  // 136.0 = 128 + 8
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t t = ((q >> (4 * j)) & 0x000f000fu) | 0x43004300u;  // bf16x2 {128+nib_j, 128+nib_j+4}
+    a[j] = as_u32(__hmul2(__hsub2(as_bf162(t), off), (j & 1) ? s_hi : s_lo));
+  }
+}
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// align: pairs p = t*topk + k sorted into blocks of <= 8 pairs of one expert.
+// block_expert[max_blocks], block_pairs[max_blocks*8] (-1 = empty), num_blocks[1]. One CTA.
+__global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, int E, int max_blocks,
+                                 int* __restrict__ block_expert, int* __restrict__ block_pairs,
+                                 int* __restrict__ num_blocks) {
+  extern __shared__ int sm[];
+  int* count = sm;          // [E]
+  int* start = sm + E;      // [E] first block of expert e
+  int* cursor = sm + 2 * E; // [E]
+  __shared__ int total;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; cursor[e] = 0; }
+  for (int b = threadIdx.x; b < max_blocks; b += blockDim.x) {
+    block_expert[b] = 0;
+    for (int s = 0; s < kSlots; ++s) block_pairs[b * kSlots + s] = -1;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int e = (int)ids[p];
+    if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // E <= a few hundred: a serial scan is ~1 us and simple
+    int acc = 0;
+    for (int e = 0; e < E; ++e) { start[e] = acc; acc += (count[e] + kSlots - 1) / kSlots; }
+    total = acc < max_blocks ? acc : max_blocks;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int nb = (count[e] + kSlots - 1) / kSlots;
+    for (int j = 0; j < nb; ++j)
+      if (start[e] + j < max_blocks) block_expert[start[e] + j] = e;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int e = (int)ids[p];
+    if (e < 0 || e >= E) continue;
+    const int r = atomicAdd(&cursor[e], 1);
+    const int slot = start[e] * kSlots + r;
+    if (slot < max_blocks * kSlots) block_pairs[slot] = p;
+  }
+  if (threadIdx.x == 0) *num_blocks = total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
+// h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32.
+template <bool GATEUP>
+__global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
+    const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
+    const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
+    const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
+    int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
+  constexpr int NACC = GATEUP ? 8 : 4;
+  __shared__ float red[kWarps][32][NACC];
+  const int tile = blockIdx.x, b = blockIdx.y;
+  if (b >= *num_blocks) return;
+  const int e = block_expert[b];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int pair_g = block_pairs[b * kSlots + g];
+  const int K = KT * 64;
+  const uint4* xrow = pair_g >= 0 ? reinterpret_cast<const uint4*>(act + (size_t)(pair_g / act_div) * K) : nullptr;
+  const size_t tile_id = (size_t)e * NT + tile;
+  const uint4* pa = wa + tile_id * KT * 32 + lane;
+  const uint4* pb = GATEUP ? wb + tile_id * KT * 32 + lane : nullptr;
+  const uint32_t* psa = sa + tile_id * KT * 16 + (c >> 1) * 8 + g;
+  const uint32_t* psb = GATEUP ? sb + tile_id * KT * 16 + (c >> 1) * 8 + g : nullptr;
+
+  float acc_a[4] = {0.f, 0.f, 0.f, 0.f}, acc_b[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+  for (int base = warp * kUnroll; base < KT; base += kWarps * kUnroll) {
+    uint4 qa[kUnroll], qb[kUnroll], x0[kUnroll], x1[kUnroll];
+    uint32_t s_a[kUnroll], s_b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int it = base + u;
+      const bool ok = it < KT;
+      qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
+      s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
+      if (GATEUP) {
+        qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
+        s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
+      }
+      if (ok && xrow) {
+        x0[u] = __ldg(xrow + it * 8 + c * 2);
+        x1[u] = __ldg(xrow + it * 8 + c * 2 + 1);
+      } else {
+        x0[u] = z4;
+        x1[u] = z4;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t xs[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
+      const uint32_t wqa[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w};
+      const __nv_bfloat162 sa2 = as_bf162(s_a[u]);
+      const __nv_bfloat162 sa_lo = __low2bfloat162(sa2), sa_hi = __high2bfloat162(sa2);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t a[4];
+        dequant(wqa[w], sa_lo, sa_hi, a);
+        mma_bf16(acc_a, a, xs[2 * w], xs[2 * w + 1]);
+      }
+      if (GATEUP) {
+        const uint32_t wqb[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
+        const __nv_bfloat162 sb2 = as_bf162(s_b[u]);
+        const __nv_bfloat162 sb_lo = __low2bfloat162(sb2), sb_hi = __high2bfloat162(sb2);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint32_t a[4];
+          dequant(wqb[w], sb_lo, sb_hi, a);
+          mma_bf16(acc_b, a, xs[2 * w], xs[2 * w + 1]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    red[warp][lane][i] = acc_a[i];
+    if (GATEUP) red[warp][lane][4 + i] = acc_b[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float v[NACC];
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[w][lane][i];
+    v[i] = s;
+  }
+  const int N = NT * 16;
+  // C fragment: v[0] (row g, slot 2c), v[1] (row g, slot 2c+1), v[2] (row g+8, slot 2c), v[3] (row g+8, 2c+1)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int slot = 2 * c + (i & 1);
+    const int row = tile * 16 + g + ((i >> 1) ? 8 : 0);
+    const int pair = block_pairs[b * kSlots + slot];
+    if (pair < 0) continue;
+    if (GATEUP) {
+      const float gt = v[i], up = v[4 + i];
+      const float hv = gt / (1.f + __expf(-gt)) * up;
+      h_out[(size_t)pair * N + row] = __float2bfloat16(hv);
+    } else {
+      y_out[(size_t)pair * N + row] = v[i];
+    }
+  }
+}
+
+// out[t, n] = sum_k w[t, k] * y[t*topk + k, n]
+// NOTE: a pair whose id is outside [0, E) (-1: expert held by another rank) contributes nothing.
+__global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
+                                   const int64_t* __restrict__ ids, int E, int topk, int N,
+                                   __nv_bfloat16* __restrict__ out) {
+  const int t = blockIdx.x;
+  for (int n = threadIdx.x * 4; n < N; n += blockDim.x * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < topk; ++k) {
+      const int64_t id = ids[t * topk + k];
+      if (id < 0 || id >= E) continue;
+      const float wk = w[t * topk + k];
+      const float4 v = *reinterpret_cast<const float4*>(y + ((size_t)t * topk + k) * N + n);
+      acc.x += wk * v.x; acc.y += wk * v.y; acc.z += wk * v.z; acc.w += wk * v.w;
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
+    *reinterpret_cast<__nv_bfloat162*>(out + (size_t)t * N + n) = lo;
+    *reinterpret_cast<__nv_bfloat162*>(out + (size_t)t * N + n + 2) = hi;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Sizes: H % 64 == 0, I % 64 == 0, group 32. ws_int holds max_blocks*(1+8)+1 ints.
+// h_buf bf16 [T*topk, I]; y_buf fp32 [T*topk, H]; out bf16 [T, H].
+int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int T, int topk, int E, int H, int I,
+                    const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
+                    int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, void* stream) {
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const int n_pairs = T * topk;
+  int* block_expert = ws_int;
+  int* block_pairs = ws_int + max_blocks;
+  int* num_blocks = ws_int + max_blocks * (1 + kSlots);
+  moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
+                                                        num_blocks);
+  {
+    dim3 grid(I / 16, max_blocks);
+    moe_gemm_kernel<true><<<grid, kWarps * 32, 0, st>>>(
+        (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su, (const __nv_bfloat16*)x,
+        topk, block_expert, block_pairs, num_blocks, I / 16, H / 64, (__nv_bfloat16*)h_buf, nullptr);
+  }
+  {
+    dim3 grid(H / 16, max_blocks);
+    moe_gemm_kernel<false><<<grid, kWarps * 32, 0, st>>>(
+        (const uint4*)wd, nullptr, (const uint32_t*)sd, nullptr, (const __nv_bfloat16*)h_buf, 1, block_expert,
+        block_pairs, num_blocks, H / 16, I / 64, nullptr, y_buf);
+  }
+  moe_combine_kernel<<<T, 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);
+  return (int)cudaGetLastError();
+}
+
+}  // extern "C"

@@ -1,0 +1,125 @@
+"""JIT build of ddtree_chat/csrc/*.cu with plain nvcc into one shared library, loaded with ctypes.
+
+Built on first use into cache_dir()/kernels/<hash of sources + archs + torch/CUDA version + nvcc>, for
+sm_90a and sm_120a (+ compute_120a PTX). No torch headers: a build takes seconds, not a minute.
+Failures raise KernelBuildError with a readable reason; callers then keep the reference ops."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+GENCODE = [
+    "-gencode", "arch=compute_90a,code=sm_90a",
+    "-gencode", "arch=compute_120a,code=sm_120a",
+    "-gencode", "arch=compute_120a,code=compute_120a",
+]
+FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "--expt-relaxed-constexpr"]
+
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+_ERROR: str | None = None
+build_seconds: float | None = None  # first-use build time of this process (None: loaded from cache)
+
+
+class KernelBuildError(RuntimeError):
+    """No compiler, no GPU, or a compile error: the reference ops stay in use."""
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("DDTREE_NVCC"), shutil.which("nvcc"),
+                 os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def sources() -> list[Path]:
+    return sorted(CSRC.glob("*.cu"))
+
+
+def _key(nvcc: str) -> str:
+    h = hashlib.sha256()
+    for p in sorted(CSRC.glob("*.cu")) + sorted(CSRC.glob("*.cuh")) + sorted(CSRC.glob("*.h")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(" ".join(GENCODE + FLAGS).encode())
+    try:
+        import torch
+        h.update(f"{torch.__version__}|{torch.version.cuda}".encode())
+    except Exception:  # pragma: no cover
+        pass
+    h.update(subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.encode())
+    return h.hexdigest()[:16]
+
+
+def nvcc_command(nvcc: str, srcs: list[Path], out: Path, extra: list[str] | None = None) -> list[str]:
+    return [nvcc, *FLAGS, *GENCODE, *(extra or []), *map(str, srcs), "-o", str(out)]
+
+
+def _build() -> ctypes.CDLL:
+    global build_seconds
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise KernelBuildError("nvcc not found (set DDTREE_NVCC or CUDA_HOME); using the reference ops")
+    from ...paths import cache_dir
+
+    d = cache_dir() / "kernels" / _key(nvcc)
+    lib = d / "libddtree_kernels.so"
+    if not lib.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f"tmp-{os.getpid()}.so"
+        t0 = time.perf_counter()
+        res = subprocess.run(nvcc_command(nvcc, sources(), tmp), capture_output=True, text=True)
+        if res.returncode != 0:
+            raise KernelBuildError(f"nvcc failed building the CUDA kernels:\n{res.stderr[-4000:]}")
+        os.replace(tmp, lib)
+        build_seconds = time.perf_counter() - t0
+        log.info("built CUDA kernels in %.1f s -> %s", build_seconds, lib)
+    try:
+        so = ctypes.CDLL(str(lib))
+    except OSError as e:
+        raise KernelBuildError(f"could not load {lib}: {e}") from e
+    _declare(so)
+    return so
+
+
+def _declare(so: ctypes.CDLL) -> None:
+    P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    so.ddt_moe_forward.argtypes = [P, P, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P, P]
+    so.ddt_moe_forward.restype = I
+    so.ddt_route.argtypes = [P, P, I, I, I, F, I, P, P, P]
+    so.ddt_route.restype = I
+    so.ddt_rms_norm.argtypes = [P, P, P, I, I, F, I, I, P, P, P]
+    so.ddt_rms_norm.restype = I
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernel library; raises KernelBuildError (cached) when it cannot be had."""
+    global _LIB, _ERROR
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        if _ERROR is not None:
+            raise KernelBuildError(_ERROR)
+        try:
+            _LIB = _build()
+        except KernelBuildError as e:
+            _ERROR = str(e)
+            raise
+        return _LIB
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"CUDA error {rc} in {what}")

@@ -1,0 +1,143 @@
+"""INT4 W4A16 MoE on CUDA (csrc/moe_int4.cu): load-time repack into MMA-fragment order + the launcher.
+
+The repack (torch, any device) turns compressed-tensors Int4Weight [E, N, K/8] / scales [E, N, K/32] into
+  words  int32 [E, N/16, K/64, 32, 4]   scales int32 [E, N/16, K/32, 8] (= bf16 pairs rows g, g+8)
+as documented at the top of moe_int4.cu. `emulate_dequant` inverts it with the kernel's own indexing,
+so the layout is testable on CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .int4 import Int4Weight, dequant_int4
+from .moe import ExpertWeights, moe_experts_ref
+
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [..., K/8] -> stored nibbles (q + 8) uint8 [..., K], lowest nibble first."""
+    return ((packed.to(torch.int64).unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF).flatten(-2).to(torch.uint8)
+
+
+def repack_words(packed: torch.Tensor) -> torch.Tensor:
+    """[E, N, K/8] int32 (checkpoint) -> [E, N/16, K/64, 32, 4] int32 (kernel)."""
+    e, n, kw = packed.shape
+    k = kw * 8
+    nib = _nibbles(packed).view(e, n // 16, 2, 8, k // 64, 4, 4, 2, 2)  # E NT h g KT c w ehi elo
+    nib = nib.permute(0, 1, 4, 3, 5, 6, 8, 7, 2).reshape(e, n // 16, k // 64, 32, 4, 8)  # p = elo*4+ehi*2+h
+    word = (nib.to(torch.int64) << _SHIFTS.to(packed.device)).sum(-1)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32).contiguous()
+
+
+def repack_scales(scale: torch.Tensor) -> torch.Tensor:
+    """[E, N, K/32] bf16 -> [E, N/16, K/32, 8] int32 holding bf16 {row g, row g+8}."""
+    e, n, g = scale.shape
+    s = scale.to(torch.bfloat16).view(e, n // 16, 2, 8, g).permute(0, 1, 4, 3, 2).contiguous()
+    return s.view(torch.int32).view(e, n // 16, g, 8)
+
+
+def emulate_dequant(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Kernel-view inverse (float32): A[row, k] for row = 16*tile + g + 8*h,
+    k = 64*it + 16*c + 4*w + e, from word w of lane 4g+c, nibble p = (e%2)*4 + (e//2)*2 + h."""
+    e_, nt, kt = words.shape[:3]
+    nib = _nibbles(words)  # [E, NT, KT, 32, 4*8] -> index (w, p)
+    nib = nib.view(e_, nt, kt, 8, 4, 4, 2, 2, 2)  # g c w elo ehi h
+    q = nib.permute(0, 1, 8, 3, 2, 4, 5, 7, 6).reshape(e_, nt * 16, kt * 64).float() - 8  # h g | it c w ehi elo
+    s = scales.contiguous().view(torch.bfloat16).view(e_, nt, kt * 2, 8, 2).permute(0, 1, 4, 3, 2)
+    s = s.reshape(e_, nt * 16, kt * 2).float().repeat_interleave(32, dim=-1)
+    return (q * s).to(torch.bfloat16).float()
+
+
+@dataclass
+class PackedExperts(ExpertWeights):
+    """Experts repacked for csrc/moe_int4.cu. gate/up/down are None (the checkpoint layout is freed)."""
+
+    wg: torch.Tensor = None
+    sg: torch.Tensor = None
+    wu: torch.Tensor = None
+    su: torch.Tensor = None
+    wd: torch.Tensor = None
+    sd: torch.Tensor = None
+    hidden: int = 0
+    inter: int = 0
+
+    @property
+    def num_experts(self) -> int:
+        return self.wg.shape[0]
+
+
+def can_pack(experts: ExpertWeights) -> bool:
+    ws = (experts.gate, experts.up, experts.down)
+    if not all(isinstance(w, Int4Weight) and w.group_size == 32 for w in ws):
+        return False
+    e, i, h = experts.gate.shape
+    return h % 64 == 0 and i % 64 == 0 and experts.down.shape == (e, h, i) and experts.up.shape == (e, i, h)
+
+
+def pack_experts(experts: ExpertWeights, chunk: int = 8) -> PackedExperts:
+    """Repack chunk experts at a time (the uint8 nibble view of one K2.6 expert matrix is ~15 MB)."""
+    def rep(w: Int4Weight):
+        words = torch.cat([repack_words(w.packed[i:i + chunk]) for i in range(0, w.packed.shape[0], chunk)])
+        return words, repack_scales(w.scale)
+
+    e, i, h = experts.gate.shape
+    wg, sg = rep(experts.gate)
+    wu, su = rep(experts.up)
+    wd, sd = rep(experts.down)
+    return PackedExperts(None, None, None, wg=wg, sg=sg, wu=wu, su=su, wd=wd, sd=sd, hidden=h, inter=i)
+
+
+def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
+    w, s = {"gate": (pe.wg, pe.sg), "up": (pe.wu, pe.su), "down": (pe.wd, pe.sd)}[which]
+    return emulate_dequant(w[expert:expert + 1], s[expert:expert + 1])[0]
+
+
+def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts) -> torch.Tensor:
+    from .build import check, library
+
+    lib = library()
+    t, k = ids.shape
+    h, inter, e = pe.hidden, pe.inter, pe.num_experts
+    out = torch.empty(t, h, dtype=torch.bfloat16, device=x.device)
+    if t == 0:
+        return out.to(x.dtype)
+    xb = x.to(torch.bfloat16).contiguous()
+    ids = ids.to(torch.int64).contiguous()
+    w = weights.to(torch.float32).contiguous()
+    pairs = t * k
+    max_blocks = min(e, pairs) + (pairs + 7) // 8
+    ws = torch.empty(max_blocks * 9 + 1, dtype=torch.int32, device=x.device)
+    hbuf = torch.empty(pairs, inter, dtype=torch.bfloat16, device=x.device)
+    ybuf = torch.empty(pairs, h, dtype=torch.float32, device=x.device)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    rc = lib.ddt_moe_forward(xb.data_ptr(), ids.data_ptr(), w.data_ptr(), t, k, e, h, inter,
+                             pe.wg.data_ptr(), pe.wu.data_ptr(), pe.sg.data_ptr(), pe.su.data_ptr(),
+                             pe.wd.data_ptr(), pe.sd.data_ptr(), ws.data_ptr(), max_blocks,
+                             hbuf.data_ptr(), ybuf.data_ptr(), out.data_ptr(), stream)
+    check(rc, "ddt_moe_forward")
+    return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
+
+
+def moe_experts_fast(x, ids, weights, experts):
+    if isinstance(experts, PackedExperts):
+        return moe_forward(x, ids, weights, experts)
+    return moe_experts_ref(x, ids, weights, experts)
+
+
+def prepare_experts_fast(experts: ExpertWeights) -> ExpertWeights:
+    if not can_pack(experts) or not experts.gate.packed.is_cuda:
+        return experts
+    from .build import KernelBuildError, library
+
+    try:
+        library()
+    except KernelBuildError:
+        return experts
+    return pack_experts(experts)
+
+
+__all__ = ["PackedExperts", "pack_experts", "repack_words", "repack_scales", "emulate_dequant", "moe_forward",
+           "dequant_int4"]

@@ -1,0 +1,57 @@
+"""Registers the CUDA / Triton kernels when CUDA is usable. Imported by ops/__init__.py; a no-op on CPU.
+
+The CUDA library is built on first use (ops/build.py); if that fails (no nvcc, compile error), each op
+logs one warning and keeps using its reference. DDTREE_KERNELS=0 disables every fast kernel."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .registry import register
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
+enabled_ops: list[str] = []
+
+
+def _guard(name, fast_fn, ref_fn):
+    from .build import KernelBuildError
+
+    def fn(*args, **kw):
+        try:
+            return fast_fn(*args, **kw)
+        except KernelBuildError as e:
+            if name not in _WARNED:
+                _WARNED.add(name)
+                log.warning("%s: fast kernel unavailable (%s); using the reference", name, e)
+            return ref_fn(*args, **kw)
+
+    fn.__name__ = f"{name}_fast"
+    return fn
+
+
+def register_all() -> list[str]:
+    if enabled_ops or os.environ.get("DDTREE_KERNELS", "1") == "0" or not torch.cuda.is_available():
+        return enabled_ops
+    from . import cuda_moe, cuda_small
+    from .moe import moe_experts_ref
+    from .norm import rms_norm_ref
+    from .router import route_ref
+
+    register("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref))
+    register("prepare_experts", cuda_moe.prepare_experts_fast)  # falls back internally
+    register("route", _guard("route", cuda_small.route_fast,
+                             lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
+    register("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
+    enabled_ops.extend(["moe_experts", "prepare_experts", "route", "rms_norm"])
+    try:
+        from . import triton_mla
+    except Exception as e:  # no Triton (or a broken install): the reference attention stays
+        log.info("Triton MLA attention unavailable: %s", e)
+    else:
+        register("mla_attention", triton_mla.mla_attention_triton)
+        enabled_ops.append("mla_attention")
+    return enabled_ops

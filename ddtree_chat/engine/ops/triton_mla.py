@@ -1,0 +1,157 @@
+"""MLA tree-verify attention in the absorbed form (Triton): split-KV over the committed prefix, one extra
+split for the tree's own keys under the ancestor mask, merged by log-sum-exp.
+
+All T*h query rows share the keys, so the prefix is streamed once per block of BLOCK_M rows (for 64 heads
+and T = 1 that is once). prefix_len is read from device memory, so a CUDA graph can replay it at any
+length up to the split plan it was captured with. Unused cache slots are never loaded (masked loads), so
+NaN-poisoned slots cannot leak in."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# NOTE: chosen from ptxas reports (sm_90a): these compile with no or negligible spills; (64, *) use wgmma.
+_CONFIGS = [
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 16}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=3),
+]
+
+
+@triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], warmup=5, rep=20)
+@triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "SCAP"])
+def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, SCAP, scale_log2, s_ckv, s_kpe,
+                      R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    sid = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    # NOTE: the 512-wide latent is handled as four 128-wide chunks so no dot operand or accumulator
+    # needs the whole [*, 512] tile in registers at once (the unchunked form spilled heavily).
+    offs_c = tl.arange(0, RC)
+    offs_p = tl.arange(0, P)
+    qbase = QL + offs_m[:, None] * R + offs_c[None, :]
+    q0 = tl.load(qbase, mask=m_ok[:, None], other=0.0)
+    q1 = tl.load(qbase + RC, mask=m_ok[:, None], other=0.0)
+    q2 = tl.load(qbase + 2 * RC, mask=m_ok[:, None], other=0.0)
+    q3 = tl.load(qbase + 3 * RC, mask=m_ok[:, None], other=0.0)
+    qp = tl.load(QP + offs_m[:, None] * P + offs_p[None, :], mask=m_ok[:, None], other=0.0)
+    L = tl.load(PLEN)
+    is_tree = sid == n_splits
+    chunk = tl.cdiv(tl.cdiv(L, n_splits), BLOCK_N) * BLOCK_N
+    start = tl.where(is_tree, L, sid * chunk)
+    end = tl.where(is_tree, L + T, tl.minimum(sid * chunk + chunk, L))
+    t_row = offs_m // NH
+    m_i = tl.full([BLOCK_M], -1e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, RC], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, RC], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, RC], tl.float32)
+    acc3 = tl.zeros([BLOCK_M, RC], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        kvb = CKV + offs_n[:, None].to(tl.int64) * s_ckv + offs_c[None, :]
+        kv0 = tl.load(kvb, mask=n_ok[:, None], other=0.0)
+        kv1 = tl.load(kvb + RC, mask=n_ok[:, None], other=0.0)
+        kv2 = tl.load(kvb + 2 * RC, mask=n_ok[:, None], other=0.0)
+        kv3 = tl.load(kvb + 3 * RC, mask=n_ok[:, None], other=0.0)
+        kp = tl.load(KPE + offs_n[:, None].to(tl.int64) * s_kpe + offs_p[None, :], mask=n_ok[:, None], other=0.0)
+        s = tl.dot(qp, tl.trans(kp))
+        s = tl.dot(q0, tl.trans(kv0), s)
+        s = tl.dot(q1, tl.trans(kv1), s)
+        s = tl.dot(q2, tl.trans(kv2), s)
+        s = tl.dot(q3, tl.trans(kv3), s)
+        s = s * scale_log2
+        tm = tl.load(MASK + t_row[:, None] * T + (offs_n - L)[None, :],
+                     mask=m_ok[:, None] & n_ok[None, :] & is_tree, other=1)
+        vis = n_ok[None, :] & (tm != 0)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pb = p.to(kv0.dtype)
+        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    inv = (1.0 / l_safe)[:, None]
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    row = sid * M + offs_m
+    obase = OP + row[:, None].to(tl.int64) * R + offs_c[None, :]
+    tl.store(obase, acc0 * inv, mask=m_ok[:, None])
+    tl.store(obase + RC, acc1 * inv, mask=m_ok[:, None])
+    tl.store(obase + 2 * RC, acc2 * inv, mask=m_ok[:, None])
+    tl.store(obase + 3 * RC, acc3 * inv, mask=m_ok[:, None])
+    tl.store(LP + row, lse, mask=m_ok)
+
+
+@triton.jit(do_not_specialize=["M", "NS"])
+def _mla_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+    m = tl.program_id(0)
+    rb = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < NS
+    lse = tl.load(LP + offs_s * M + m, mask=s_ok, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    w = w / tl.maximum(tl.sum(w, 0), 1e-30)
+    offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    o = tl.load(OP + (offs_s[:, None].to(tl.int64) * M + m) * R + offs_r[None, :], mask=s_ok[:, None], other=0.0)
+    out = tl.sum(o * w[:, None], 0)
+    tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def plan_splits(m_rows: int, max_prefix: int, device) -> int:
+    """Prefix splits: about two waves of programs, each split >= 256 keys."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    m_blocks = triton.cdiv(m_rows, 64)
+    return max(1, min(triton.cdiv(2 * _SM_COUNT[idx], m_blocks), triton.cdiv(max(max_prefix, 1), 256)))
+
+
+def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
+    """prefix_len: int, or an int32 device tensor [1] (then max_prefix, a host bound, plans the splits)."""
+    if q_lat.dim() != 3 or q_lat.shape[-1] % 64 or q_pe.shape[-1] not in (16, 32, 64, 128):
+        from .mla_attention import mla_attention_ref
+        return mla_attention_ref(q_lat, q_pe, ckv, kpe, int(prefix_len), tree_mask, scale)
+    t, nh, r = q_lat.shape
+    p = q_pe.shape[-1]
+    m = t * nh
+    dev = q_lat.device
+    if torch.is_tensor(prefix_len):
+        plen = prefix_len.to(device=dev, dtype=torch.int32).reshape(1)
+        bound = max_prefix if max_prefix is not None else ckv.shape[0] - t
+    else:
+        plen = torch.full((1,), int(prefix_len), dtype=torch.int32, device=dev)
+        bound = int(prefix_len)
+    if ckv.stride(-1) != 1:
+        ckv = ckv.contiguous()
+    if kpe.stride(-1) != 1:
+        kpe = kpe.contiguous()
+    ql = q_lat.contiguous()
+    qp = q_pe.to(ql.dtype).contiguous()
+    mask = tree_mask.to(device=dev, dtype=torch.uint8).contiguous()
+    ns = plan_splits(m, bound, dev)
+    op = torch.empty(ns + 1, m, r, dtype=torch.float32, device=dev)
+    lp = torch.empty(ns + 1, m, dtype=torch.float32, device=dev)
+    out = torch.empty(t, nh, r, dtype=q_lat.dtype, device=dev)
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + 1)  # noqa: E731
+    _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, triton.next_power_of_2(bound + 1),
+                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), R=r, P=p, RC=r // 4)
+    block_s = max(2, triton.next_power_of_2(ns + 1))
+    _mla_merge_kernel[(m, r // 128)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=128)
+    return out

@@ -1,0 +1,172 @@
+"""Fast kernels vs their reference twins at K2.6 shapes and odd sizes (GPU tests skip without CUDA).
+
+Tolerances: relative Frobenius error ||out - ref|| / ||ref||; bf16 outputs with fp32 accumulation
+land near 2e-3..5e-3, so 1e-2 is the bound; NaN never passes. Router ids must match exactly."""
+
+import pytest
+import torch
+
+from ddtree_chat.engine.ops import mla_attention_ref, moe_experts_ref, rms_norm_ref, route_ref
+from ddtree_chat.engine.ops.cuda_moe import emulate_dequant, repack_scales, repack_words
+from ddtree_chat.engine.ops.int4 import Int4Weight, dequant_int4, quantize_int4
+from ddtree_chat.engine.ops.moe import ExpertWeights
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+K26_SCALE = 0.14468
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite output"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def test_repack_roundtrip_cpu():
+    """The kernel layout inverts exactly to the checkpoint dequantisation (CPU, runs in CI)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 48, 320, generator=g)
+    packed, scale = quantize_int4(w, 32)
+    scale = scale.to(torch.bfloat16)
+    ref = dequant_int4(packed, scale, 32, torch.bfloat16).float()
+    assert torch.equal(emulate_dequant(repack_words(packed), repack_scales(scale)), ref)
+
+
+# ----------------------------------------------------------------------------------------------- MoE
+def random_int4(e, out, inp, device, gen):
+    packed = torch.randint(-2**31, 2**31 - 1, (e, out, inp // 8), dtype=torch.int32, device=device, generator=gen)
+    scale = (torch.rand(e, out, inp // 32, device=device, generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
+    return Int4Weight(packed, scale, 32)
+
+
+def random_experts(e, h, i, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return ExpertWeights(random_int4(e, i, h, device, gen), random_int4(e, i, h, device, gen),
+                         random_int4(e, h, i, device, gen))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter", [2048, 256])  # full, and TP=8 slice of the intermediate
+@pytest.mark.parametrize("tokens", [1, 3, 17, 63])
+@pytest.mark.parametrize("skew", [False, True])
+def test_moe_matches_reference(tokens, inter, skew):
+    from ddtree_chat.engine.ops.cuda_moe import moe_forward, pack_experts
+
+    dev = torch.device("cuda")
+    e, h, k = 16, 7168, 8
+    ex = random_experts(e, h, inter, dev, seed=tokens)
+    pe = pack_experts(ex)
+    x = torch.randn(tokens, h, device=dev).to(torch.bfloat16)
+    if skew:  # tree tokens share experts: > 8 pairs per expert -> several blocks per expert
+        ids = torch.stack([torch.randperm(10, device=dev)[:k] for _ in range(tokens)])
+    else:
+        ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, device=dev)
+    out = moe_forward(x, ids, w, pe)
+    ref = moe_experts_ref(x, ids, w, ex)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert rel(out, ref) < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_moe_dispatch_and_prepare():
+    from ddtree_chat.engine.ops import moe_experts
+    from ddtree_chat.engine.ops.cuda_moe import PackedExperts
+    from ddtree_chat.engine.ops.moe import prepare_experts
+
+    dev = torch.device("cuda")
+    ex = random_experts(8, 512, 128, dev, seed=5)
+    pe = prepare_experts(ex)
+    assert isinstance(pe, PackedExperts)
+    x = torch.randn(5, 512, device=dev).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(8, device=dev)[:4] for _ in range(5)])
+    w = torch.rand(5, 4, device=dev)
+    assert rel(moe_experts(x, ids, w, pe), moe_experts_ref(x, ids, w, ex)) < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------- router
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 3, 17, 63, 256])
+def test_router_matches_reference(tokens):
+    from ddtree_chat.engine.ops.cuda_small import route_fast
+
+    dev = torch.device("cuda")
+    logits = torch.randn(tokens, 384, device=dev) * 2
+    bias = torch.randn(384, device=dev) * 0.1
+    ids, w = route_fast(logits, bias, 8, 2.827, True)
+    rid, rw = route_ref(logits, bias, 8, 2.827)
+    si, order = ids.sort(-1)
+    ri, rorder = rid.sort(-1)
+    assert torch.equal(si, ri)
+    assert torch.allclose(w.gather(1, order), rw.gather(1, rorder), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- rmsnorm
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,d", [(1, 7168), (63, 7168), (17, 1536), (3, 512), (256, 7168)])
+@pytest.mark.parametrize("wdt", [torch.bfloat16, torch.float32])
+def test_rms_norm_matches_reference(rows, d, wdt):
+    from ddtree_chat.engine.ops.cuda_small import rms_norm_fast, rms_norm_residual_fast
+
+    dev = torch.device("cuda")
+    x = torch.randn(rows, d, device=dev).to(torch.bfloat16)
+    r = torch.randn(rows, d, device=dev).to(torch.bfloat16)
+    wt = (torch.rand(d, device=dev) + 0.5).to(wdt)
+    assert rel(rms_norm_fast(x, wt, 1e-6), rms_norm_ref(x, wt, 1e-6)) < 1e-2
+    y, s = rms_norm_residual_fast(x, r, wt, 1e-6)
+    assert torch.equal(s, x + r)
+    assert rel(y, rms_norm_ref(x + r, wt, 1e-6)) < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------- MLA
+def ancestor_mask(t, gen, device):
+    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
+    m = torch.zeros(t, t, dtype=torch.bool)
+    for i in range(t):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parent[j]
+    return m.to(device)
+
+
+MLA_CASES = [(t, ctx, nh) for nh in (64, 8) for ctx in (1, 100, 4097) for t in (1, 3, 17, 63)]
+MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (256, 4097, 8)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,ctx,nh", MLA_CASES)
+def test_mla_matches_reference(t, ctx, nh):
+    from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(t * 1000 + ctx)
+    cap = ctx + t + 37
+    ckv = torch.full((cap, 576), float("nan"), device=dev, dtype=torch.bfloat16)  # NaN-poisoned unused slots
+    ckv[: ctx + t] = torch.randn(ctx + t, 576, device=dev).to(torch.bfloat16)
+    latent, kpe = ckv[:, :512], ckv[:, 512:]  # strided views, as a [S, 576] cache holds them
+    q_lat = (torch.randn(t, nh, 512, device=dev) * 0.5).to(torch.bfloat16)
+    q_pe = torch.randn(t, nh, 64, device=dev).to(torch.bfloat16)
+    mask = ancestor_mask(t, gen, dev)
+    ref = mla_attention_ref(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE)
+    out = mla_attention_triton(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE)
+    assert rel(out, ref) < 1e-2
+    plen = torch.tensor([ctx], dtype=torch.int32, device=dev)  # device-resident length (CUDA-graph path)
+    out2 = mla_attention_triton(q_lat, q_pe, latent, kpe, plen, mask, K26_SCALE, max_prefix=cap - t)
+    assert rel(out2, ref) < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_dispatch_picks_fast_kernels():
+    from ddtree_chat.engine.ops import gpu as g
+    from ddtree_chat.engine.ops.registry import fast
+
+    x = torch.zeros(1, device="cuda")
+    assert {"moe_experts", "route", "rms_norm", "mla_attention"} <= set(g.enabled_ops)
+    assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
