@@ -8,6 +8,9 @@ from .moe import moe_experts, moe_experts_ref
 from .norm import rms_norm, rms_norm_ref
 from .rope import apply_rope_interleaved, apply_rope_half, rope_cos_sin, yarn_inv_freq
 from .router import route, route_ref
+from . import gpu as _gpu
+
+_gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is available
 
 __all__ = [
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
