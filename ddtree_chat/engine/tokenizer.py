@@ -36,8 +36,9 @@ KIMI_PATTERN_V1 = "|".join([
     r"\s+(?!\S)",
     r"\s+",
 ])
-# The same without `&&`: general categories partition the code points, so "X and not Han" is
-# "not (Han or any category outside X)". Works in oniguruma and in Rust regex alike.
+# The same without `&&` (fancy-regex, which some tokenizers builds use, lacks it): general categories
+# partition the code points, so "X and not Han" is "not (Han or a category outside X)".
+# tests/test_tokenizer.py checks it against KIMI_PATTERN_V1 run by the `regex` module.
 _UPPER = r"[^\p{Han}\p{Ll}\p{N}\p{P}\p{S}\p{Z}\p{C}]"  # Lu Lt Lm Lo M, minus Han
 _LOWER = r"[^\p{Han}\p{Lu}\p{Lt}\p{N}\p{P}\p{S}\p{Z}\p{C}]"  # Ll Lm Lo M, minus Han
 _SUFFIX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
@@ -151,22 +152,24 @@ def tiktoken_to_hf(tokens: list[bytes]) -> _HF:
 def _load_tiktoken(path: Path) -> tuple[_HF, int]:
     """The converted tokenizer (from the cache when it is there) and the number of ranks."""
     data, tokens = _read_tiktoken(path)
-    cached = cache_dir() / "tokenizers" / f"{hashlib.sha256(data).hexdigest()}.json"
-    if cached.is_file():
-        try:
-            hf = _HF.from_file(str(cached))
-            if hf.get_vocab_size(with_added_tokens=True) == len(tokens):
-                return hf, len(tokens)
-        except Exception:  # NOTE: a damaged cache entry is rebuilt, never fatal
-            pass
-    hf = tiktoken_to_hf(tokens)
+    # NOTE: the cache only saves time: a damaged entry or an unwritable home costs a conversion, never a failure.
+    cached = None
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached = cache_dir() / "tokenizers" / f"{hashlib.sha256(data).hexdigest()}.json"
+        hf = _HF.from_file(str(cached)) if cached.is_file() else None
+        if hf is not None and hf.get_vocab_size(with_added_tokens=True) == len(tokens):
+            return hf, len(tokens)
+    except Exception:
+        pass
+    hf = tiktoken_to_hf(tokens)
+    if cached is not None:
         tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-        hf.save(str(tmp))
-        os.replace(tmp, cached)
-    except OSError:
-        pass  # NOTE: caching is an optimisation; a read-only cache dir costs a conversion per load
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            hf.save(str(tmp))
+            os.replace(tmp, cached)  # NOTE: atomic, so a concurrent load never reads half a file
+        except Exception:
+            tmp.unlink(missing_ok=True)
     return hf, len(tokens)
 
 
