@@ -36,8 +36,8 @@ KIMI_PATTERN_V1 = "|".join([
     r"\s+(?!\S)",
     r"\s+",
 ])
-# The same without `&&` (fancy-regex, which some tokenizers builds use, lacks it): general categories
-# partition the code points, so "X and not Han" is "not (Han or a category outside X)".
+# The same without `&&` class intersection, so it does not rest on the regex engine having it: general
+# categories partition the code points, so "X and not Han" is "not (Han or a category outside X)".
 # tests/test_tokenizer.py checks it against KIMI_PATTERN_V1 run by the `regex` module.
 _UPPER = r"[^\p{Han}\p{Ll}\p{N}\p{P}\p{S}\p{Z}\p{C}]"  # Lu Lt Lm Lo M, minus Han
 _LOWER = r"[^\p{Han}\p{Lu}\p{Lt}\p{N}\p{P}\p{S}\p{Z}\p{C}]"  # Ll Lm Lo M, minus Han
