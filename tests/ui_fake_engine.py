@@ -52,7 +52,7 @@ def _ids(text: str) -> list[int]:
     return out
 
 
-DEFAULT_REPLY = " Let| me| think| of| the| fox|.|</think>|\n|The| quick| brown| fox| jumps| over| the| |**|lazy|**| dog|."
+DEFAULT_REPLY = " Let| me| think| of| the| fox|</think>|The| quick| brown| fox| jumps| over| the| |**|lazy|**| dog|."
 
 
 class FakeEngine:
@@ -95,7 +95,7 @@ class FakeEngine:
             yield {
                 "event": "round", "token_ids": new, "text": self.tokenizer.decode(new), "accepted_length": len(new),
                 "tree": _tree(rng, new, cfg.budget if cfg.mode == "ddtree" else (cfg.budget if cfg.mode == "dflash" else 0)),
-                "budget": cfg.budget, "mode": cfg.mode, "elapsed_s": 0.01 * rounds,
+                "budget": cfg.budget, "mode": cfg.mode, "elapsed_s": 0.01,
             }
         yield {
             "event": "done", "token_ids": out, "text": self.tokenizer.decode(out), "rounds": rounds,

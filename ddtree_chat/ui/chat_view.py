@@ -41,7 +41,8 @@ class AssistantMessage(Vertical):
 
     def compose(self) -> ComposeResult:
         answer, thinking, footer = self._initial
-        with Collapsible(title="Thinking", collapsed=True, classes="thinking") as c:
+        title = f"Thinking ({_words(thinking)} words)" if thinking else "Thinking…"
+        with Collapsible(title=title, collapsed=True, classes="thinking") as c:
             c.display = bool(thinking) or self.splitter.in_think
             yield Markdown(thinking, classes="thinking-text")
         yield Markdown(answer, classes="answer")
@@ -57,7 +58,9 @@ class AssistantMessage(Vertical):
     async def append(self, text: str) -> None:
         think, answer = self.splitter.feed(text)
         if think:
-            self.query_one(".thinking", Collapsible).display = True
+            collapsible = self.query_one(".thinking", Collapsible)
+            collapsible.display = True
+            collapsible.title = f"Thinking… ({_words(self.splitter.thinking)} words)"
             await self._stream("think", self.query_one(".thinking-text", Markdown)).write(think)
         if answer:
             await self._stream("answer", self.query_one(".answer", Markdown)).write(answer)
@@ -76,8 +79,8 @@ class AssistantMessage(Vertical):
         thinking, answer = self.splitter.thinking.strip(), self.splitter.answer.strip()
         collapsible = self.query_one(".thinking", Collapsible)
         collapsible.display = bool(thinking)
-        if thinking and self.splitter.in_think:
-            collapsible.title = "Thinking (unfinished)"
+        unfinished = ", unfinished" if thinking and self.splitter.in_think else ""
+        collapsible.title = f"Thinking ({_words(thinking)} words{unfinished})"
         await self.query_one(".thinking-text", Markdown).update(thinking)
         await self.query_one(".answer", Markdown).update(answer)
         self.set_footer(footer)
@@ -87,6 +90,10 @@ class AssistantMessage(Vertical):
         widget = self.query_one(".reply-footer", Static)
         widget.update(footer)
         widget.display = bool(footer)
+
+
+def _words(text: str) -> int:
+    return len(text.split())
 
 
 class ChatInput(TextArea):

@@ -68,14 +68,17 @@ def layout(tree: dict, piece: Callable[[int], str], max_lines: int = 40, max_sib
     t = _Tree(tree)
     if not t.tokens:
         return [Line("summary", "no draft tree this round (autoregressive step)")]
-    for siblings in range(max_siblings, -1, -1):
-        lines = _lines(t, piece, siblings, chain_len)
+    # Shrink step by step: fewer alternatives per step, then no "+N more" lines, then cut.
+    attempts = [(k, True) for k in range(max_siblings, -1, -1)] + [(0, False)]
+    for siblings, show_more in attempts:
+        lines = _lines(t, piece, siblings, chain_len, show_more)
         if len(lines) <= max_lines:
             return lines
-    return lines[: max_lines - 1] + [Line("more", f"… {len(lines) - max_lines + 1} more lines")]
+    keep = max(max_lines - 3, 1)
+    return lines[:keep] + [Line("more", f"… {len(lines) - keep - 2} more accepted steps")] + lines[-2:]
 
 
-def _lines(t: _Tree, piece: Callable[[int], str], siblings: int, chain_len: int) -> list[Line]:
+def _lines(t: _Tree, piece: Callable[[int], str], siblings: int, chain_len: int, show_more: bool = True) -> list[Line]:
     out: list[Line] = []
     path = t.accepted
     for step, node in enumerate(path):
@@ -86,7 +89,7 @@ def _lines(t: _Tree, piece: Callable[[int], str], siblings: int, chain_len: int)
         for k in others[:siblings]:
             out.append(_rejected(t, piece, k, chain_len))
         hidden = others[siblings:]
-        if hidden:
+        if hidden and show_more:
             nodes = sum(t.size(k) for k in hidden)
             out.append(Line("more", f"+{len(hidden)} more", f"({nodes} nodes)", depth=t.depth[node] + 1))
     last = path[-1] if path else 0

@@ -71,7 +71,7 @@ class TreePanel(Vertical):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.border_title = "DDTree"
-        self.lengths: deque[int] = deque([0] * SPARK_ROUNDS, maxlen=SPARK_ROUNDS)
+        self.lengths: deque[int] = deque(maxlen=SPARK_ROUNDS)
         self.stats = Stats()
         self.info: dict = {}
         self.mode = "-"

@@ -1,0 +1,115 @@
+"""Unit tests of the UI's pure parts: think splitting, tree layout, update coalescing, commands."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ui_fake_engine import FakeConfig, FakeEngine  # noqa: E402
+
+from ddtree_chat.ui import commands  # noqa: E402
+from ddtree_chat.ui.generation import GenerationDone, GenerationFailed, GenerationUpdate, run_generation  # noqa: E402
+from ddtree_chat.ui.thinking import ThinkSplitter, split_text  # noqa: E402
+from ddtree_chat.ui.tree_layout import layout, show_piece  # noqa: E402
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 100])
+def test_think_split_any_chunking(chunk):
+    text = "let me see</think>\n\nThe answer is <b>42</b>."
+    s = ThinkSplitter(in_think=True)
+    for i in range(0, len(text), chunk):
+        s.feed(text[i:i + chunk])
+    s.flush()
+    assert s.thinking == "let me see" and s.answer == "The answer is <b>42</b>."
+
+
+def test_think_split_without_thinking_and_unclosed():
+    assert split_text("plain <think>hidden</think> shown", in_think=False) == ("hidden", "plain  shown")
+    assert split_text("still thinking </thi", in_think=True) == ("still thinking </thi", "")
+
+
+def random_tree(n: int, seed: int, accepted_depth: int) -> dict:
+    rng = random.Random(seed)
+    parents, depth, logp = [-1], [0], [0.0]
+    path = [0]
+    for _ in range(accepted_depth):
+        parents.append(path[-1]); depth.append(depth[path[-1]] + 1); logp.append(-0.1); path.append(len(parents) - 1)
+    while len(parents) < n:
+        p = rng.randrange(len(parents))
+        parents.append(p); depth.append(depth[p] + 1); logp.append(logp[p] - rng.random() * 3)
+    return {"tokens": list(range(len(parents))), "parents": parents, "depth": depth, "accepted_nodes": path,
+            "draft_logprobs": logp, "target_tokens": list(range(len(parents)))}
+
+
+@pytest.mark.parametrize("n", [8, 16, 64, 256])
+@pytest.mark.parametrize("max_lines", [12, 30])
+def test_tree_layout_stays_readable(n, max_lines):
+    tree = random_tree(n + 1, seed=n, accepted_depth=5)
+    lines = layout(tree, lambda t: f"t{t}", max_lines=max_lines)
+    assert len(lines) <= max_lines
+    kinds = [line.kind for line in lines]
+    assert kinds[0] == "root" and kinds.count("accepted") == 5 and "bonus" in kinds
+    assert lines[-1].kind == "summary" and f"{n} drafted" in lines[-1].text
+    # Every drafted node is either shown or counted somewhere.
+    shown = sum(1 for line in lines if line.kind in ("root", "accepted", "rejected"))
+    assert shown <= n + 1
+
+
+def test_tree_layout_counts_hidden_nodes():
+    tree = random_tree(40, seed=1, accepted_depth=2)
+    lines = layout(tree, str, max_lines=100, max_siblings=1)
+    more = [line for line in lines if line.kind == "more"]
+    assert more and all(line.text.startswith("+") for line in more)
+
+
+def test_tree_layout_empty_tree_and_pieces():
+    assert layout({"tokens": []}, str)[0].kind == "summary"
+    assert show_piece(" hello ") == "␣hello␣" and show_piece("\n") == "⏎" and show_piece("") == "∅"
+    assert len(show_piece("x" * 50, 10)) == 10
+
+
+def test_generation_updates_are_coalesced():
+    engine = FakeEngine(repeat=50)  # 1000 tokens, a few hundred rounds, no delay
+    posted = []
+    run_generation(engine, [1, 2], FakeConfig(max_new_tokens=1000), threading.Event(), posted.append, gen_id=7, interval=0.05)
+    updates = [m for m in posted if isinstance(m, GenerationUpdate)]
+    assert isinstance(posted[-1], GenerationDone) and posted[-1].done["stop_reason"] in ("max_new_tokens", "stop_token")
+    rounds = sum(len(m.rounds) for m in updates)
+    assert rounds == posted[-1].done["rounds"] and len(updates) < rounds / 10
+    assert "".join(m.text for m in updates) == posted[-1].done["text"]
+
+
+def test_generation_failure_is_reported_not_raised():
+    class Broken(FakeEngine):
+        def generate(self, *a, **k):
+            yield from ()
+            raise RuntimeError("boom")
+
+    posted = []
+    run_generation(Broken(), [1], FakeConfig(), threading.Event(), posted.append, gen_id=1)
+    assert isinstance(posted[-1], GenerationFailed) and "boom" in str(posted[-1].error)
+
+
+def test_stop_token_text_is_not_shown():
+    class WithEos(FakeEngine):
+        def generate(self, prompt_ids, cfg, stop=None):
+            yield {"event": "round", "token_ids": [4, 0], "text": "The<eos>", "accepted_length": 2, "tree": {}}
+            yield {"event": "done", "token_ids": [4, 0], "text": "The<eos>", "stop_reason": "stop_token"}
+
+    posted = []
+    run_generation(WithEos(), [1], FakeConfig(), threading.Event(), posted.append, gen_id=1)
+    assert posted[0].text == "The" and posted[-1].done["text"] == "The"
+
+
+def test_command_detection_and_help():
+    assert commands.is_command("/temp 0.3") and commands.is_command("  /help")
+    assert not commands.is_command("/usr/bin is a path") and not commands.is_command("hello /temp")
+    text = commands.help_text()
+    for name, _, _ in commands.COMMANDS:
+        assert name in text
+    assert "ctrl+j" in text and "esc" in text
