@@ -150,21 +150,19 @@ def save(settings: Settings, path: Path | None = None) -> Path:
     return path
 
 
-def with_overrides(settings: Settings, args) -> Settings:
-    """Apply CLI values (argparse Namespace; None means "not given") for this run only."""
-    mapping = {
-        "system": "system",
-        "temperature": "temperature",
-        "top_p": "top_p",
-        "max_new_tokens": "max_new_tokens",
-        "mode": "mode",
-        "budget": "budget",
-        "seed": "seed",
-        "thinking": "thinking",
-    }
-    changes = {}
-    for attr, name in mapping.items():
-        value = getattr(args, attr, None)
-        if value is not None:
+def with_overrides(settings: Settings, args) -> tuple[Settings, list[str]]:
+    """Apply CLI values (argparse Namespace; None means "not given") for this run only.
+
+    Returns the settings and one warning per rejected value (the others still apply).
+    """
+    changes, warnings = {}, []
+    for name in FIELD_NAMES:
+        value = getattr(args, name, None)
+        # NOTE: the CLI only has --no-think (thinking defaults to True there), so True means "not given".
+        if value is None or (name == "thinking" and value is True):
+            continue
+        try:
             changes[name] = validate(name, value)
-    return settings.replace(**changes)
+        except SettingsError as err:
+            warnings.append(f"{err} Ignoring that option.")
+    return settings.replace(**changes), warnings

@@ -60,5 +60,16 @@ def test_validate_rejects(name, value):
 def test_cli_overrides_only_given_values():
     base = st.Settings(temperature=0.3, budget=8)
     args = argparse.Namespace(temperature=None, budget=64, mode="ar", system=None, top_p=None, max_new_tokens=None, seed=None, thinking=None)
-    s = st.with_overrides(base, args)
-    assert (s.temperature, s.budget, s.mode) == (0.3, 64, "ar")
+    s, warnings = st.with_overrides(base, args)
+    assert (s.temperature, s.budget, s.mode) == (0.3, 64, "ar") and warnings == []
+
+
+def test_cli_thinking_default_does_not_override_saved_off():
+    base = st.Settings(thinking=False)
+    assert st.with_overrides(base, argparse.Namespace(thinking=True))[0].thinking is False
+    assert st.with_overrides(st.Settings(), argparse.Namespace(thinking=False))[0].thinking is False
+
+
+def test_cli_bad_value_is_a_warning_and_others_still_apply():
+    s, warnings = st.with_overrides(st.Settings(), argparse.Namespace(temperature=-2.0, budget=32))
+    assert s.budget == 32 and s.temperature == 0.0 and "temperature" in warnings[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,12 +103,29 @@ async def test_reply_streams_and_tree_panel_fills(pair, monkeypatch):
     assert msgs[1].meta["stop_reason"] in ("stop_token", "max_new_tokens")
 
 
+class Paced:
+    """The real engine, with a pause after each round so that Esc lands mid-reply on any CPU."""
+
+    def __init__(self, engine, delay=0.03):
+        self._engine, self._delay = engine, delay
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, *args, **kwargs):
+        for ev in self._engine.generate(*args, **kwargs):
+            yield ev
+            time.sleep(self._delay)
+
+
 async def test_escape_stops_and_partial_reply_is_saved(pair):
     app = real_app(pair, Settings(thinking=False, max_new_tokens=3000))
+    factory = app.engine_factory
+    app.engine_factory = lambda progress: Paced(factory(progress))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await submit(pilot, "Tell me a story")
-        await wait_until(pilot, lambda: app.query_one("TreePanel").stats.rounds >= 2, timeout=30)
+        await wait_until(pilot, lambda: app.query_one("TreePanel").stats.rounds >= 3, timeout=30)
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.generating, timeout=30)
         (widget,) = reply_widgets(app)
@@ -115,6 +133,7 @@ async def test_escape_stops_and_partial_reply_is_saved(pair):
         assert "stopped" in str(widget.query_one(".reply-footer").render())
         cid = app.session.conversation_id
         # The engine keeps a consistent cache after a stop: the next turn works.
+        await submit(pilot, "/max 16")
         await reply(pilot, "go on")
     msgs = History.open().messages(cid)
     assert msgs[1].meta["stop_reason"] == "stopped"
@@ -226,3 +245,22 @@ async def test_bad_model_path_shows_error_screen(tmp_path, home):
         await pilot.press("q")
     assert app.return_code == 1
     assert "Traceback" in (home / "state" / "ddtree-chat.log").read_text()
+
+
+async def test_cli_arguments_reach_the_app(pair, home):
+    from ddtree_chat import settings as settings_mod
+    from ddtree_chat.cli import build_parser
+    from ddtree_chat.ui.startup import build_app
+
+    settings_mod.save(Settings(budget=8, thinking=True, max_new_tokens=99))
+    target, draft = pair
+    args = build_parser().parse_args(["--model", str(target), "--draft", str(draft), "--device", "cpu", "--temperature", "0.5",
+                                      "--no-think", "--max-new-tokens", "12", "--mode", "dflash"])
+    app = build_app(args)
+    s = app.settings
+    assert (s.budget, s.thinking, s.max_new_tokens, s.temperature, s.mode) == (8, False, 12, 0.5, "dflash")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await reply(pilot, "hi")
+        assert app.session.messages[-1].meta["mode"] == "dflash"
+        assert app.session.messages[-1].meta["tokens"] <= 12

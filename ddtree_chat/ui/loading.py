@@ -37,6 +37,8 @@ def setup_logging() -> Path:
     root = logging.getLogger("ddtree_chat")
     if _handler is not None and _handler.baseFilename == str(path.resolve()):
         return path
+    if any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in logging.getLogger().handlers):
+        return path  # the CLI already logs there (records propagate to the root logger)
     if _handler is not None:  # the state dir changed (tests): move the one handler we own
         root.removeHandler(_handler)
         _handler.close()

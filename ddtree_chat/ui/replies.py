@@ -30,5 +30,7 @@ def meta_for(done: dict, settings) -> dict:
     keep = ("stop_reason", "rounds", "target_forwards", "mean_accepted_length", "tokens_per_second")
     meta = {k: done[k] for k in keep if done.get(k) is not None}
     meta["tokens"] = len(done.get("token_ids") or ())
-    meta.update(mode=settings.mode, budget=settings.budget, temperature=settings.temperature, seed=settings.seed)
+    # The engine reports the mode it really ran (e.g. ar when there is no drafter).
+    meta.update(mode=done.get("mode") or settings.mode, budget=done.get("budget", settings.budget),
+                temperature=settings.temperature, seed=settings.seed)
     return meta

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 from ddtree_chat import settings as settings_mod
-from ddtree_chat.settings import SettingsError
 from ddtree_chat.ui.loading import setup_logging
 
 log = logging.getLogger("ddtree_chat.ui")
@@ -25,15 +24,20 @@ def resolve_model(args) -> tuple[str, str | None]:
     return str(target), (str(draft) if draft else None)
 
 
+OPTIONAL_LOAD_ARGS = (("eager", "eager"), ("max_context", "context"), ("expert_parallel", "expert_parallel"))
+
+
 def engine_factory(args):
     def load(progress):
         from ddtree_chat.engine import Engine
 
         target, draft = resolve_model(args)
         kwargs = dict(draft_dir=draft, device=getattr(args, "device", None), tp=getattr(args, "tp", None), progress=progress)
-        # NOTE: --eager is passed only to an engine that knows it, so the UI never breaks on it.
-        if "eager" in inspect.signature(Engine.load).parameters:
-            kwargs["eager"] = bool(getattr(args, "eager", False))
+        # NOTE: optional flags go only to an engine whose load() knows them, so the UI never breaks on them.
+        known = inspect.signature(Engine.load).parameters
+        for param, attr in OPTIONAL_LOAD_ARGS:
+            if param in known and getattr(args, attr, None) is not None:
+                kwargs[param] = getattr(args, attr)
         return Engine.load(target, **kwargs)
 
     return load
@@ -45,9 +49,7 @@ def build_app(args):
     setup_logging()
     settings, warning = settings_mod.load()
     warnings = [warning] if warning else []
-    try:
-        settings = settings_mod.with_overrides(settings, args)
-    except SettingsError as err:
-        warnings.append(f"{err} Ignoring that option.")
+    settings, problems = settings_mod.with_overrides(settings, args)
+    warnings += problems
     label = Path(args.model).name if getattr(args, "model", None) else "demo model"
     return DDTreeChatApp(engine_factory(args), settings, warnings=warnings, model_label=label)
