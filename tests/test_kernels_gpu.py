@@ -63,10 +63,11 @@ def test_moe_matches_reference(tokens, inter, skew):
     else:
         ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k, device=dev)
-    out = moe_forward(x, ids, w, pe)
     ref = moe_experts_ref(x, ids, w, ex)
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    assert rel(out, ref) < 1e-2
+    for variant in range(4):  # every tile/unroll variant of moe_int4.cu
+        out = moe_forward(x, ids, w, pe, variant=variant)
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        assert rel(out, ref) < 1e-2, variant
 
 
 @gpu

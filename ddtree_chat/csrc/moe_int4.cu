@@ -18,8 +18,8 @@
 
 namespace {
 
-constexpr int kWarps = 4;     // warps per CTA; they split K and reduce through shared memory
-constexpr int kUnroll = 4;    // k-steps whose loads are issued before the first MMA
+// kWarps: warps per CTA, splitting K and reducing through shared memory; kUnroll: k-steps whose loads are
+// issued before the first MMA. Both are template parameters; ddt_moe_forward picks a variant.
 constexpr int kSlots = 8;     // token slots (pairs) per block = MMA N
 
 __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
@@ -105,7 +105,7 @@ __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, i
 // ---------------------------------------------------------------------------------------------
 // GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
 // h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32.
-template <bool GATEUP>
+template <bool GATEUP, int kWarps, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
@@ -237,7 +237,7 @@ extern "C" {
 // h_buf bf16 [T*topk, I]; y_buf fp32 [T*topk, H]; out bf16 [T, H].
 int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int T, int topk, int E, int H, int I,
                     const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
-                    int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, void* stream) {
+                    int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, int variant, void* stream) {
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const int n_pairs = T * topk;
   int* block_expert = ws_int;
@@ -245,18 +245,25 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
                                                         num_blocks);
-  {
-    dim3 grid(I / 16, max_blocks);
-    moe_gemm_kernel<true><<<grid, kWarps * 32, 0, st>>>(
-        (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su, (const __nv_bfloat16*)x,
-        topk, block_expert, block_pairs, num_blocks, I / 16, H / 64, (__nv_bfloat16*)h_buf, nullptr);
+  // variant: 0 = (gate/up 4 warps x unroll 4, down 4 x 4), 1 = (8 x 4, 4 x 4), 2 = (8 x 2, 8 x 2), 3 = (4 x 8, 4 x 4)
+  const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
+#define DDT_GU(W, U)                                                                                          \
+  moe_gemm_kernel<true, W, U><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \
+                                                     (const uint32_t*)su, (const __nv_bfloat16*)x, topk,       \
+                                                     block_expert, block_pairs, num_blocks, I / 16, H / 64,    \
+                                                     (__nv_bfloat16*)h_buf, nullptr)
+#define DDT_DN(W, U)                                                                                          \
+  moe_gemm_kernel<false, W, U><<<g2, W * 32, 0, st>>>((const uint4*)wd, nullptr, (const uint32_t*)sd, nullptr, \
+                                                      (const __nv_bfloat16*)h_buf, 1, block_expert, block_pairs, \
+                                                      num_blocks, H / 16, I / 64, nullptr, y_buf)
+  switch (variant) {
+    case 1: DDT_GU(8, 4); DDT_DN(4, 4); break;
+    case 2: DDT_GU(8, 2); DDT_DN(8, 2); break;
+    case 3: DDT_GU(4, 8); DDT_DN(4, 4); break;
+    default: DDT_GU(4, 4); DDT_DN(4, 4); break;
   }
-  {
-    dim3 grid(H / 16, max_blocks);
-    moe_gemm_kernel<false><<<grid, kWarps * 32, 0, st>>>(
-        (const uint4*)wd, nullptr, (const uint32_t*)sd, nullptr, (const __nv_bfloat16*)h_buf, 1, block_expert,
-        block_pairs, num_blocks, H / 16, I / 64, nullptr, y_buf);
-  }
+#undef DDT_GU
+#undef DDT_DN
   moe_combine_kernel<<<T, 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }

@@ -95,7 +95,11 @@ def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
     return emulate_dequant(w[expert:expert + 1], s[expert:expert + 1])[0]
 
 
-def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts) -> torch.Tensor:
+VARIANT = int(__import__("os").environ.get("DDTREE_MOE_VARIANT", "0"))  # tile/unroll variant (moe_int4.cu)
+
+
+def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,
+                variant: int | None = None) -> torch.Tensor:
     from .build import check, library
 
     lib = library()
@@ -116,7 +120,8 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
     rc = lib.ddt_moe_forward(xb.data_ptr(), ids.data_ptr(), w.data_ptr(), t, k, e, h, inter,
                              pe.wg.data_ptr(), pe.wu.data_ptr(), pe.sg.data_ptr(), pe.su.data_ptr(),
                              pe.wd.data_ptr(), pe.sd.data_ptr(), ws.data_ptr(), max_blocks,
-                             hbuf.data_ptr(), ybuf.data_ptr(), out.data_ptr(), stream)
+                             hbuf.data_ptr(), ybuf.data_ptr(), out.data_ptr(),
+                             VARIANT if variant is None else variant, stream)
     check(rc, "ddt_moe_forward")
     return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
 

@@ -16,6 +16,7 @@ import triton.language as tl
 _CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 16}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2),  # ~1 KB spills, measured anyway
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=3),
