@@ -1,0 +1,2 @@
+"""The built-in demo model pair (issue 7): a small K2-architecture Python coder trained on the CPython
+standard library, and its DFlash drafter. Entry point: ``python -m ddtree_chat.demo.train --out DIR``."""

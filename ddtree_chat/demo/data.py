@@ -1,0 +1,189 @@
+"""Data: the Python standard library of the interpreter running this script (PSF licence), split by file
+into train / val / test; raw source files plus chat pairs (docstring -> function) built with `ast`;
+a byte-level BPE trained on the train split with Kimi's special tokens by name."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import torch
+
+from .common import BPE_VOCAB, CHAT_TEMPLATE, KIMI_PATTERN, N_SPECIALS, SEED, special_names, write_json
+
+MAX_FILE_BYTES = 200_000
+
+
+def stdlib_files(limit: int | None = None) -> tuple[Path, list[str]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith(("site-packages/", "dist-packages/")) or "/__pycache__/" in rel:
+            continue
+        try:
+            if p.stat().st_size > MAX_FILE_BYTES:
+                continue
+        except OSError:
+            continue
+        files.append(rel)
+    if limit:
+        files = files[:: max(1, len(files) // limit)][:limit]
+    return root, files
+
+
+def split_of(rel: str) -> str:
+    h = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % 100
+    return "val" if h < 3 else ("test" if h < 6 else "train")
+
+
+def chat_pairs(source: str) -> list[tuple[str, str]]:
+    """(user, assistant) pairs: user = signature + docstring, assistant = the function's code."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        doc = ast.get_docstring(node)
+        if not doc or len(doc) < 20:
+            continue
+        seg = ast.get_source_segment(source, node)
+        if not seg or seg.count("\n") < 2 or len(seg) > 4000:
+            continue
+        # Include decorators? No: the function statement alone, dedented from its first line's indent.
+        first = source.splitlines()[node.lineno - 1]
+        indent = len(first) - len(first.lstrip())
+        code = textwrap.dedent(" " * indent + seg)
+        try:
+            args = ast.unparse(node.args)
+        except Exception:
+            continue
+        prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+        user = f"Write a Python function `{prefix} {node.name}({args})`.\n\n{doc.strip()}"
+        out.append((user, code))
+    return out
+
+
+def read_sources(limit: int | None = None) -> dict:
+    root, files = stdlib_files(limit)
+    docs = {"train": [], "val": [], "test": []}
+    pairs = {"train": [], "val": [], "test": []}
+    kept = []
+    for rel in files:
+        try:
+            text = (root / rel).read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if "\x00" in text:
+            continue
+        kept.append(rel)
+        s = split_of(rel)
+        docs[s].append(text)
+        pairs[s].extend((rel, u, a) for u, a in chat_pairs(text))
+    meta = {"python": sys.version, "stdlib": str(root), "n_files": len(kept),
+            "file_list_sha256": hashlib.sha256("\n".join(kept).encode()).hexdigest(),
+            "split_files": {k: len(v) for k, v in docs.items()},
+            "split_chat_pairs": {k: len(v) for k, v in pairs.items()},
+            "split_chars": {k: sum(map(len, v)) for k, v in docs.items()}}
+    return {"docs": docs, "pairs": pairs, "meta": meta, "files": kept}
+
+
+def train_tokenizer(texts: list[str], out_dir: Path, vocab: int = BPE_VOCAB) -> None:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(KIMI_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[], show_progress=False, min_frequency=2)
+    tok.train_from_iterator(texts, trainer=trainer)
+    n_ranks = tok.get_vocab_size()
+    names = special_names(n_ranks)
+    tok.add_special_tokens([AddedToken(names[i], special=True, normalized=False) for i in sorted(names)])
+    assert all(tok.token_to_id(n) == i for i, n in names.items())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    write_tokenizer_config(out_dir, n_ranks)
+
+
+def write_tokenizer_config(out_dir: Path, n_ranks: int) -> None:
+    names = special_names(n_ranks)
+    write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "[BOS]", "eos_token": "[EOS]",
+        "unk_token": "[UNK]", "pad_token": "[PAD]", "model_max_length": 32768,
+        "added_tokens_decoder": {str(i): {"content": n, "special": True, "lstrip": False, "rstrip": False,
+                                          "normalized": False, "single_word": False} for i, n in names.items()}})
+    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+class Encoder:
+    """Encodes text pieces with the trained BPE; specials are inserted by id (as the engine's render_chat)."""
+
+    def __init__(self, tok_dir: Path):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        self.tok.encode_special_tokens = True
+        self.sp = {n: self.tok.token_to_id(n) for n in ("[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                                                        "<|im_middle|>", "<think>", "</think>", "[UNK]")}
+        self.n_ranks = self.tok.token_to_id("[BOS]")
+        self.vocab = self.tok.get_vocab_size()
+
+    def plain(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def chat_prompt(self, user_ids: list[int], role_ids: dict) -> list[int]:
+        s = self.sp
+        return ([s["<|im_user|>"]] + role_ids["user"] + [s["<|im_middle|>"]] + user_ids + [s["<|im_end|>"],
+                s["<|im_assistant|>"]] + role_ids["assistant"] + [s["<|im_middle|>"], s["<think>"]])
+
+    def encode_split(self, docs: list[str], pairs: list[tuple[str, str, str]]) -> tuple[list[list[int]], list[tuple]]:
+        s = self.sp
+        role_ids = {r: self.plain([r])[0] for r in ("user", "assistant")}
+        seqs = [ids + [s["[EOS]"]] for ids in self.plain(docs)]
+        users = self.plain([u for _, u, _ in pairs])
+        codes = self.plain([a for _, _, a in pairs])
+        prompts = []
+        for (rel, u, a), ui, ci in zip(pairs, users, codes):
+            prompt = self.chat_prompt(ui, role_ids)
+            seqs.append(prompt + [s["</think>"]] + ci + [s["<|im_end|>"]])
+            prompts.append((rel, u, a, prompt))
+        return seqs, prompts
+
+
+def prepare(out: Path, limit: int | None = None, log=print) -> dict:
+    """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata)."""
+    src = read_sources(limit)
+    log(f"data: {json.dumps(src['meta'])}")
+    train_text = src["docs"]["train"] + [u + "\n" + a for _, u, a in src["pairs"]["train"]]
+    train_tokenizer(train_text, out / "tokenizer")
+    enc = Encoder(out / "tokenizer")
+    rng = random.Random(SEED)
+    streams, prompts = {}, {}
+    for split in ("train", "val", "test"):
+        seqs, pr = enc.encode_split(src["docs"][split], src["pairs"][split])
+        rng.shuffle(seqs)
+        streams[split] = torch.tensor([t for s in seqs for t in s], dtype=torch.int16 if enc.vocab < 32768 else torch.int32)
+        prompts[split] = pr
+        log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens, {len(pr)} chat prompts")
+    meta = dict(src["meta"], n_ranks=enc.n_ranks, vocab=enc.vocab, tokens={k: v.numel() for k, v in streams.items()})
+    # The train-split chat prompts are kept for the drafter's data (ids only), val/test prompts in full.
+    torch.save({"streams": streams, "train_prompts": [p[3] for p in prompts["train"]],
+                "val_prompts": prompts["val"], "test_prompts": prompts["test"], "meta": meta,
+                "files": src["files"]}, out / "data.pt")
+    write_json(out / "data_meta.json", meta)
+    write_json(out / "heldout.json", {split: [{"file": r, "user": u, "code": c, "prompt_ids": ids}
+                                              for r, u, c, ids in prompts[split]] for split in ("val", "test")})
+    write_json(out / "file_list.json", src["files"])
+    return meta
