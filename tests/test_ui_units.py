@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,28 @@ def test_command_detection_and_help():
     for name, _, _ in commands.COMMANDS:
         assert name in text
     assert "ctrl+j" in text and "esc" in text
+
+
+def test_busy_ui_thread_gets_fewer_updates():
+    def updates_with(ui_busy: bool) -> int:
+        done = threading.Event()
+
+        def ui():
+            while not done.is_set():
+                if ui_busy:
+                    sum(range(10_000))  # burns CPU like a slow Markdown re-parse
+                else:
+                    time.sleep(0.01)
+
+        t = threading.Thread(target=ui, daemon=True)
+        t.start()
+        posted = []
+        engine = FakeEngine(repeat=20, delay=0.004)  # ~400 tokens in ~0.8 s
+        run_generation(engine, [1], FakeConfig(max_new_tokens=400), threading.Event(), posted.append, 1, 0.05, t.ident)
+        done.set()
+        t.join()
+        assert isinstance(posted[-1], GenerationDone)
+        return sum(isinstance(m, GenerationUpdate) for m in posted)
+
+    idle, busy = updates_with(False), updates_with(True)
+    assert idle >= 8 and busy <= idle / 2

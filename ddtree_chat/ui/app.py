@@ -23,7 +23,7 @@ from ddtree_chat.ui import commands
 from ddtree_chat.ui.chat_view import AssistantMessage, ChatInput, Note, UserMessage
 from ddtree_chat.ui.conversations import ConversationDeleted, ConversationsScreen
 from ddtree_chat.ui.debug_pane import DebugPane
-from ddtree_chat.ui.generation import GenerationDone, GenerationFailed, GenerationUpdate, run_generation
+from ddtree_chat.ui.generation import UPDATE_INTERVAL, GenerationDone, GenerationFailed, GenerationUpdate, run_generation
 from ddtree_chat.ui.loading import (EngineFailed, EngineProgress, EngineReady, ErrorScreen, describe_error, setup_logging,
                                     start_loading)
 from ddtree_chat.ui.replies import footer_for, meta_for
@@ -70,6 +70,7 @@ class DDTreeChatApp(App):
         self._stop: threading.Event | None = None
         self._reply: AssistantMessage | None = None
         self.exit_code = 0
+        self.update_interval = UPDATE_INTERVAL
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -187,7 +188,8 @@ class DDTreeChatApp(App):
         self._gen_id += 1
         self._stop = threading.Event()
         engine, stop, gen_id = self.engine, self._stop, self._gen_id
-        self.run_worker(lambda: run_generation(engine, prompt, config, stop, self.post_message, gen_id),
+        interval, ui_thread = self.update_interval, threading.get_ident()
+        self.run_worker(lambda: run_generation(engine, prompt, config, stop, self.post_message, gen_id, interval, ui_thread),
                         thread=True, group="generation", name="generate")
 
     def _config_cls(self):

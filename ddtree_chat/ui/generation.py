@@ -3,6 +3,12 @@
 The engine yields one event per round; posting each one would let a fast model flood the
 UI's message queue (and slow generation down with it). Instead the thread batches the
 text and rounds that arrive within UPDATE_INTERVAL and posts one message per batch.
+
+Each update costs the UI thread CPU time (re-parsing the Markdown block being written
+grows with its length), and on a CPU-bound engine that time is taken from generation.
+So the batching also adapts: the next update waits until the UI thread's CPU time since
+the previous one is at most UI_SHARE of the wall time (measured with the UI thread's CPU
+clock), i.e. slow updates become rarer instead of slowing the engine down.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Callable
 from textual.message import Message
 
 UPDATE_INTERVAL = 0.05  # s: at most ~20 UI updates per second
+UI_SHARE = 0.1  # the most of the wall time the UI thread may spend on updates while generating
+MAX_INTERVAL = 0.5  # s: however slow the UI, the reply still moves at least twice a second
 
 log = logging.getLogger("ddtree_chat.ui")
 
@@ -42,13 +50,44 @@ class GenerationFailed(Message):
         self.text = text  # what had been generated before the failure
 
 
+class _Pacer:
+    """Decides when the next update may go out (see the module docstring)."""
+
+    def __init__(self, interval: float, ui_thread: int | None, share: float = UI_SHARE):
+        self.interval, self.share = interval, share
+        try:
+            self.clock = time.pthread_getcpuclockid(ui_thread) if ui_thread is not None else None
+        except (AttributeError, OSError):  # not on this platform: fixed interval only
+            self.clock = None
+        self.last_post = 0.0
+        self.ui_cpu = self._ui_cpu()
+
+    def _ui_cpu(self) -> float:
+        try:
+            return time.clock_gettime(self.clock) if self.clock is not None else 0.0
+        except OSError:
+            self.clock = None
+            return 0.0
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        waited = now - self.last_post
+        if waited < self.interval:
+            return False
+        return self.clock is None or waited >= MAX_INTERVAL or (self._ui_cpu() - self.ui_cpu) <= self.share * waited
+
+    def posted(self) -> None:
+        self.last_post = time.monotonic()
+        self.ui_cpu = self._ui_cpu()
+
+
 def run_generation(engine, prompt_ids: list[int], config, stop: threading.Event, post: Callable[[Message], object], gen_id: int,
-                   interval: float = UPDATE_INTERVAL) -> None:
+                   interval: float = UPDATE_INTERVAL, ui_thread: int | None = None) -> None:
     """Thread body. Every outcome ends in exactly one GenerationDone or GenerationFailed."""
     text_parts: list[str] = []
     rounds: list[dict] = []
     everything: list[str] = []
-    last_post = 0.0
+    pacer = _Pacer(interval, ui_thread)
     tokenizer = getattr(engine, "tokenizer", None)
     try:
         for ev in engine.generate(prompt_ids, config, stop=stop):
@@ -58,10 +97,10 @@ def run_generation(engine, prompt_ids: list[int], config, stop: threading.Event,
                 text_parts.append(text)
                 everything.append(text)
                 rounds.append(ev)
-                now = time.monotonic()
-                if now - last_post >= interval:
+                if pacer.ready():
                     post(GenerationUpdate(gen_id, "".join(text_parts), rounds))
-                    text_parts, rounds, last_post = [], [], now
+                    text_parts, rounds = [], []
+                    pacer.posted()
             elif kind == "done":
                 ev = dict(ev, text=strip_stop_text(ev.get("text", ""), ev.get("token_ids") or [], tokenizer))
                 if text_parts or rounds:
