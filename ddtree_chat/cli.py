@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, metavar="S", help="sampling seed (default 0)")
     ap.add_argument("--max-new-tokens", type=int, metavar="N", help="most tokens to generate per reply (default 512)")
     ap.add_argument("--tp", type=int, metavar="N", help="tensor-parallel ranks (default: all visible GPUs, or 1 on CPU)")
+    ap.add_argument("--expert-parallel", action="store_true",
+                    help="with --tp: split the routed experts across ranks instead of splitting each expert")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="where to run (default: cuda when available)")
     ap.add_argument("--system", metavar="TEXT", help="system prompt")
     ap.add_argument("--raw", action="store_true", help="one-shot: tokenize the prompt as is, without the chat template")
@@ -82,7 +84,8 @@ def run_oneshot(args) -> int:
 
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     model, draft = resolve_models(args)
-    engine = Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context)
+    engine = Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context,
+                         expert_parallel=args.expert_parallel)
     cfg = generation_config(args, engine.drafter is not None)
     ids = _prompt_ids(engine, args, text)
     done = None

@@ -97,7 +97,7 @@ def test_wrong_shape_and_dtype(broken):
         load_target(broken, CPU, torch.float32)
     _rewrite_tensor(broken, "language_model.model.norm.weight", torch.ones(64, dtype=torch.bfloat16))
     name = "language_model.model.layers.1.mlp.experts.0.up_proj.weight_packed"
-    _rewrite_tensor(broken, name, torch.zeros(32, 8, dtype=torch.int64))
+    _rewrite_tensor(broken, name, torch.zeros(64, 8, dtype=torch.int64))
     with pytest.raises(CheckpointError, match="dtype"):
         load_target(broken, CPU, torch.float32)
 

@@ -95,7 +95,7 @@ class Decoder:
         block[0] = root  # NOTE: slot 0 must hold the real bonus token
         emb = self.target.embed_tokens(block)
         hidden = self.drafter(emb, torch.arange(start, start + b, device=self.device), self.dcache.layers())
-        return torch.log_softmax(self.target.lm_head(hidden[1:]).float(), dim=-1)
+        return torch.log_softmax(self.target.head(hidden[1:]), dim=-1)
 
     @torch.no_grad()
     def draft(self, root: int, mode: str, budget: int) -> DraftTree:

@@ -30,12 +30,12 @@ class DraftAttention(nn.Module):
         """x [..., n, H] -> roped k, v [..., n, kv_heads, d] (cacheable for context entries)."""
         k = self.k_norm(self.k_proj(x).unflatten(-1, (self.nkv, self.d)))
         v = self.v_proj(x).unflatten(-1, (self.nkv, self.d))
-        return ops.apply_rope_half(k, cos, sin), v
+        return ops.apply_rope_half(k, cos, sin, heads=True), v
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
         """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
         (None: everything visible — context fully, the block bidirectionally)."""
-        q = ops.apply_rope_half(self.q_norm(self.q_proj(x).unflatten(-1, (self.nh, self.d))), cos, sin)
+        q = ops.apply_rope_half(self.q_norm(self.q_proj(x).unflatten(-1, (self.nh, self.d))), cos, sin, heads=True)
         k_blk, v_blk = self.kv(x, cos, sin)
         k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]
         v = torch.cat([v_ctx, v_blk], dim=-3).transpose(-3, -2)

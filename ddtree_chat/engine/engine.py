@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -9,12 +10,16 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 
+from .config import load_target_config
 from .ddtree import Decoder
 from .errors import DeviceError, EngineError
 from .generation import GenerationConfig, Stats
 from .loader import Progress, load_drafter, load_target
+from .memory import plan_memory
 from .model import causal_mask
+from .parallel import SINGLE, TPGroup, Workers, checkpoint_fingerprint, init_group
 from .tree import target_choice
 
 
@@ -30,26 +35,58 @@ def _pick_device(device: str | None) -> torch.device:
 
 
 class Engine:
-    def __init__(self, target, tcfg, tokenizer, drafter=None, dcfg=None, device=None, max_context: int = 4096):
+    def __init__(self, target, tcfg, tokenizer, drafter=None, dcfg=None, device=None, max_context: int = 4096,
+                 tp: TPGroup = SINGLE, fingerprint: str = ""):
         self.target, self.tcfg, self.tokenizer = target, tcfg, tokenizer
         self.drafter, self.dcfg = drafter, dcfg
         self.device = device or next(target.parameters()).device
         self.decoder = Decoder(target, tcfg, drafter, dcfg, max_len=max_context)
-        self._lock = threading.Lock()  # one generation at a time
+        self.tp, self.fingerprint = tp, fingerprint
+        self.workers: Workers | None = None
+        self._broken: EngineError | None = None
+        self._lock = threading.RLock()  # one generation at a time (re-entrant: test drafters score with logits())
 
     @classmethod
     def load(cls, model_dir: str | Path, draft_dir: str | Path | None = None, device: str | None = None,
              tp: int | None = None, dtype: torch.dtype | None = None, progress: Progress = None,
-             max_context: int | None = None) -> "Engine":
+             max_context: int | None = None, expert_parallel: bool = False) -> "Engine":
+        """Load on this process; with tp > 1 also start tp - 1 local worker ranks (gloo on CPU, NCCL on GPU)."""
+        dev = _pick_device(device)
+        if tp is None:
+            tp = torch.cuda.device_count() if dev.type == "cuda" else 1
+        if tp < 1:
+            raise EngineError("--tp must be at least 1.")
+        if dev.type == "cuda" and tp > torch.cuda.device_count():
+            raise DeviceError(f"--tp {tp} needs {tp} GPUs but {torch.cuda.device_count()} are visible.")
+        kwargs = dict(model_dir=str(model_dir), draft_dir=str(draft_dir) if draft_dir else None, device=str(dev),
+                      dtype=dtype, max_context=max_context)
+        if dev.type == "cuda":
+            plan_memory(load_target_config(model_dir), tp, torch.cuda.get_device_properties(0).total_memory,
+                        max_context or 4096, expert_parallel).check()
+        if tp == 1:
+            return cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
+        workers = Workers(tp, "nccl" if dev.type == "cuda" else "gloo", dict(kwargs, expert_parallel=expert_parallel))
+        try:
+            group = _join_group(workers, tp, expert_parallel, dev)
+            engine = cls._load_rank(tp=group, progress=progress, **kwargs)
+            workers.wait_ready(engine.fingerprint)
+        except BaseException:
+            workers.shutdown(timeout=0.1)
+            raise
+        engine.workers = workers
+        atexit.register(engine.close)
+        return engine
+
+    @classmethod
+    def _load_rank(cls, model_dir: str, draft_dir: str | None, device: str, dtype, max_context: int | None,
+                   tp: TPGroup, progress: Progress = None) -> "Engine":
         from .tokenizer import load_tokenizer
 
-        if tp not in (None, 1):
-            raise EngineError("tensor parallelism (--tp > 1) is not available yet; run with --tp 1.")
-        dev = _pick_device(device)
+        dev = torch.device(device if tp.world == 1 or torch.device(device).type == "cpu" else f"cuda:{tp.rank}")
         dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         tokenizer = load_tokenizer(model_dir)
         try:
-            tcfg, target = load_target(model_dir, dev, dtype, progress)
+            tcfg, target = load_target(model_dir, dev, dtype, progress, tp)
             drafter = dcfg = None
             if draft_dir is not None:
                 dcfg, drafter = load_drafter(draft_dir, tcfg, dev, dtype, progress)
@@ -63,23 +100,76 @@ class Engine:
             if sum(p.numel() for p in target.parameters()) < 200_000_000:
                 torch.set_num_threads(1)
         ctx = max_context or min(tcfg.max_position_embeddings, 4096 if dev.type == "cpu" else 32768)
-        return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx)
+        return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx, tp, checkpoint_fingerprint(model_dir, draft_dir))
+
+    # -- tensor parallel: rank 0 drives, workers follow ------------------------------------------
+    def serve(self) -> None:
+        """Worker ranks: execute rank 0's commands until told to exit."""
+        while True:
+            cmd = self.tp.broadcast(None)
+            if cmd[0] == "exit":
+                return
+            try:
+                if cmd[0] == "generate":
+                    for _ in self._generate(cmd[1], cmd[2], None):
+                        pass
+                elif cmd[0] == "logits":
+                    self._logits(cmd[1])
+            except EngineError:
+                pass  # NOTE: deterministic input errors happen on every rank; rank 0 reports them
+
+    def _command(self, *cmd) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if self.workers is not None:
+            self.workers.check_alive()
+        self.tp.broadcast(cmd)
+
+    def _lost_rank(self, err: RuntimeError) -> EngineError:
+        self._broken = (self.workers.failure() if self.workers else None) or \
+            EngineError(f"a tensor-parallel collective failed ({str(err).splitlines()[0][:160]}); restart ddtree-chat.")
+        return self._broken
+
+    def close(self) -> None:
+        """Shut the worker ranks down (idempotent)."""
+        if self.workers is None:
+            return
+        workers, self.workers = self.workers, None
+        if self._broken is None:
+            try:
+                self.tp.broadcast(("exit",))
+            except RuntimeError:
+                pass
+        workers.shutdown()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     @property
     def info(self) -> dict:
         return {
             "model": self.tcfg.name,
             "device": str(self.device),
-            "tp": 1,
+            "tp": self.tp.world,
             "has_drafter": self.drafter is not None,
             "max_context": self.decoder.max_len,
             "modes": ["ddtree", "dflash", "ar"] if self.drafter is not None else ["ar"],
             "block_size": self.dcfg.block_size if self.dcfg else None,
         }
 
-    @torch.no_grad()
     def logits(self, token_ids: list[int]) -> torch.Tensor:
         """The target's float32 logits [len, vocab] for a full sequence, without any cache."""
+        with self._lock:
+            try:
+                if self.tp.world > 1:
+                    self._command("logits", list(token_ids))
+                return self._logits(token_ids)
+            except RuntimeError as e:
+                if self.tp.world > 1:
+                    raise self._lost_rank(e) from None
+                raise
+
+    @torch.no_grad()
+    def _logits(self, token_ids: list[int]) -> torch.Tensor:
         t = len(token_ids)
         ids = torch.tensor(token_ids, device=self.device)
         hidden, _ = self.target(ids, torch.arange(t, device=self.device), causal_mask(t, self.device))
@@ -90,7 +180,16 @@ class Engine:
         """Yield one {"event": "round"} dict per round, then {"event": "done"}."""
         cfg = config or GenerationConfig()
         with self._lock:
-            yield from self._generate(list(token_ids), cfg, stop)
+            try:
+                if self.tp.world > 1:
+                    self._command("generate", list(token_ids), cfg)
+                yield from self._generate(list(token_ids), cfg, stop)
+            except RuntimeError as e:
+                if self.tp.world > 1:
+                    raise self._lost_rank(e) from None
+                raise
+            except torch.OutOfMemoryError:
+                raise DeviceError("the GPU ran out of memory during generation; lower --context or --budget.") from None
 
     def _generate(self, ids: list[int], cfg: GenerationConfig, stop: threading.Event | None) -> Iterator[dict]:
         mode = cfg.mode if self.drafter is not None else "ar"
@@ -109,11 +208,19 @@ class Engine:
         stats.target_forwards += 1
         stats.generated += 1
         reason = "stop_token" if first in stop_ids else ("max_new_tokens" if cfg.max_new_tokens <= 1 else None)
-        yield {"event": "round", "prefill": True, "token_ids": [first], "text": detok.push(first),
-               "accepted_length": 1, "tree": _tree_json(None, [], []), "budget": budget, "mode": mode,
-               "elapsed_s": time.perf_counter() - t_start}
+        closing = False  # the consumer closed the generator: finish quietly, in step with the workers
+        ev = {"event": "round", "prefill": True, "token_ids": [first], "text": detok.push(first),
+              "accepted_length": 1, "tree": _tree_json(None, [], []), "budget": budget, "mode": mode,
+              "elapsed_s": time.perf_counter() - t_start}
+        try:
+            yield ev
+        except GeneratorExit:
+            closing = True
         while reason is None:
-            if stop is not None and stop.is_set():
+            halt = closing or (stop is not None and stop.is_set())
+            if self.tp.world > 1:
+                halt = self.tp.broadcast(halt)  # NOTE: rank 0 decides; every rank must run the same rounds
+            if halt:
                 reason = "stopped"
                 break
             if dec.cache.length + dec.round_room(mode, budget) > dec.max_len:
@@ -131,10 +238,17 @@ class Engine:
                 reason = "stop_token"
             elif len(out) >= cfg.max_new_tokens:
                 reason = "max_new_tokens"
-            yield {"event": "round", "token_ids": r.emitted, "text": "".join(detok.push(t) for t in r.emitted),
-                   "accepted_length": len(r.emitted), "tree": _tree_json(r.tree, r.choice, r.path),
-                   "budget": budget, "mode": mode, "elapsed_s": time.perf_counter() - t0,
-                   "draft_s": r.t_draft, "target_s": r.t_target}
+            ev = {"event": "round", "token_ids": r.emitted, "text": "".join(detok.push(t) for t in r.emitted),
+                  "accepted_length": len(r.emitted), "tree": _tree_json(r.tree, r.choice, r.path),
+                  "budget": budget, "mode": mode, "elapsed_s": time.perf_counter() - t0,
+                  "draft_s": r.t_draft, "target_s": r.t_target}
+            if not closing:
+                try:
+                    yield ev
+                except GeneratorExit:
+                    closing = True
+        if closing:
+            return
         elapsed = time.perf_counter() - t_start
         tail = detok.flush()
         yield {"event": "done", "token_ids": out, "text": self.tokenizer.decode(out), "tail_text": tail,
@@ -155,3 +269,26 @@ def _tree_json(tree, choice: list[int], path: list[int]) -> dict:
     return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "depth": tree.depth.tolist(),
             "draft_logprobs": [round(x, 4) for x in tree.logprobs.tolist()], "target_tokens": choice,
             "accepted_nodes": path}
+
+
+def _join_group(workers: Workers, world: int, expert_parallel: bool, dev: torch.device) -> TPGroup:
+    """Rank 0 joins the process group; a worker that dies first turns the wait into a clear error."""
+    box: dict = {}
+
+    def join():
+        try:
+            box["group"] = init_group(0, world, workers.port, "nccl" if dev.type == "cuda" else "gloo", expert_parallel)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            box["error"] = e
+
+    t = threading.Thread(target=join, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.2)
+        if t.is_alive():
+            err = workers.failure_nowait()
+            if err is not None:
+                raise err
+    if "error" in box:
+        raise EngineError(f"could not start the tensor-parallel group ({box['error']}).")
+    return box["group"]

@@ -15,6 +15,7 @@ from .model import KimiModel, MoE
 from .ops import yarn_inv_freq
 from .ops.int4 import Int4Weight, dequant_int4
 from .ops.moe import ExpertWeights, prepare_experts
+from .parallel import SINGLE, TPGroup, shard_dim
 
 Progress = Callable[[int, int, str], None] | None
 
@@ -30,42 +31,74 @@ def _check_float(t: torch.Tensor, name: str) -> None:
 
 
 def _load_dense(module: nn.Module, reader: CheckpointReader, key_of: Callable[[str], str], device, dtype,
-                tick: Callable[[str], None]) -> None:
-    """Assign every parameter/persistent buffer of `module` from the checkpoint."""
+                tick: Callable[[str], None], tp: TPGroup = SINGLE) -> None:
+    """Assign every parameter/persistent buffer of `module` from the checkpoint. Under TP each rank
+    reads only its contiguous slice (the module was built with local shapes)."""
     state = {}
     for name, ref in module.state_dict(keep_vars=True).items():
         key = key_of(name)
         keep_fp32 = name.endswith("e_score_correction_bias")
-        t = reader.get(key, shape=tuple(ref.shape), dtype=torch.float32 if keep_fp32 else None)
+        dim = shard_dim(name) if tp.world > 1 else None
+        sl = {}
+        if dim is not None:
+            n = ref.shape[dim]
+            sl["rows" if dim == 0 else "cols"] = slice(tp.rank * n, (tp.rank + 1) * n)
+        t = reader.get(key, shape=tuple(ref.shape), dtype=torch.float32 if keep_fp32 else None, **sl)
         _check_float(t, key)
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
         tick(key)
     module.load_state_dict(state, assign=True, strict=True)
 
 
+def _expert_slices(cfg: TargetConfig, tp: TPGroup) -> tuple[range, slice]:
+    """(experts this rank holds, its slice of each expert's intermediate features)."""
+    if tp.world == 1:
+        return range(cfg.n_routed_experts), slice(0, cfg.moe_intermediate_size)
+    if tp.expert_parallel:
+        return range(*tp.split(cfg.n_routed_experts, "n_routed_experts")), slice(0, cfg.moe_intermediate_size)
+    i0, i1 = tp.split(cfg.moe_intermediate_size, "moe_intermediate_size")
+    g = cfg.quant.group_size if cfg.quant else 8
+    if (i1 - i0) % g:
+        raise CheckpointError(f"moe_intermediate_size {cfg.moe_intermediate_size} split over {tp.world} ranks "
+                              f"cuts INT4 groups of {g}; use --expert-parallel or fewer ranks.")
+    return range(cfg.n_routed_experts), slice(i0, i1)
+
+
 def _load_experts(cfg: TargetConfig, reader: CheckpointReader, base: str, device, dtype, dense: bool,
-                  tick: Callable[[str], None]) -> ExpertWeights:
+                  tick: Callable[[str], None], tp: TPGroup = SINGLE) -> ExpertWeights:
     h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    experts, isl = _expert_slices(cfg, tp)
     shapes = {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
+    g = cfg.quant.group_size if cfg.quant else 1
     out = {}
     for proj, (n, k) in shapes.items():
+        # NOTE: gate/up are split along their rows (outputs), down along its columns (inputs).
+        down = proj == "down_proj"
+        rows = None if down else isl
+        n_local = n if down else isl.stop - isl.start
+        k_local = isl.stop - isl.start if down else k
+
+        def cols(div: int):
+            return slice(isl.start // div, isl.stop // div) if down else None
+
         if cfg.quant is None:
-            mats = [reader.get(f"{base}.{e}.{proj}.weight", shape=(n, k)) for e in range(cfg.n_routed_experts)]
+            mats = [reader.get(f"{base}.{e}.{proj}.weight", shape=(n_local, k_local), rows=rows, cols=cols(1))
+                    for e in experts]
             out[proj] = torch.stack(mats).to(device=device, dtype=dtype)
             tick(f"{base}.*.{proj}")
             continue
-        g = cfg.quant.group_size
         if k % g:
             raise CheckpointError(f"{base}.*.{proj}: input size {k} is not a multiple of group_size {g}.")
         packed, scales = [], []
-        for e in range(cfg.n_routed_experts):
+        for e in experts:
             name = f"{base}.{e}.{proj}"
             if f"{name}.weight_shape" in reader:
                 ws = reader.get(f"{name}.weight_shape").tolist()
                 if [int(v) for v in ws] != [n, k]:
                     raise CheckpointError(f"tensor {name}.weight_shape is {ws}, expected {[n, k]}.")
-            packed.append(reader.get(f"{name}.weight_packed", shape=(n, k // 8), dtype=torch.int32))
-            s = reader.get(f"{name}.weight_scale", shape=(n, k // g))
+            packed.append(reader.get(f"{name}.weight_packed", shape=(n_local, k_local // 8), dtype=torch.int32,
+                                     rows=rows, cols=cols(8)))
+            s = reader.get(f"{name}.weight_scale", shape=(n_local, k_local // g), rows=rows, cols=cols(g))
             _check_float(s, f"{name}.weight_scale")
             scales.append(s)
         p, s = torch.stack(packed).to(device), torch.stack(scales).to(device=device, dtype=dtype)
@@ -83,11 +116,11 @@ def _count(module: nn.Module, cfg: TargetConfig | None = None) -> int:
 
 
 def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
-                progress: Progress = None) -> tuple[TargetConfig, KimiModel]:
+                progress: Progress = None, tp: TPGroup = SINGLE) -> tuple[TargetConfig, KimiModel]:
     cfg = load_target_config(model_dir)
     reader = CheckpointReader(model_dir)
     with torch.device("meta"):
-        model = KimiModel(cfg)
+        model = KimiModel(cfg, tp)
     prefix, head = _prefixes(cfg)
     total, done = _count(model, cfg), 0
 
@@ -97,11 +130,12 @@ def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
         if progress:
             progress(done, total, what)
 
-    _load_dense(model, reader, lambda n: head if n == "lm_head.weight" else prefix + n, device, dtype, tick)
+    _load_dense(model, reader, lambda n: head if n == "lm_head.weight" else prefix + n, device, dtype, tick, tp)
     dense_experts = torch.device(device).type == "cpu"
     for i, layer in enumerate(model.layers):
         if isinstance(layer.mlp, MoE):
-            experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts, tick)
+            experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts,
+                                    tick, tp)
             layer.mlp.experts = prepare_experts(experts)
     # NOTE: non-persistent buffers were built on meta; recompute them on the device.
     model.inv_freq = yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)

@@ -15,6 +15,7 @@ from torch import nn
 from . import ops
 from .config import TargetConfig
 from .ops.moe import ExpertWeights
+from .parallel import SINGLE, TPGroup
 
 
 class LatentCache(Protocol):
@@ -38,21 +39,44 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
+    """SwiGLU MLP; under TP each rank holds inter/world of the intermediate features (partial sums out)."""
+
+    def __init__(self, hidden: int, inter: int, tp: TPGroup = SINGLE, reduce: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        local = inter // tp.world
+        self.tp, self.reduce = tp, reduce and tp.world > 1
+        self.gate_proj = nn.Linear(hidden, local, bias=False)
+        self.up_proj = nn.Linear(hidden, local, bias=False)
+        self.down_proj = nn.Linear(local, hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.tp.all_reduce(y) if self.reduce else y
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding; under TP each rank holds a contiguous slice of the vocabulary."""
+
+    def __init__(self, vocab: int, hidden: int, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.start, self.end = tp.split(vocab, "vocab_size")
+        self.weight = nn.Parameter(torch.empty(self.end - self.start, hidden))
+
+    def forward(self, ids):
+        if self.tp.world == 1:
+            return F.embedding(ids, self.weight)
+        local = (ids >= self.start) & (ids < self.end)
+        x = F.embedding((ids - self.start).clamp(0, self.end - self.start - 1), self.weight)
+        return self.tp.all_reduce(x * local.unsqueeze(-1).to(x.dtype))
 
 
 class MLA(nn.Module):
-    def __init__(self, cfg: TargetConfig, layer: int):
+    def __init__(self, cfg: TargetConfig, layer: int, tp: TPGroup = SINGLE):
         super().__init__()
-        self.layer = layer
-        self.h, self.dn, self.dr, self.dv = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.layer, self.tp = layer, tp
+        tp.split(cfg.num_heads, "num_attention_heads")
+        self.h, self.dn, self.dr, self.dv = cfg.num_heads // tp.world, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.r = cfg.kv_lora_rank
         self.scale = cfg.softmax_scale
         hd = self.dn + self.dr
@@ -81,7 +105,7 @@ class MLA(nn.Module):
 
     def forward(self, x, cos, sin, tree_mask, cache: LatentCache | None = None):
         q = self._q(x).unflatten(-1, (self.h, self.dn + self.dr))  # [..., T, h, 192]
-        q_nope, q_pe = q[..., : self.dn], ops.apply_rope_interleaved(q[..., self.dn :], cos, sin)
+        q_nope, q_pe = q[..., : self.dn], ops.apply_rope_interleaved(q[..., self.dn :], cos, sin, heads=True)
         ckv, kpe = self.latent(x, cos, sin)
         prefix = 0
         if cache is not None:
@@ -92,17 +116,20 @@ class MLA(nn.Module):
         q_lat = torch.einsum("...thd,hdr->...thr", q_nope, w_uk)  # absorbed: queries in latent space
         o_lat = ops.mla_attention(q_lat, q_pe, ckv, kpe, prefix, tree_mask, self.scale)
         o = torch.einsum("...thr,hvr->...thv", o_lat, w_uv)
-        return self.o_proj(o.flatten(-2))
+        return self.tp.all_reduce(self.o_proj(o.flatten(-2)))  # NOTE: heads are split under TP
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: TargetConfig):
+    def __init__(self, cfg: TargetConfig, tp: TPGroup = SINGLE):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.tp = cfg, tp
+        # expert parallel: this rank owns experts [e0, e1); else every rank owns a slice of each expert
+        self.e0, self.e1 = tp.split(cfg.n_routed_experts, "n_routed_experts") if tp.expert_parallel \
+            else (0, cfg.n_routed_experts)
         self.gate = nn.Linear(cfg.hidden_size, cfg.n_routed_experts, bias=False)
         # NOTE: fp32 on disk and in memory; used for selection only.
         self.gate.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
-        self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * max(cfg.n_shared_experts, 1)) \
+        self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, tp) \
             if cfg.n_shared_experts else None
         self.experts: ExpertWeights | None = None  # assigned by the loader
 
@@ -113,19 +140,22 @@ class MoE(nn.Module):
         logits = F.linear(x2.float(), self.gate.weight.float())
         ids, w = ops.route(logits, self.gate.e_score_correction_bias, c.num_experts_per_tok,
                            c.routed_scaling_factor, c.n_group, c.topk_group, c.norm_topk_prob)
+        if self.tp.expert_parallel and self.tp.world > 1:
+            mine = (ids >= self.e0) & (ids < self.e1)
+            ids, w = torch.where(mine, ids - self.e0, -1), w * mine  # NOTE: id -1 = on another rank
         y = ops.moe_experts(x2, ids, w, self.experts)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x2)
-        return y.view(shape)
+        return self.tp.all_reduce(y).view(shape)  # one all-reduce for routed + shared partial sums
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig, layer: int):
+    def __init__(self, cfg: TargetConfig, layer: int, tp: TPGroup = SINGLE):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = MLA(cfg, layer)
+        self.self_attn = MLA(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MoE(cfg, tp) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size, tp, reduce=True)
 
     def forward(self, x, cos, sin, tree_mask, cache=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, tree_mask, cache)
@@ -135,13 +165,13 @@ class DecoderLayer(nn.Module):
 class KimiModel(nn.Module):
     """The text backbone. Parameter names: embed_tokens.*, layers.N.*, norm.*, lm_head.*."""
 
-    def __init__(self, cfg: TargetConfig):
+    def __init__(self, cfg: TargetConfig, tp: TPGroup = SINGLE):
         super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.cfg, self.tp = cfg, tp
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size // tp.world, bias=False)  # vocab-parallel
         self.register_buffer(
             "inv_freq", ops.yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), persistent=False)
 
@@ -163,8 +193,12 @@ class KimiModel(nn.Module):
             feats = [feats[sorted(capture).index(i)] for i in capture]
         return x, (torch.cat(feats, dim=-1) if feats else None)
 
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head over the whole vocabulary (gathered across TP ranks), float32."""
+        return self.tp.all_gather_last(self.lm_head(x).float())
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden)).float()
+        return self.head(self.norm(hidden))
 
 
 def causal_mask(t: int, device=None) -> torch.Tensor:

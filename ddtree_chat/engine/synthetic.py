@@ -22,7 +22,7 @@ SPECIALS = 256
 PRESETS = {
     # hidden, layers, heads, q_lora, kv_lora, nope, rope, v, inter, moe_inter, experts, top_k, shards
     "tiny": dict(hidden=64, layers=3, heads=4, q_lora=32, kv_lora=32, nope=16, rope=8, v=16, inter=128,
-                 moe_inter=32, experts=8, top_k=2, shards=3, draft_layers=2, draft_heads=4, draft_kv=2,
+                 moe_inter=64, experts=8, top_k=2, shards=3, draft_layers=2, draft_heads=4, draft_kv=2,
                  draft_head_dim=16, draft_inter=128, block=8),
     "small": dict(hidden=1024, layers=8, heads=8, q_lora=256, kv_lora=128, nope=64, rope=32, v=64, inter=2048,
                   moe_inter=512, experts=64, top_k=4, shards=6, draft_layers=1, draft_heads=8, draft_kv=2,

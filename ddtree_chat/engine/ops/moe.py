@@ -29,9 +29,12 @@ class ExpertWeights:
 
 
 def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
-    """x [T, H], ids/weights [T, k] -> [T, H]. Each touched expert is read once for all its tokens."""
+    """x [T, H], ids/weights [T, k] -> [T, H]. Each touched expert is read once for all its tokens.
+    NOTE: id -1 marks an expert held by another rank (expert parallel): skipped."""
     out = torch.zeros(x.shape[0], experts.down.shape[1], dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
+        if e < 0:
+            continue
         tok, slot = (ids == e).nonzero(as_tuple=True)
         xe = x[tok]
         h = F.silu(xe @ experts.matrix("gate", e, x.dtype).T) * (xe @ experts.matrix("up", e, x.dtype).T)

@@ -35,17 +35,17 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_fact
     return (ang.cos() * attention_factor).to(dtype), (ang.sin() * attention_factor).to(dtype)
 
 
-def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., T, (heads,) d] with pairs (x[2i], x[2i+1]); cos/sin [T, d/2] broadcast over heads."""
-    if x.dim() == cos.dim() + 1:  # has a heads axis
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+    """x [..., T, d] (or [..., T, h, d] with heads=True) with pairs (x[2i], x[2i+1]); cos/sin [T, d/2]."""
+    if heads:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX rotate_half layout: pairs (x[i], x[i + d/2])."""
-    if x.dim() == cos.dim() + 1:
+def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+    """NeoX rotate_half layout: pairs (x[i], x[i + d/2]); shapes as apply_rope_interleaved."""
+    if heads:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]

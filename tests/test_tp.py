@@ -1,0 +1,112 @@
+"""Tensor parallelism on CPU (gloo, local worker processes): same logits and ids as TP=1, expert-parallel
+== intermediate split, clear errors when a rank dies or cannot load, memory planning for K2.6."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.config import TargetConfig
+from ddtree_chat.engine.errors import DeviceError, EngineError
+from ddtree_chat.engine.memory import plan_memory
+
+PROMPT = "tensor parallel"
+
+
+@pytest.fixture(scope="module")
+def single(synthetic_pair):
+    return Engine.load(*synthetic_pair, device="cpu")
+
+
+def _ids(engine, prompt, **kw):
+    return list(engine.generate(prompt, GenerationConfig(stop_token_ids=(), **kw)))[-1]["token_ids"]
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_tp2_matches_tp1(synthetic_pair, single, expert_parallel):
+    prompt = single.tokenizer.encode(PROMPT)
+    engine = Engine.load(*synthetic_pair, device="cpu", tp=2, expert_parallel=expert_parallel)
+    try:
+        assert engine.info["tp"] == 2
+        assert torch.allclose(engine.logits(prompt), single.logits(prompt), atol=1e-4, rtol=1e-4)
+        for mode, budget in (("ddtree", 16), ("dflash", 7), ("ar", 0)):
+            assert _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24) == \
+                _ids(single, prompt, mode=mode, budget=budget, max_new_tokens=24)
+        gen = engine.generate(prompt, GenerationConfig(mode="ddtree", max_new_tokens=50, stop_token_ids=()))
+        next(gen), next(gen)
+        gen.close()  # stopping mid-reply keeps every rank in step
+        assert _ids(engine, prompt, mode="ar", max_new_tokens=8) == _ids(single, prompt, mode="ar", max_new_tokens=8)
+    finally:
+        engine.close()
+
+
+def test_killed_worker_is_reported_quickly(synthetic_pair):
+    engine = Engine.load(*synthetic_pair, device="cpu", tp=2)
+    prompt = engine.tokenizer.encode(PROMPT)
+    try:
+        gen = engine.generate(prompt, GenerationConfig(mode="ddtree", max_new_tokens=400, stop_token_ids=()))
+        next(gen)
+        os.kill(engine.workers.procs[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match="rank 1"):
+            for _ in gen:
+                pass
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(EngineError, match="rank 1"):
+            engine.logits(prompt)  # the engine stays in its error state, no hang
+    finally:
+        engine.close()
+
+
+def test_load_failure_under_tp_is_clear(synthetic_pair, tmp_path):
+    import shutil
+
+    target, draft = synthetic_pair
+    bad = tmp_path / "target"
+    shutil.copytree(target, bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    (bad / sorted(set(index["weight_map"].values()))[0]).write_bytes(b"garbage")
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="truncated or corrupt"):
+        Engine.load(bad, draft, device="cpu", tp=2)
+    assert time.monotonic() - t0 < 60
+
+
+def test_cli_runs_with_tp2(synthetic_pair):
+    target, draft = synthetic_pair
+    r = subprocess.run([sys.executable, "-m", "ddtree_chat.cli", "--model", str(target), "--draft", str(draft),
+                        "--tp", "2", "--device", "cpu", "--prompt", "hi", "--json", "--max-new-tokens", "8"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"
+
+
+K26 = {
+    "model_type": "kimi_k25",
+    "text_config": {
+        "vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
+        "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "max_position_embeddings": 262144,
+        "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+            "group_0": {"weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                    "group_size": 32}}}},
+    },
+}
+
+
+def test_memory_plan_for_k26():
+    cfg = TargetConfig.from_json(K26)
+    gib = 1024**3
+    eight = plan_memory(cfg, 8, 96 * gib, 65536)
+    assert eight.fits
+    assert 70 * gib < eight.weights_per_rank < 76 * gib  # ~595 GB / 8
+    assert 590e9 < plan_memory(cfg, 1, 96 * gib, 1).weights_per_rank < 600e9
+    with pytest.raises(DeviceError, match=r"--tp 4 .* at least 7 GPUs"):
+        plan_memory(cfg, 4, 96 * gib, 4096).check()
