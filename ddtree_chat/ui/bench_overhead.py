@@ -31,6 +31,10 @@ async def through_app(engine, settings, prompt: str, reps: int) -> list[tuple[fl
 
     out = []
     app = DDTreeChatApp(lambda progress: engine, settings)
+    if os.environ.get("BENCH_UI_SHARE"):
+        from ddtree_chat.ui import generation
+
+        generation.UI_SHARE = float(os.environ["BENCH_UI_SHARE"])
     if os.environ.get("BENCH_INTERVAL"):
         app.update_interval = float(os.environ["BENCH_INTERVAL"])
     async with app.run_test(size=(120, 40)) as pilot:

@@ -21,7 +21,7 @@ from typing import Callable
 from textual.message import Message
 
 UPDATE_INTERVAL = 0.05  # s: at most ~20 UI updates per second
-UI_SHARE = 0.1  # the most of the wall time the UI thread may spend on updates while generating
+UI_SHARE = 0.05  # the most of the wall time the UI thread may spend on updates while generating
 MAX_INTERVAL = 0.5  # s: however slow the UI, the reply still moves at least twice a second
 
 log = logging.getLogger("ddtree_chat.ui")
@@ -53,8 +53,8 @@ class GenerationFailed(Message):
 class _Pacer:
     """Decides when the next update may go out (see the module docstring)."""
 
-    def __init__(self, interval: float, ui_thread: int | None, share: float = UI_SHARE):
-        self.interval, self.share = interval, share
+    def __init__(self, interval: float, ui_thread: int | None, share: float | None = None):
+        self.interval, self.share = interval, (UI_SHARE if share is None else share)
         try:
             self.clock = time.pthread_getcpuclockid(ui_thread) if ui_thread is not None else None
         except (AttributeError, OSError):  # not on this platform: fixed interval only
