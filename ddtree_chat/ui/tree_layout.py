@@ -91,7 +91,7 @@ def _lines(t: _Tree, piece: Callable[[int], str], siblings: int, chain_len: int,
         hidden = others[siblings:]
         if hidden and show_more:
             nodes = sum(t.size(k) for k in hidden)
-            out.append(Line("more", f"+{len(hidden)} more", f"({nodes} nodes)", depth=t.depth[node] + 1))
+            out.append(Line("more", f"+{len(hidden)} more", f"({nodes} node{'' if nodes == 1 else 's'})", depth=t.depth[node] + 1))
     last = path[-1] if path else 0
     if last < len(t.target):
         out.append(Line("bonus", show_piece(piece(t.target[last])), "target's token", depth=t.depth[last] + 1))
