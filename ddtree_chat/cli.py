@@ -16,6 +16,15 @@ keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, F2 draft-tre
   ctrl+p command palette, ctrl+q quit; type /help in the input for slash commands."""
 
 
+def _budget(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', not {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="ddtree-chat",
@@ -26,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt", metavar="TEXT", help="one-shot: generate a reply to TEXT ('-' reads stdin) and exit")
     ap.add_argument("--json", action="store_true", help="one-shot: print one JSON event per line")
     ap.add_argument("--mode", choices=["ddtree", "dflash", "ar"], help="decoding mode (default: ddtree with a drafter, else ar)")
-    ap.add_argument("--budget", type=int, metavar="N", help="draft tree node budget per round (default 16)")
+    ap.add_argument("--budget", type=_budget, metavar="N|auto",
+                    help="draft tree nodes per round, root excluded (default auto: measured verify cost vs acceptance)")
     ap.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0 = greedy; default 0)")
     ap.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling mass (default 1.0)")
     ap.add_argument("--seed", type=int, metavar="S", help="sampling seed (default 0)")

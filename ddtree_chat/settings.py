@@ -30,7 +30,7 @@ class Settings:
     top_p: float = 1.0
     max_new_tokens: int = 512
     mode: str | None = None  # None: ddtree when a drafter exists, else ar
-    budget: int = 16
+    budget: int | str = "auto"  # drafted nodes per round, or auto (measured cost vs acceptance)
     thinking: bool = True
     seed: int = 0
 
@@ -83,6 +83,8 @@ def validate(name: str, value):
     if name == "max_new_tokens":
         return _to_number(name, value, int, 1, 1_000_000)
     if name == "budget":
+        if str(value).strip().lower() == "auto":
+            return "auto"
         return _to_number(name, value, int, 1, 4096)
     if name == "seed":
         return _to_number(name, value, int, 0, 2**63 - 1)

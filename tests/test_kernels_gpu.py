@@ -164,6 +164,46 @@ def test_mla_matches_reference(t, ctx, nh):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("r,p,nh,t", [(64, 16, 4, 1), (64, 16, 4, 9), (64, 16, 4, 33), (128, 32, 2, 17), (256, 64, 8, 5)])
+def test_mla_small_latent_shapes(r, p, nh, t):
+    """Small models (the demo: r=64, p=16, 4 heads) take the kernel too; every output row must be written."""
+    from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(r + t)
+    ctx = 300
+    ckv = torch.randn(ctx + t + 5, r, device=dev).to(torch.bfloat16)
+    kpe = torch.randn(ctx + t + 5, p, device=dev).to(torch.bfloat16)
+    q_lat = torch.randn(t, nh, r, device=dev).to(torch.bfloat16)
+    q_pe = torch.randn(t, nh, p, device=dev).to(torch.bfloat16)
+    mask = ancestor_mask(t, gen, dev)
+    ref = mla_attention_ref(q_lat, q_pe, ckv, kpe, ctx, mask, 0.2)
+    assert rel(mla_attention_triton(q_lat, q_pe, ckv, kpe, ctx, mask, 0.2), ref) < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_engine_on_gpu_is_lossless_with_kernels():
+    """The shipped demo pair on CUDA: ddtree and dflash emit ar's ids at T=0 through the fast kernels."""
+    from pathlib import Path
+
+    from ddtree_chat.engine import Engine, GenerationConfig
+
+    root = Path(__file__).resolve().parents[1] / "assets" / "demo"
+    if not (root / "target" / "config.json").is_file():
+        pytest.skip("demo assets absent")
+    eng = Engine.load(root / "target", root / "draft", device="cuda")
+    tok = eng.tokenizer
+    for text in ("Return the sum of a list.", "Parse a date string.", "Reverse the words of a sentence."):
+        ids = tok.render_chat([{"role": "user", "content": text}])
+        outs = {m: list(eng.generate(ids, GenerationConfig(mode=m, budget=32, max_new_tokens=96)))[-1]
+                for m in ("ar", "dflash", "ddtree")}
+        assert outs["ddtree"]["token_ids"] == outs["ar"]["token_ids"] == outs["dflash"]["token_ids"]
+        assert outs["ddtree"]["mean_accepted_length"] > 1.5
+
+
+@gpu
+@pytest.mark.gpu
 def test_dispatch_picks_fast_kernels():
     from ddtree_chat.engine.ops import gpu as g
     from ddtree_chat.engine.ops.registry import fast

@@ -41,7 +41,7 @@ def test_bad_values_are_dropped_with_warning():
 @pytest.mark.parametrize(
     "name,value,expected",
     [("temperature", "0.5", 0.5), ("top_p", "1", 1.0), ("max_new_tokens", "12", 12), ("mode", "AR", "ar"),
-     ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256)],
+     ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256), ("budget", "auto", "auto")],
 )
 def test_validate_accepts(name, value, expected):
     assert st.validate(name, value) == expected

@@ -96,17 +96,6 @@ def test_generation_failure_is_reported_not_raised():
     assert isinstance(posted[-1], GenerationFailed) and "boom" in str(posted[-1].error)
 
 
-def test_stop_token_text_is_not_shown():
-    class WithEos(FakeEngine):
-        def generate(self, prompt_ids, cfg, stop=None):
-            yield {"event": "round", "token_ids": [4, 0], "text": "The<eos>", "accepted_length": 2, "tree": {}}
-            yield {"event": "done", "token_ids": [4, 0], "text": "The<eos>", "stop_reason": "stop_token"}
-
-    posted = []
-    run_generation(WithEos(), [1], FakeConfig(), threading.Event(), posted.append, gen_id=1)
-    assert posted[0].text == "The" and posted[-1].done["text"] == "The"
-
-
 def test_command_detection_and_help():
     assert commands.is_command("/temp 0.3") and commands.is_command("  /help")
     assert not commands.is_command("/usr/bin is a path") and not commands.is_command("hello /temp")

@@ -92,13 +92,14 @@ class FakeEngine:
             new = self.reply_ids[len(out): len(out) + take]
             rounds += 1
             out += new
-            yield {
-                "event": "round", "token_ids": new, "text": self.tokenizer.decode(new), "accepted_length": len(new),
-                "tree": _tree(rng, new, cfg.budget if cfg.mode == "ddtree" else (cfg.budget if cfg.mode == "dflash" else 0)),
-                "budget": cfg.budget, "mode": cfg.mode, "elapsed_s": 0.01,
+            budget = 16 if cfg.budget == "auto" else cfg.budget
+            yield {  # NOTE: like the engine, a stop token's text is never part of "text"
+                "event": "round", "token_ids": new, "text": self.tokenizer.decode([t for t in new if t != 0]),
+                "accepted_length": len(new), "tree": _tree(rng, new, budget if cfg.mode != "ar" else 0),
+                "budget": budget, "mode": cfg.mode, "elapsed_s": 0.01,
             }
         yield {
-            "event": "done", "token_ids": out, "text": self.tokenizer.decode(out), "rounds": rounds,
+            "event": "done", "token_ids": out, "text": self.tokenizer.decode([t for t in out if t != 0]), "rounds": rounds,
             "target_forwards": rounds, "mean_accepted_length": len(out) / max(rounds, 1),
             "tokens_per_second": 100.0 * len(out) / max(rounds, 1), "stop_reason": stop_reason,
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -111,10 +112,13 @@ class Decoder:
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
-              stop_ids: frozenset[int], room: int) -> RoundResult:
-        """One round from the pending token. `room`: tokens still allowed (>= 1)."""
+              stop_ids: frozenset[int], room: int, choose: Callable[[DraftTree], int] | None = None) -> RoundResult:
+        """One round from the pending token. `room`: tokens still allowed (>= 1). `choose` may cut the
+        drafted tree (built at `budget`) down to fewer nodes."""
         t0 = time.perf_counter()
         tree = self.draft(self.pending, mode, budget)
+        if choose is not None and tree.size > 1:
+            tree = tree.prefix(choose(tree))
         t1 = time.perf_counter()
         start = self.cache.length
         logits, feats = self._forward(tree.tokens, tree.positions(start), tree.mask())

@@ -13,14 +13,23 @@ import torch
 import torch.distributed as dist
 
 from .config import load_target_config
+from .budget import AutoBudget
 from .ddtree import Decoder
 from .errors import DeviceError, EngineError
 from .generation import GenerationConfig, Stats
 from .loader import Progress, load_drafter, load_target
-from .memory import plan_memory
+from .memory import plan_memory, weight_bytes
 from .model import causal_mask
 from .parallel import SINGLE, TPGroup, Workers, checkpoint_fingerprint, init_group
 from .tree import target_choice
+
+
+def default_dtype(cfg, dev: torch.device) -> torch.dtype:
+    """float32 on CPU (the reference) and for small models on GPU (exact AR/tree agreement costs nothing
+    there); bf16 for real checkpoints on GPU."""
+    if dev.type != "cuda" or weight_bytes(cfg) < 2 * 1024**3:
+        return torch.float32
+    return torch.bfloat16
 
 
 def _pick_device(device: str | None) -> torch.device:
@@ -44,6 +53,7 @@ class Engine:
         self.tp, self.fingerprint = tp, fingerprint
         self.workers: Workers | None = None
         self._broken: EngineError | None = None
+        self._auto: AutoBudget | None = None
         self._lock = threading.RLock()  # one generation at a time (re-entrant: test drafters score with logits())
 
     @classmethod
@@ -83,7 +93,7 @@ class Engine:
         from .tokenizer import load_tokenizer
 
         dev = torch.device(device if tp.world == 1 or torch.device(device).type == "cpu" else f"cuda:{tp.rank}")
-        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        dtype = dtype or default_dtype(load_target_config(model_dir), dev)
         tokenizer = load_tokenizer(model_dir)
         try:
             tcfg, target = load_target(model_dir, dev, dtype, progress, tp)
@@ -193,6 +203,7 @@ class Engine:
 
     def _generate(self, ids: list[int], cfg: GenerationConfig, stop: threading.Event | None) -> Iterator[dict]:
         mode = cfg.mode if self.drafter is not None else "ar"
+        auto = mode == "ddtree" and cfg.budget == "auto"
         budget = cfg.budget if mode == "ddtree" else (self.dcfg.block_size - 1 if mode == "dflash" else 0)
         stop_ids = frozenset(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.tokenizer.stop_ids)
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -202,6 +213,11 @@ class Engine:
         out: list[int] = []
         t_start = time.perf_counter()
         logits = dec.prefill(ids)
+        if auto:
+            if self._auto is None:
+                self._auto = AutoBudget(dec, self.tp, f"{self.fingerprint[:16]}-{self.device}-tp{self.tp.world}")
+            self._auto.ensure_costs()
+            budget = self._auto.max_budget
         first = int(self._choose(logits, cfg, gen))
         dec.pending = first
         out.append(first)
@@ -209,8 +225,8 @@ class Engine:
         stats.generated += 1
         reason = "stop_token" if first in stop_ids else ("max_new_tokens" if cfg.max_new_tokens <= 1 else None)
         closing = False  # the consumer closed the generator: finish quietly, in step with the workers
-        ev = {"event": "round", "prefill": True, "token_ids": [first], "text": detok.push(first),
-              "accepted_length": 1, "tree": _tree_json(None, [], []), "budget": budget, "mode": mode,
+        ev = {"event": "round", "prefill": True, "token_ids": [first], "text": _text(detok, [first], stop_ids),
+              "accepted_length": 1, "tree": _tree_json(None, [], []), "budget": cfg.budget if auto else budget, "mode": mode,
               "elapsed_s": time.perf_counter() - t_start}
         try:
             yield ev
@@ -227,7 +243,10 @@ class Engine:
                 reason = "context"
                 break
             t0 = time.perf_counter()
-            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out))
+            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out),
+                          self._auto.choose if auto else None)
+            if auto:
+                self._auto.observe(r.tree, len(r.emitted), r.t_draft)
             out.extend(r.emitted)
             stats.target_forwards += 1
             stats.generated += len(r.emitted)
@@ -238,9 +257,10 @@ class Engine:
                 reason = "stop_token"
             elif len(out) >= cfg.max_new_tokens:
                 reason = "max_new_tokens"
-            ev = {"event": "round", "token_ids": r.emitted, "text": "".join(detok.push(t) for t in r.emitted),
+            ev = {"event": "round", "token_ids": r.emitted, "text": _text(detok, r.emitted, stop_ids),
                   "accepted_length": len(r.emitted), "tree": _tree_json(r.tree, r.choice, r.path),
-                  "budget": budget, "mode": mode, "elapsed_s": time.perf_counter() - t0,
+                  "budget": r.tree.size - 1 if mode == "ddtree" else budget, "auto_budget": auto, "mode": mode,
+                  "elapsed_s": time.perf_counter() - t0,
                   "draft_s": r.t_draft, "target_s": r.t_target}
             if not closing:
                 try:
@@ -251,16 +271,21 @@ class Engine:
             return
         elapsed = time.perf_counter() - t_start
         tail = detok.flush()
-        yield {"event": "done", "token_ids": out, "text": self.tokenizer.decode(out), "tail_text": tail,
+        yield {"event": "done", "token_ids": out, "text": self.tokenizer.decode([t for t in out if t not in stop_ids]), "tail_text": tail,
                "rounds": stats.rounds, "target_forwards": stats.target_forwards,
                "mean_accepted_length": stats.mean_accepted_length,
                "tokens_per_second": len(out) / elapsed if elapsed > 0 else 0.0, "stop_reason": reason,
                "acceptance_histogram": {str(k): v for k, v in sorted(stats.histogram.items())},
-               "mode": mode, "budget": budget, "elapsed_s": elapsed,
+               "mode": mode, "budget": cfg.budget if auto else budget, "elapsed_s": elapsed,
                "draft_s": stats.time_draft, "target_s": stats.time_target}
 
     def _choose(self, logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -> int:
         return int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
+
+
+def _text(detok, ids: list[int], stop_ids: frozenset[int]) -> str:
+    """Streamed text of the new ids; a stop token ends the reply and is not shown."""
+    return "".join(detok.push(t) for t in ids if t not in stop_ids)
 
 
 def _tree_json(tree, choice: list[int], path: list[int]) -> dict:

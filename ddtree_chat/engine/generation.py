@@ -11,7 +11,7 @@ MODES = ("ddtree", "dflash", "ar")
 @dataclass(frozen=True)
 class GenerationConfig:
     mode: str = "ddtree"  # ddtree | dflash | ar
-    budget: int = 16  # drafted tree nodes per round (root excluded); ddtree only
+    budget: int | str = "auto"  # drafted tree nodes per round (root excluded), or "auto"; ddtree only
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
@@ -21,8 +21,8 @@ class GenerationConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if self.budget < 0:
-            raise ValueError("budget must be >= 0")
+        if self.budget != "auto" and (not isinstance(self.budget, int) or self.budget < 0):
+            raise ValueError(f"budget must be a number >= 0 or 'auto', not {self.budget!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         if self.max_new_tokens < 1:

@@ -45,6 +45,11 @@ class DraftTree:
         bits = padded.view(n, words, 64) << torch.arange(64, dtype=torch.int64)
         return bits.sum(-1)  # wraps into the sign bit for j % 64 == 63, as int64 two's complement
 
+    def prefix(self, budget: int) -> "DraftTree":
+        """The first `budget` drafted nodes: best-first order makes them the top-budget prefixes."""
+        n = budget + 1
+        return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n])
+
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in range(self.size)]
         for i, p in enumerate(self.parents.tolist()):

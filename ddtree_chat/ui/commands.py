@@ -19,7 +19,7 @@ COMMANDS = [
     ("/top_p", "X", "nucleus sampling threshold, 0 < X ≤ 1"),
     ("/max", "N", "max new tokens per reply"),
     ("/mode", "ddtree|dflash|ar", "decoding mode"),
-    ("/budget", "N", "DDTree node budget"),
+    ("/budget", "N|auto", "DDTree node budget"),
     ("/seed", "N", "sampling seed"),
     ("/think", "on|off", "let the model think before answering"),
     ("/new", "", "start a new conversation"),

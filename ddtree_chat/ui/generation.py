@@ -88,12 +88,11 @@ def run_generation(engine, prompt_ids: list[int], config, stop: threading.Event,
     rounds: list[dict] = []
     everything: list[str] = []
     pacer = _Pacer(interval, ui_thread)
-    tokenizer = getattr(engine, "tokenizer", None)
     try:
         for ev in engine.generate(prompt_ids, config, stop=stop):
             kind = ev.get("event")
             if kind == "round":
-                text = strip_stop_text(ev.get("text", ""), ev.get("token_ids") or [], tokenizer)
+                text = ev.get("text", "")  # NOTE: the engine never includes a stop token's text
                 text_parts.append(text)
                 everything.append(text)
                 rounds.append(ev)
@@ -102,7 +101,6 @@ def run_generation(engine, prompt_ids: list[int], config, stop: threading.Event,
                     text_parts, rounds = [], []
                     pacer.posted()
             elif kind == "done":
-                ev = dict(ev, text=strip_stop_text(ev.get("text", ""), ev.get("token_ids") or [], tokenizer))
                 if text_parts or rounds:
                     post(GenerationUpdate(gen_id, "".join(text_parts), rounds))
                 post(GenerationDone(gen_id, ev))
@@ -114,14 +112,3 @@ def run_generation(engine, prompt_ids: list[int], config, stop: threading.Event,
     except Exception as err:  # noqa: BLE001 - shown to the user, traceback to the log
         log.exception("generation failed")
         post(GenerationFailed(gen_id, err, "".join(everything)))
-
-
-def strip_stop_text(text: str, token_ids: list[int], tokenizer) -> str:
-    """Drop the stop token's own text (e.g. "<|im_end|>") from the end of a reply's text."""
-    if not token_ids or tokenizer is None or token_ids[-1] not in (getattr(tokenizer, "stop_ids", None) or ()):
-        return text
-    try:
-        stop_text = tokenizer.decode([token_ids[-1]])
-    except Exception:  # noqa: BLE001 - cosmetic only
-        return text
-    return text[: -len(stop_text)] if stop_text and text.endswith(stop_text) else text

@@ -126,7 +126,9 @@ def plan_splits(m_rows: int, max_prefix: int, device) -> int:
 
 def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
     """prefix_len: int, or an int32 device tensor [1] (then max_prefix, a host bound, plans the splits)."""
-    if q_lat.dim() != 3 or q_lat.shape[-1] % 64 or q_pe.shape[-1] not in (16, 32, 64, 128):
+    r = q_lat.shape[-1]
+    # NOTE: the kernel splits the latent into 4 power-of-two chunks of >= 16 and merges in 64/128 columns.
+    if q_lat.dim() != 3 or r < 64 or r & (r - 1) or q_pe.shape[-1] not in (16, 32, 64, 128):
         from .mla_attention import mla_attention_ref
         return mla_attention_ref(q_lat, q_pe, ckv, kpe, int(prefix_len), tree_mask, scale)
     t, nh, r = q_lat.shape
@@ -154,5 +156,6 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, triton.next_power_of_2(bound + 1),
                             scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), R=r, P=p, RC=r // 4)
     block_s = max(2, triton.next_power_of_2(ns + 1))
-    _mla_merge_kernel[(m, r // 128)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=128)
+    block_r = min(r, 128)
+    _mla_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
     return out

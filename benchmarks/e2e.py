@@ -1,0 +1,104 @@
+"""End-to-end decoding speed, one process, same prompts: ar vs dflash vs ddtree (fixed budgets and auto).
+
+    python benchmarks/e2e.py [--target DIR --draft DIR] [--device cpu|cuda] [--prompts N] [--max-new 128]
+                             [--budgets 8 16 32 64 auto] [--json OUT]
+
+Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's ids are checked against
+ar's in the same run. Prints one markdown table: mean accepted length (tokens per target forward),
+tokens/s, speedup vs ar, and the round time split into drafter / target."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def heldout_prompts(n: int, max_user_chars: int = 600) -> list[dict]:
+    """The first n test-split chat prompts shipped with the demo assets."""
+    items = json.loads((ROOT / "assets" / "demo" / "heldout_prompts.json").read_text())
+    return [x for x in items if len(x["user"]) <= max_user_chars][:n]
+
+
+def _budget(text: str):
+    return text if text == "auto" else int(text)
+
+
+def main(argv=None) -> int:
+    from ddtree_chat.engine import Engine, GenerationConfig
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--budgets", type=_budget, nargs="+", default=[8, 16, 32, 64, "auto"])
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    ap.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: the engine's choice)")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    target, draft = (a.target, a.draft) if a.target else shipped_demo_dirs()
+    eng = Engine.load(target, draft, device=a.device, dtype=getattr(torch, a.dtype) if a.dtype else None)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    prompts = heldout_prompts(a.prompts)
+    runs = [("ar", 0), ("dflash", 7)] + [("ddtree", b) for b in a.budgets]
+    for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve
+        for _ in eng.generate(prompts[0]["prompt_ids"], GenerationConfig(mode=mode, budget=b, max_new_tokens=16)):
+            pass
+    res = {f"{m}-{b}": {"tokens": 0, "forwards": 0, "seconds": 0.0, "draft_s": 0.0, "target_s": 0.0,
+                        "mismatch": 0, "budgets": {}} for m, b in runs}
+    ar_ids = []
+    for i, p in enumerate(prompts):
+        for mode, b in runs:
+            cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new)
+            r = res[f"{mode}-{b}"]
+            t0 = time.perf_counter()
+            for ev in eng.generate(p["prompt_ids"], cfg):
+                if ev["event"] == "round" and b == "auto" and not ev.get("prefill"):
+                    r["budgets"][ev["budget"]] = r["budgets"].get(ev["budget"], 0) + 1
+            if eng.device.type == "cuda":
+                torch.cuda.synchronize()
+            r["seconds"] += time.perf_counter() - t0
+            r["tokens"] += len(ev["token_ids"])
+            r["forwards"] += ev["target_forwards"]
+            r["draft_s"] += ev["draft_s"]
+            r["target_s"] += ev["target_s"]
+            if mode == "ar":
+                ar_ids.append(ev["token_ids"])
+            elif ev["token_ids"] != ar_ids[i]:
+                r["mismatch"] += 1
+    ar_tps = res["ar-0"]["tokens"] / res["ar-0"]["seconds"]
+    lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | draft / target s | ids == ar |",
+             "|---|---|---|---|---|---|---|"]
+    for mode, b in runs:
+        r = res[f"{mode}-{b}"]
+        r["mean_accepted_length"] = r["tokens"] / r["forwards"]
+        r["tokens_per_second"] = r["tokens"] / r["seconds"]
+        r["speedup"] = r["tokens_per_second"] / ar_tps
+        shown = b if mode != "ar" else "-"
+        if b == "auto" and r["budgets"]:
+            shown = "auto (" + ", ".join(f"{k}:{v}" for k, v in sorted(r["budgets"].items())) + ")"
+        lines.append(f"| {mode} | {shown} | {r['mean_accepted_length']:.2f} | {r['tokens_per_second']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['draft_s']:.2f} / {r['target_s']:.2f} | "
+                     f"{'yes' if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |")
+    where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
+        f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
+    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T=0, {where}, {eng.decoder.dtype}")
+    print("\n".join(lines))
+    if a.json:
+        a.json.write_text(json.dumps({"prompts": len(prompts), "max_new": a.max_new, "device": where,
+                                      "results": res}, indent=1, default=str))
+    return 0 if all(r["mismatch"] == 0 for r in res.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

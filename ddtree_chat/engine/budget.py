@@ -1,0 +1,118 @@
+"""`--budget auto`: pick the tree size that maximises expected tokens per second (DESIGN 4).
+
+Cost side: the target's verify time per tree size, measured once on this machine (cached per checkpoint
+and device), plus the drafter's time per round. Gain side: the expected accepted length of the top-b
+prefixes under the drafter's product-of-marginals surrogate (sum of the nodes' path probabilities),
+rescaled by a running calibration against what the target actually accepted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+
+import torch
+
+from .ddtree import Decoder
+from .parallel import TPGroup
+from .tree import DraftTree
+
+CANDIDATES = (2, 4, 8, 16, 32, 64, 128, 256)
+log = logging.getLogger(__name__)
+
+
+def path_scores(tree: DraftTree) -> torch.Tensor:
+    """[N] summed drafter log-prob from the root to each node (root 0)."""
+    lp, parents = tree.logprobs.tolist(), tree.parents.tolist()
+    out = [0.0] * tree.size
+    for i in range(1, tree.size):
+        out[i] = out[parents[i]] + lp[i]  # NOTE: parents precede children
+    return torch.tensor(out)
+
+
+class AutoBudget:
+    def __init__(self, decoder: Decoder, tp: TPGroup, key: str):
+        self.dec, self.tp, self.key = decoder, tp, key
+        self.costs: dict[int, float] | None = None
+        self.draft_s = 0.0
+        self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
+
+    @property
+    def max_budget(self) -> int:
+        return max(self.costs) if self.costs else CANDIDATES[-1]
+
+    # -- verify cost curve -----------------------------------------------------------------------
+    def _cache_file(self):
+        from ..paths import cache_dir
+
+        d = cache_dir() / "budget"
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"{self.key}.json"
+
+    @torch.no_grad()
+    def _measure(self) -> dict[int, float]:
+        dec = self.dec
+        room = dec.max_len - dec.cache.length
+        costs = {}
+        for b in CANDIDATES:
+            if b + 1 > room:
+                break
+            toks = torch.zeros(b + 1, dtype=torch.long)
+            pos = torch.arange(dec.cache.length, dec.cache.length + b + 1)
+            mask = torch.ones(b + 1, b + 1, dtype=torch.bool).tril()
+            times = []
+            for _ in range(3):  # NOTE: writes past the committed length only; nothing is committed
+                if dec.device.type == "cuda":
+                    torch.cuda.synchronize(dec.device)
+                t0 = time.perf_counter()
+                dec._forward(toks, pos, mask)
+                if dec.device.type == "cuda":
+                    torch.cuda.synchronize(dec.device)
+                times.append(time.perf_counter() - t0)
+            costs[b] = min(times)
+        return costs
+
+    def ensure_costs(self) -> None:
+        """Every rank runs the same forwards; rank 0's numbers are the ones used."""
+        if self.costs is not None:
+            return
+        cached = None
+        if self.tp.rank == 0:
+            try:
+                cached = {int(k): float(v) for k, v in json.loads(self._cache_file().read_text()).items()}
+            except (OSError, ValueError):
+                cached = None
+        cached = self.tp.broadcast(cached)
+        costs = cached if cached is not None else self._measure()
+        self.costs = self.tp.broadcast(costs)
+        if cached is None and self.tp.rank == 0:
+            log.info("verify cost per tree size (s): %s", self.costs)
+            try:
+                self._cache_file().write_text(json.dumps(self.costs))
+            except OSError:
+                pass
+
+    # -- per round -------------------------------------------------------------------------------
+    def choose(self, tree: DraftTree) -> int:
+        """Budget for this round's tree (built at max_budget)."""
+        probs = path_scores(tree).exp()
+        drafted = tree.size - 1
+        best, best_rate = 0, 0.0
+        for b, cost in sorted(self.costs.items()):
+            if b > drafted:
+                break
+            gain = 1.0 + self.calib * float(probs[1 : b + 1].sum())
+            rate = gain / (cost + self.draft_s)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return self.tp.broadcast(best or min(self.costs))
+
+    def observe(self, tree: DraftTree, accepted: int, draft_s: float) -> None:
+        predicted = float(path_scores(tree).exp()[1:].sum())
+        self.draft_s = draft_s if self.draft_s == 0 else 0.9 * self.draft_s + 0.1 * draft_s
+        if predicted > 1e-6:
+            ratio = min((accepted - 1) / predicted, 4.0)
+            self.calib = 0.9 * self.calib + 0.1 * ratio
+        if not math.isfinite(self.calib):
+            self.calib = 1.0

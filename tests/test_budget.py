@@ -1,0 +1,50 @@
+"""--budget auto: a measured cost curve, a surrogate gain, lossless output."""
+
+import torch
+
+from ddtree_chat.engine import GenerationConfig
+from ddtree_chat.engine.budget import AutoBudget, path_scores
+from ddtree_chat.engine.parallel import SINGLE
+from ddtree_chat.engine.tree import build_tree
+
+from drafters import TargetDrafter
+
+
+def _tree(confident: bool):
+    p = torch.tensor([[0.97, 0.02, 0.01]] * 7 if confident else [[0.4, 0.35, 0.25]] * 7)
+    return build_tree(0, p.log(), torch.arange(3).repeat(7, 1), 16)
+
+
+def test_choice_trades_acceptance_against_measured_cost():
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {2: 1.0, 4: 1.0, 8: 1.0, 16: 3.0}  # verify seconds per tree size
+    # A confident chain: 7 nodes carry almost all the gain, so the cheap size that holds them wins.
+    assert auto.choose(_tree(True)) == 8
+    auto.costs = {2: 1.0, 4: 1.5, 8: 2.5, 16: 4.0}
+    assert auto.choose(_tree(False)) == 2  # flat drafts gain little: the smallest tree
+    scores = path_scores(_tree(True))
+    assert torch.allclose(scores[1:8], torch.log(torch.tensor(0.97)) * torch.arange(1, 8))
+
+
+def test_calibration_follows_observed_acceptance():
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    tree = _tree(True)
+    for _ in range(50):
+        auto.observe(tree, accepted=1, draft_s=0.01)  # the target never agrees
+    assert auto.calib < 0.05
+
+
+def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
+    prompt = engine.tokenizer.encode("auto budget")
+    engine.decoder.draft_logprobs = TargetDrafter(engine, noise=0.3)
+    try:
+        evs = list(engine.generate(prompt, GenerationConfig(mode="ddtree", budget="auto", max_new_tokens=30,
+                                                             stop_token_ids=())))
+    finally:
+        del engine.decoder.draft_logprobs
+    ar = list(engine.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=30, stop_token_ids=())))
+    assert evs[-1]["token_ids"] == ar[-1]["token_ids"]
+    costs = engine._auto.costs
+    assert costs and all(v > 0 for v in costs.values())
+    for ev in evs[1:-1]:
+        assert ev["budget"] in costs and len(ev["tree"]["tokens"]) == ev["budget"] + 1
