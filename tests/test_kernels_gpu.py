@@ -183,8 +183,10 @@ def test_mla_small_latent_shapes(r, p, nh, t):
 
 @gpu
 @pytest.mark.gpu
-def test_engine_on_gpu_is_lossless_with_kernels():
-    """The shipped demo pair on CUDA: ddtree and dflash emit ar's ids at T=0 through the fast kernels."""
+def test_engine_on_gpu_is_lossless():
+    """The shipped demo pair on CUDA (float32, its default there): ddtree and dflash emit ar's ids at T=0.
+    NOTE: in bf16 the INT4 MoE / Triton MLA kernels round differently for different token counts, so
+    AR and tree ids can drift apart (BENCHMARKS.md); float32 keeps the exact reference ops."""
     from pathlib import Path
 
     from ddtree_chat.engine import Engine, GenerationConfig

@@ -41,7 +41,8 @@ def mla_attention_naive_ref(q_nope, q_pe, ckv, kpe, w_uk, w_uv, prefix_len, tree
 
 
 def mla_attention(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
-    fn = fast("mla_attention", q_lat)
+    # NOTE: the Triton kernel's dots run in bf16/tf32; float32 models keep the exact reference.
+    fn = fast("mla_attention", q_lat) if q_lat.dtype != torch.float32 else None
     if fn:
         return fn(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
     return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)

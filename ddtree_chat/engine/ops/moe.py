@@ -44,11 +44,14 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
 
 
 def moe_experts(x, ids, weights, experts: ExpertWeights):
-    fn = fast("moe_experts", x)
+    # NOTE: the INT4 kernel computes in bf16; float32 models keep the exact reference (AR == tree ids).
+    fn = fast("moe_experts", x) if x.dtype != torch.float32 else None
     return fn(x, ids, weights, experts) if fn else moe_experts_ref(x, ids, weights, experts)
 
 
 def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
     """Load-time hook: a registered kernel may repack the experts into its own layout."""
-    fn = fast("prepare_experts", experts.down if torch.is_tensor(experts.down) else experts.down.packed)
+    if torch.is_tensor(experts.down) or experts.down.scale.dtype == torch.float32:
+        return experts
+    fn = fast("prepare_experts", experts.down.packed)
     return fn(experts) if fn else experts
