@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--raw", action="store_true", help="one-shot: tokenize the prompt as is, without the chat template")
     ap.add_argument("--no-think", dest="thinking", action="store_false", help="open the reply with an empty <think></think>")
     ap.add_argument("--context", type=int, metavar="N", help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
-    ap.add_argument("--eager", action="store_true", help="disable CUDA graphs")
+    ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (accepted; the round runs eagerly today)")
     return ap
 
 

@@ -67,9 +67,6 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self.weight_map
 
-    def names(self):
-        return self.weight_map.keys()
-
     def get(self, name: str, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None,
             rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         """One tensor (optionally a row/column slice, read without materialising the rest)."""

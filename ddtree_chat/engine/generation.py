@@ -37,7 +37,6 @@ class Stats:
     histogram: Counter = field(default_factory=Counter)  # accepted length -> rounds
     time_draft: float = 0.0
     time_target: float = 0.0
-    time_other: float = 0.0
 
     def add_round(self, accepted: int) -> None:
         self.rounds += 1

@@ -30,7 +30,13 @@ PRESETS = {
 }
 
 
-def _text_config(p: dict, vocab: int) -> dict:
+K26_YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def text_config(p: dict, vocab: int, n_ranks: int = N_RANKS, max_position_embeddings: int = 262144,
+                rope_scaling: dict = K26_YARN) -> dict:
+    """The K2 text config.json fields for preset-style sizes `p` (see PRESETS)."""
     return {
         "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"],
         "vocab_size": vocab, "hidden_size": p["hidden"], "num_hidden_layers": p["layers"],
@@ -41,15 +47,14 @@ def _text_config(p: dict, vocab: int) -> dict:
         "num_experts_per_tok": p["top_k"], "n_shared_experts": 1, "first_k_dense_replace": 1,
         "moe_layer_freq": 1, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
         "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.827,
-        "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "max_position_embeddings": 262144,
-        "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-        "tie_word_embeddings": False, "bos_token_id": N_RANKS, "eos_token_id": N_RANKS + 1,
-        "hidden_act": "silu", "attention_bias": False,
+        "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "max_position_embeddings": max_position_embeddings,
+        "rope_scaling": dict(rope_scaling), "tie_word_embeddings": False,
+        "bos_token_id": n_ranks, "eos_token_id": n_ranks + 1, "hidden_act": "silu", "attention_bias": False,
     }
 
 
-def _quant_config() -> dict:
+def quant_config() -> dict:
+    """compressed-tensors INT4 group-32 for the routed experts only, as K2.6 ships it."""
     return {"quant_method": "compressed-tensors", "format": "pack-quantized",
             "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
                                           "weights": {"num_bits": 4, "type": "int", "symmetric": True,
@@ -122,10 +127,10 @@ def make_target(out_dir: str | Path, preset: str = "tiny", seed: int = 0, layout
     p, out = PRESETS[preset], Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab = N_RANKS + SPECIALS
-    text = _text_config(p, vocab)
+    text = text_config(p, vocab)
     tensors = _target_tensors(p, vocab, _Rand(seed))
     if layout == "k25":
-        text["quantization_config"] = _quant_config()
+        text["quantization_config"] = quant_config()
         config = {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
                   "text_config": text, "vision_config": {"model_type": "moonvit", "hidden_size": 16},
                   "bos_token_id": N_RANKS, "eos_token_id": N_RANKS + 1}
@@ -135,7 +140,7 @@ def make_target(out_dir: str | Path, preset: str = "tiny", seed: int = 0, layout
         named["vision_tower.patch_embed.proj.weight"] = torch.randn(16, 3, 2, 2, generator=g).to(torch.bfloat16)
         named["mm_projector.proj.0.weight"] = torch.randn(16, 16, generator=g).to(torch.bfloat16)
     elif layout == "k2":
-        config = dict(text, quantization_config=_quant_config())
+        config = dict(text, quantization_config=quant_config())
         named = {("lm_head.weight" if n == "lm_head.weight" else "model." + n): v for n, v in tensors.items()}
     else:
         raise ValueError(f"layout must be k25 or k2, not {layout!r}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable
 
 _FAST: dict[str, Callable] = {}
-_DISABLED = False
 
 
 def register(name: str, fn: Callable) -> None:
@@ -13,12 +12,7 @@ def register(name: str, fn: Callable) -> None:
 
 
 def fast(name: str, x) -> Callable | None:
-    """The registered kernel for `name` if x lives on CUDA and kernels are enabled."""
-    if _DISABLED or not getattr(x, "is_cuda", False):
+    """The registered kernel for `name` if x lives on CUDA (ops/gpu.py registers them; DDTREE_KERNELS=0 stops it)."""
+    if not getattr(x, "is_cuda", False):
         return None
     return _FAST.get(name)
-
-
-def set_enabled(enabled: bool) -> None:
-    global _DISABLED
-    _DISABLED = not enabled
