@@ -110,3 +110,16 @@ def test_memory_plan_for_k26():
     assert 590e9 < plan_memory(cfg, 1, 96 * gib, 1).weights_per_rank < 600e9
     with pytest.raises(DeviceError, match=r"--tp 4 .* at least 7 GPUs"):
         plan_memory(cfg, 4, 96 * gib, 4096).check()
+
+
+def test_interrupted_generation_still_shuts_down(synthetic_pair):
+    engine = Engine.load(*synthetic_pair, device="cpu", tp=2)
+    gen = engine.generate(engine.tokenizer.encode(PROMPT), GenerationConfig(mode="ddtree", max_new_tokens=400,
+                                                                           stop_token_ids=()))
+    next(gen)
+    with pytest.raises(KeyboardInterrupt):
+        gen.throw(KeyboardInterrupt)  # Ctrl+C while the ranks are mid-reply
+    procs = list(engine.workers.procs)
+    t0 = time.monotonic()
+    engine.close()
+    assert time.monotonic() - t0 < 10 and not any(p.is_alive() for p in procs)

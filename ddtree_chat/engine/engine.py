@@ -53,6 +53,7 @@ class Engine:
         self.tp, self.fingerprint = tp, fingerprint
         self.workers: Workers | None = None
         self._broken: EngineError | None = None
+        self._desynced = False  # a command was interrupted part-way: ranks may be out of step
         self._auto: AutoBudget | None = None
         self._lock = threading.RLock()  # one generation at a time (re-entrant: test drafters score with logits())
 
@@ -82,6 +83,8 @@ class Engine:
             workers.wait_ready(engine.fingerprint)
         except BaseException:
             workers.shutdown(timeout=0.1)
+            if dist.is_initialized():
+                dist.destroy_process_group()
             raise
         engine.workers = workers
         atexit.register(engine.close)
@@ -145,12 +148,17 @@ class Engine:
         if self.workers is None:
             return
         workers, self.workers = self.workers, None
-        if self._broken is None:
+        # NOTE: only ranks known to be in step (idle, between commands) can be asked to exit; otherwise a
+        # broadcast could pair with a collective the workers are still waiting in, so they are killed.
+        in_step = self._broken is None and not self._desynced and self._lock.acquire(timeout=1.0)
+        if in_step:
             try:
                 self.tp.broadcast(("exit",))
             except RuntimeError:
-                pass
-        workers.shutdown()
+                in_step = False
+            finally:
+                self._lock.release()
+        workers.shutdown(timeout=5.0 if in_step else 0.0)
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -174,8 +182,12 @@ class Engine:
                     self._command("logits", list(token_ids))
                 return self._logits(token_ids)
             except RuntimeError as e:
+                self._desynced = True
                 if self.tp.world > 1:
                     raise self._lost_rank(e) from None
+                raise
+            except BaseException:
+                self._desynced = True
                 raise
 
     @torch.no_grad()
@@ -194,12 +206,19 @@ class Engine:
                 if self.tp.world > 1:
                     self._command("generate", list(token_ids), cfg)
                 yield from self._generate(list(token_ids), cfg, stop)
+            except EngineError:
+                raise  # NOTE: input errors happen identically on every rank: still in step
+            except torch.OutOfMemoryError:
+                self._desynced = True
+                raise DeviceError("the GPU ran out of memory during generation; lower --context or --budget.") from None
             except RuntimeError as e:
+                self._desynced = True
                 if self.tp.world > 1:
                     raise self._lost_rank(e) from None
                 raise
-            except torch.OutOfMemoryError:
-                raise DeviceError("the GPU ran out of memory during generation; lower --context or --budget.") from None
+            except BaseException:  # e.g. Ctrl+C in the middle of a collective
+                self._desynced = True
+                raise
 
     def _generate(self, ids: list[int], cfg: GenerationConfig, stop: threading.Event | None) -> Iterator[dict]:
         mode = cfg.mode if self.drafter is not None else "ar"

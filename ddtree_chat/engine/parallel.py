@@ -196,3 +196,4 @@ class Workers:
             p.join(timeout)
             if p.is_alive():
                 p.kill()
+                p.join(2.0)
