@@ -265,8 +265,10 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def load_target_config(model_dir: str | Path) -> TargetConfig:
-    model_dir = Path(model_dir)
-    return TargetConfig.from_json(read_json(model_dir / "config.json", "the model"), name=model_dir.name)
+    model_dir = Path(model_dir).resolve()
+    # NOTE: a bare "target"/"model" folder name says little; show its parent too (e.g. "demo/target").
+    name = model_dir.name if model_dir.name not in ("target", "model") else f"{model_dir.parent.name}/{model_dir.name}"
+    return TargetConfig.from_json(read_json(model_dir / "config.json", "the model"), name=name)
 
 
 def load_draft_config(draft_dir: str | Path) -> DraftConfig:

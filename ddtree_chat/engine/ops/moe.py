@@ -32,14 +32,21 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
     """x [T, H], ids/weights [T, k] -> [T, H]. Each touched expert is read once for all its tokens.
     NOTE: id -1 marks an expert held by another rank (expert parallel): skipped."""
     out = torch.zeros(x.shape[0], experts.down.shape[1], dtype=torch.float32, device=x.device)
-    for e in torch.unique(ids).tolist():
-        if e < 0:
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, one pass for all experts
+    counts = torch.bincount(flat + 1, minlength=experts.num_experts + 1).tolist()[1:]
+    tok_all = order // ids.shape[1]
+    w_all = weights.flatten()[order].float()
+    start = int((flat < 0).sum())  # ids of -1 sort first; skip them
+    for e, n in enumerate(counts):
+        if n == 0:
             continue
-        tok, slot = (ids == e).nonzero(as_tuple=True)
+        tok = tok_all[start : start + n]
         xe = x[tok]
         h = F.silu(xe @ experts.matrix("gate", e, x.dtype).T) * (xe @ experts.matrix("up", e, x.dtype).T)
         ye = h @ experts.matrix("down", e, x.dtype).T
-        out.index_add_(0, tok, ye.float() * weights[tok, slot, None].float())
+        out.index_add_(0, tok, ye.float() * w_all[start : start + n, None])
+        start += n
     return out.to(x.dtype)
 
 
