@@ -128,3 +128,13 @@ def test_busy_ui_thread_gets_fewer_updates():
 
     idle, busy = updates_with(False), updates_with(True)
     assert idle >= 8 and busy <= idle / 2
+
+
+def test_bare_code_replies_render_as_a_code_block():
+    from ddtree_chat.ui.chat_view import answer_markdown, looks_like_code
+
+    code = "def add(a, b):\n    return a + b"
+    assert looks_like_code(code) and answer_markdown(code) == f"```python\n{code}\n```"
+    assert looks_like_code("@cache\ndef f(): pass") and looks_like_code("from os import path\n")
+    for text in ("The answer is 42.", "Here:\n```python\ndef f(): pass\n```", "define a function"):
+        assert not looks_like_code(text) and answer_markdown(text) == text

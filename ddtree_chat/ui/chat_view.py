@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -11,6 +13,16 @@ from textual.widgets import Collapsible, Markdown, Static, TextArea
 from ddtree_chat.ui.thinking import ThinkSplitter, split_text
 
 NEWLINE_KEYS = {"ctrl+j", "shift+enter", "alt+enter", "ctrl+enter"}
+# A reply that opens like Python source (the demo coder answers with bare code) is shown as a code block.
+_CODE_START = re.compile(r"\s*(def |async def |class |import |from \S+ import |@\w)")
+
+
+def looks_like_code(answer: str) -> bool:
+    return "```" not in answer and bool(_CODE_START.match(answer))
+
+
+def answer_markdown(answer: str) -> str:
+    return f"```python\n{answer}\n```" if looks_like_code(answer) else answer
 
 
 class UserMessage(Static):
@@ -38,6 +50,8 @@ class AssistantMessage(Vertical):
         self._started_in_think = in_think
         self._initial = (answer, thinking, footer)
         self._streams: dict[str, object] = {}
+        self._held = ""  # answer text held back until its first line says whether it is code
+        self._code: bool | None = None
 
     def compose(self) -> ComposeResult:
         answer, thinking, footer = self._initial
@@ -45,7 +59,7 @@ class AssistantMessage(Vertical):
         with Collapsible(title=title, collapsed=True, classes="thinking") as c:
             c.display = bool(thinking) or self.splitter.in_think
             yield Markdown(thinking, classes="thinking-text")
-        yield Markdown(answer, classes="answer")
+        yield Markdown(answer_markdown(answer), classes="answer")
         footer_widget = Static(footer, markup=False, classes="reply-footer")
         footer_widget.display = bool(footer)
         yield footer_widget
@@ -63,6 +77,14 @@ class AssistantMessage(Vertical):
             collapsible.title = f"Thinking… ({_words(self.splitter.thinking)} words)"
             await self._stream("think", self.query_one(".thinking-text", Markdown)).write(think)
         if answer:
+            if self._code is None:
+                self._held += answer
+                if "\n" not in self._held.lstrip() and len(self._held) < 80:
+                    return
+                answer, self._held = self._held, ""
+                self._code = looks_like_code(answer)
+                if self._code:
+                    answer = "```python\n" + answer.lstrip("\n")
             await self._stream("answer", self.query_one(".answer", Markdown)).write(answer)
 
     async def finish(self, footer: str, full_text: str | None = None) -> tuple[str, str]:
@@ -82,7 +104,7 @@ class AssistantMessage(Vertical):
         unfinished = ", unfinished" if thinking and self.splitter.in_think else ""
         collapsible.title = f"Thinking ({_words(thinking)} words{unfinished})"
         await self.query_one(".thinking-text", Markdown).update(thinking)
-        await self.query_one(".answer", Markdown).update(answer)
+        await self.query_one(".answer", Markdown).update(answer_markdown(answer))
         self.set_footer(footer)
         return thinking, answer
 
