@@ -123,3 +123,17 @@ def test_interrupted_generation_still_shuts_down(synthetic_pair):
     t0 = time.monotonic()
     engine.close()
     assert time.monotonic() - t0 < 10 and not any(p.is_alive() for p in procs)
+
+
+def test_watchdog_reports_a_dead_rank(synthetic_pair):
+    """The GPU path (NCCL would block forever on a dead peer) relies on this watchdog; exercised with gloo."""
+    import threading
+
+    engine = Engine.load(*synthetic_pair, device="cpu", tp=2)
+    seen, fired = [], threading.Event()
+    try:
+        engine.workers.watch(lambda err: (seen.append(err), fired.set()))
+        os.kill(engine.workers.procs[0].pid, signal.SIGKILL)
+        assert fired.wait(5) and "rank 1" in str(seen[0])
+    finally:
+        engine.close()

@@ -87,6 +87,8 @@ class Engine:
                 dist.destroy_process_group()
             raise
         engine.workers = workers
+        if dev.type == "cuda":
+            workers.watch(_abort_on_lost_rank)
         atexit.register(engine.close)
         return engine
 
@@ -148,6 +150,7 @@ class Engine:
         if self.workers is None:
             return
         workers, self.workers = self.workers, None
+        workers.stopping.set()
         # NOTE: only ranks known to be in step (idle, between commands) can be asked to exit; otherwise a
         # broadcast could pair with a collective the workers are still waiting in, so they are killed.
         in_step = self._broken is None and not self._desynced and self._lock.acquire(timeout=1.0)
@@ -313,6 +316,16 @@ def _tree_json(tree, choice: list[int], path: list[int]) -> dict:
     return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "depth": tree.depth.tolist(),
             "draft_logprobs": [round(x, 4) for x in tree.logprobs.tolist()], "target_tokens": choice,
             "accepted_nodes": path}
+
+
+def _abort_on_lost_rank(err: EngineError) -> None:
+    """NCCL cannot be unblocked from Python: report the lost rank in one line and leave (never hang)."""
+    import logging
+    import sys
+
+    logging.getLogger("ddtree_chat").error("%s", err)
+    print(f"\nddtree-chat: {err}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _join_group(workers: Workers, world: int, expert_parallel: bool, dev: torch.device) -> TPGroup:

@@ -107,9 +107,9 @@ def _worker_main(rank: int, world: int, port: int, backend: str, load_kwargs: di
     from .engine import Engine
 
     try:
-        tp = init_group(rank, world, port, backend, load_kwargs.pop("expert_parallel"))
         if backend == "nccl":
-            torch.cuda.set_device(rank)
+            torch.cuda.set_device(rank)  # NOTE: before the group exists, so NCCL binds this rank's GPU
+        tp = init_group(rank, world, port, backend, load_kwargs.pop("expert_parallel"))
         engine = Engine._load_rank(tp=tp, **load_kwargs)
     except BaseException as e:  # report, then leave: rank 0 names this rank and the reason
         status.put((rank, "error", f"{type(e).__name__}: {e}" if not isinstance(e, EngineError) else str(e)))
@@ -130,7 +130,10 @@ class Workers:
     def __init__(self, world: int, backend: str, load_kwargs: dict):
         import torch.multiprocessing as mp
 
+        import threading
+
         self.world, self.port = world, _free_port()
+        self.stopping = threading.Event()  # set before an orderly exit, so the watchdog stays quiet
         ctx = mp.get_context("spawn")
         self.status = ctx.Queue()
         self.procs = [ctx.Process(target=_worker_main, args=(r, world, self.port, backend, dict(load_kwargs), self.status),
@@ -191,7 +194,24 @@ class Workers:
                 return err
             time.sleep(0.05)
 
+    def watch(self, on_death) -> None:
+        """NCCL collectives wait forever on a dead peer (gloo raises at once), so rank 0 watches its
+        workers from a thread and calls on_death(error) when one goes."""
+        import threading
+        import time
+
+        def loop():
+            while not self.stopping.is_set():
+                err = self.failure_nowait()
+                if err is not None and not self.stopping.is_set():
+                    on_death(err)
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=loop, daemon=True, name="ddtree-tp-watchdog").start()
+
     def shutdown(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
         for p in self.procs:
             p.join(timeout)
             if p.is_alive():
