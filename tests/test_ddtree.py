@@ -235,3 +235,61 @@ def test_sampled_distribution_matches_target(eng):
     stat += (rest_obs - rest_exp) ** 2 / max(rest_exp, 1.0)
     assert len(big) >= 5
     assert _chi2_pvalue(stat, len(big)) > 1e-3, (stat, len(big))
+
+
+@settings(max_examples=150, deadline=None)
+@given(depth=st.integers(1, 5), k=st.integers(1, 5), budget=st.integers(1, 80), seed=st.integers(0, 10_000))
+def test_tensor_tree_build_and_walk_match_the_reference(depth, k, budget, seed):
+    from ddtree_chat.engine.tree import build_tree_topk, walk_topk
+
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(depth, 9, generator=g), -1).sort(-1, descending=True)
+    vals, ids = lp.values[:, :k], lp.indices[:, :k]
+    ref, fast = build_tree(5, vals, ids, budget), build_tree_topk(5, vals, ids, budget)
+    assert fast.size == ref.size
+    parents = fast.parents.tolist()
+    assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, fast.size))
+    assert torch.equal(fast.depth[1:], fast.depth[fast.parents[1:]] + 1)
+
+    def prefixes(tree):
+        toks, par = tree.tokens.tolist(), tree.parents.tolist()
+        out = set()
+        for i in range(1, tree.size):
+            seq, j = [], i
+            while j > 0:
+                seq.append(toks[j])
+                j = par[j]
+            out.add(tuple(reversed(seq)))
+        return out
+
+    fast_scores, ref_scores = sorted(path_scores_of(fast)), sorted(path_scores_of(ref))
+    assert fast_scores == pytest.approx(ref_scores, abs=1e-4)
+    gaps = [b - a for a, b in zip(ref_scores, ref_scores[1:])]
+    if all(g > 1e-4 for g in gaps):  # without (near-)ties the node sets are identical
+        assert prefixes(fast) == prefixes(ref)
+    assert torch.equal(fast.mask(), _closure(fast))
+    choice = torch.randint(0, 9, (fast.size,), generator=g)
+    for n in range(fast.size):  # let the target agree along a random path sometimes
+        kids = [c for c in range(fast.size) if parents[c] == n]
+        if kids and torch.rand(1, generator=g) < 0.7:
+            choice[n] = fast.tokens[kids[int(torch.randint(0, len(kids), (1,), generator=g))]]
+    path, bonus = walk(fast, choice)
+    ok, bonus_t = walk_topk(fast, choice)
+    assert ok.nonzero().flatten().tolist() == sorted(path) and int(bonus_t) == bonus
+
+
+def path_scores_of(tree):
+    from ddtree_chat.engine.budget import path_scores
+
+    return path_scores(tree)[1:].tolist()
+
+
+def _closure(tree):
+    n, par = tree.size, tree.parents.tolist()
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = par[j]
+    return m

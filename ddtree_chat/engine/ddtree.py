@@ -17,7 +17,7 @@ from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
 from .kv_cache import DraftCache, KVCache
 from .model import KimiModel, causal_mask
-from .tree import DraftTree, build_tree, chain, root_only, target_choice, walk
+from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
 
 
 @dataclass
@@ -101,14 +101,14 @@ class Decoder:
     @torch.no_grad()
     def draft(self, root: int, mode: str, budget: int) -> DraftTree:
         if mode == "ar" or self.drafter is None or budget == 0:
-            return root_only(root)
+            return root_only(root, self.device)
         logp = self.draft_logprobs(root)
         if mode == "dflash":
             vals, ids = logp.max(-1, keepdim=True)
-            return chain(root, vals.cpu(), ids.cpu())
+            return build_tree_topk(root, vals, ids, logp.shape[0])  # the argmax chain
         depth = min(logp.shape[0], budget)
         vals, ids = logp[:depth].topk(min(budget, logp.shape[-1]), dim=-1)
-        return build_tree(root, vals.cpu(), ids.cpu(), budget)
+        return build_tree_topk(root, vals, ids, budget)
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
@@ -123,9 +123,13 @@ class Decoder:
         start = self.cache.length
         logits, feats = self._forward(tree.tokens, tree.positions(start), tree.mask())
         choice = target_choice(logits, temperature, top_p, gen)
-        path, bonus = walk(tree, choice)
-        toks = tree.tokens.tolist()
-        emitted = [toks[n] for n in path[1:]] + [bonus]
+        ok, bonus = walk_topk(tree, choice)
+        # NOTE: the round's one device-to-host copy: choices, accepted flags, bonus, tokens.
+        n = tree.size
+        host = torch.cat([choice, ok.long(), bonus.view(1), tree.tokens]).tolist()
+        choices, accepted, bonus, toks = host[:n], host[n : 2 * n], host[2 * n], host[2 * n + 1 :]
+        path = [i for i in range(n) if accepted[i]]  # node order is depth order along the path
+        emitted = [toks[i] for i in path[1:]] + [bonus]
         for i, tok in enumerate(emitted):  # nothing after a stop token, nothing past the limit
             if tok in stop_ids or i + 1 >= room:
                 emitted = emitted[: i + 1]
@@ -135,7 +139,7 @@ class Decoder:
         # which becomes the next root.
         self._commit(path[:m], [self.pending] + emitted[:-1], feats)
         self.pending = emitted[-1]
-        return RoundResult(tree, choice.tolist(), path, emitted, t1 - t0, time.perf_counter() - t1)
+        return RoundResult(tree, choices, path, emitted, t1 - t0, time.perf_counter() - t1)
 
     def round_room(self, mode: str, budget: int) -> int:
         """Tree nodes the next round needs in the cache."""

@@ -27,12 +27,15 @@ class DraftTree:
         return self.depth + start
 
     def mask(self) -> torch.Tensor:
-        """[N, N] bool: row i sees column j iff j is i or an ancestor of i."""
+        """[N, N] bool: row i sees column j iff j is i or an ancestor of i (on the tree's device, no sync)."""
         n = self.size
-        m = torch.eye(n, dtype=torch.bool)
-        parents = self.parents.tolist()
-        for i in range(1, n):
-            m[i] |= m[parents[i]]  # NOTE: parents precede children, so the parent's row is complete
+        rows = torch.arange(n, device=self.parents.device)
+        m = torch.eye(n, dtype=torch.bool, device=self.parents.device)
+        anc = self.parents
+        for _ in range(int(self.depth.max()) if n > 1 else 0):  # NOTE: one step up the tree per pass
+            ok = anc >= 0
+            m[rows, anc.clamp(min=0)] |= ok
+            anc = torch.where(ok, self.parents[anc.clamp(min=0)], anc)
         return m
 
     def packed_mask(self) -> torch.Tensor:
@@ -58,9 +61,10 @@ class DraftTree:
         return kids
 
 
-def root_only(token: int) -> DraftTree:
-    z = torch.zeros(1, dtype=torch.int64)
-    return DraftTree(torch.tensor([token]), torch.tensor([-1]), z, torch.zeros(1))
+def root_only(token: int, device=None) -> DraftTree:
+    z = torch.zeros(1, dtype=torch.int64, device=device)
+    return DraftTree(torch.tensor([token], device=device), torch.tensor([-1], device=device), z,
+                     torch.zeros(1, device=device))
 
 
 def build_tree(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int) -> DraftTree:
@@ -90,9 +94,55 @@ def build_tree(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor, b
                      torch.tensor(logps, dtype=torch.float32))
 
 
-def chain(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor) -> DraftTree:
-    """The DFlash baseline: the argmax token at every depth."""
-    return build_tree(root_token, top_logp[:, :1], top_ids[:, :1], top_logp.shape[0])
+def build_tree_topk(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
+                    budget: int) -> DraftTree:
+    """The same top-`budget` prefixes as build_tree, with tensor ops only (no heap, no host sync), so it
+    runs on the GPU: keep the best `budget` prefixes per depth (a top-budget prefix of depth d must be
+    among them), then take the best `budget` over all depths. Since every log-prob is <= 0 a parent
+    scores at least as high as its children, and a stable sort over depth-ordered candidates puts it
+    first on ties, so the selection is prefix-closed and parents precede children."""
+    dev = top_logp.device
+    depth_max, k = top_logp.shape
+    scores, parents, tokens, depths = [], [], [], []
+    prev = torch.zeros(1, device=dev)  # the root's score
+    for d in range(depth_max):
+        cand = (prev[:, None] + top_logp[d][None, :]).flatten()  # [kept_{d-1} * K]
+        keep = min(budget, cand.numel())
+        sc, idx = cand.topk(keep)
+        scores.append(sc)
+        parents.append(idx // k)  # index among depth d-1's kept prefixes
+        tokens.append(top_ids[d][idx % k])
+        depths.append(torch.full((keep,), d + 1, device=dev, dtype=torch.long))
+        prev = sc
+    offsets = [0]
+    for sc in scores:
+        offsets.append(offsets[-1] + sc.numel())
+    all_scores = torch.cat(scores)
+    order = torch.sort(all_scores, descending=True, stable=True).indices[:budget]
+    node_of = torch.full((all_scores.numel(),), -1, dtype=torch.long, device=dev)
+    node_of[order] = torch.arange(1, order.numel() + 1, device=dev)
+    # candidate -> global index of its parent candidate (depth-1 candidates hang off the root)
+    parent_cand = torch.cat([torch.full_like(parents[0], -1)] + [p + offsets[d] for d, p in enumerate(parents[1:])])
+    parent_node = torch.where(parent_cand >= 0, node_of[parent_cand.clamp(min=0)], torch.zeros_like(parent_cand))
+    own = all_scores - torch.where(parent_cand >= 0, all_scores[parent_cand.clamp(min=0)], torch.zeros_like(all_scores))
+    root = torch.as_tensor(root_token, device=dev, dtype=torch.long).reshape(1)
+    neg = torch.full((1,), -1, dtype=torch.long, device=dev)
+    return DraftTree(torch.cat([root, torch.cat(tokens)[order]]), torch.cat([neg, parent_node[order]]),
+                     torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.cat(depths)[order]]),
+                     torch.cat([torch.zeros(1, device=dev), own[order]]).float())
+
+
+def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """walk() with tensor ops: (accepted mask [N], bonus token []) on the tree's device. A node is accepted
+    iff its parent is and the target chose its token there; siblings hold distinct tokens, so at most one
+    node per depth is accepted and the accepted nodes form the path."""
+    parent = tree.parents.clamp(min=0)
+    hit = (choice[parent] == tree.tokens) | (tree.parents < 0)
+    ok = hit.clone()
+    for _ in range(int(tree.depth.max()) if tree.size > 1 else 0):
+        ok = hit & (ok[parent] | (tree.parents < 0))
+    deepest = torch.where(ok, tree.depth, -1).argmax()
+    return ok, choice[deepest]
 
 
 def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
