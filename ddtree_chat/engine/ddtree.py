@@ -55,7 +55,7 @@ class Decoder:
 
     def _commit(self, nodes: list[int], tokens: list[int], feats: torch.Tensor | None) -> None:
         start = self.cache.length
-        self.cache.commit(torch.tensor(nodes, dtype=torch.long))
+        self.cache.commit(nodes)
         self.tokens.extend(tokens)
         if self.drafter is not None and feats is not None:
             idx = torch.tensor(nodes, device=feats.device)  # NOTE: by node index along the path, not the first n rows

@@ -31,11 +31,11 @@ class KVCache:
         self.kpe[layer, self.length : self.length + t] = kpe
         return self.ckv[layer], self.kpe[layer]
 
-    def commit(self, nodes: torch.Tensor) -> None:
-        """nodes [n]: indices (into the last forward's tokens) that become committed, in order."""
-        n = nodes.numel()
-        src = nodes.to(self.ckv.device) + self.length
-        if not torch.equal(src.cpu(), torch.arange(self.length, self.length + n)):
+    def commit(self, nodes: list[int]) -> None:
+        """nodes: indices (into the last forward's tokens) that become committed, in order."""
+        n = len(nodes)
+        if nodes != list(range(n)):  # a prefix of the forward (prefill, AR, a chain) is already in place
+            src = torch.tensor(nodes, device=self.ckv.device) + self.length
             self.ckv[:, self.length : self.length + n] = self.ckv[:, src].clone()
             self.kpe[:, self.length : self.length + n] = self.kpe[:, src].clone()
         self.length += n
