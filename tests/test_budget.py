@@ -28,10 +28,12 @@ def test_choice_trades_acceptance_against_measured_cost():
 
 def test_calibration_follows_observed_acceptance():
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {16: 3.0}
     tree = _tree(True)
     for _ in range(50):
-        auto.observe(tree, accepted=1, draft_s=0.01)  # the target never agrees
+        auto.observe(tree, accepted=1, draft_s=0.01, target_s=1.0)  # the target never agrees
     assert auto.calib < 0.05
+    assert abs(auto.costs[16] - 1.0) < 1e-3  # the measured cost of the size in use follows the real rounds
 
 
 def test_auto_is_lossless_and_reports_the_chosen_budget(engine):

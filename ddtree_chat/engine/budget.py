@@ -23,12 +23,12 @@ log = logging.getLogger(__name__)
 
 
 def path_scores(tree: DraftTree) -> torch.Tensor:
-    """[N] summed drafter log-prob from the root to each node (root 0)."""
-    lp, parents = tree.logprobs.tolist(), tree.parents.tolist()
-    out = [0.0] * tree.size
-    for i in range(1, tree.size):
-        out[i] = out[parents[i]] + lp[i]  # NOTE: parents precede children
-    return torch.tensor(out)
+    """[N] summed drafter log-prob from the root to each node (root 0), on the tree's device."""
+    parent = tree.parents.clamp(min=0)
+    out = tree.logprobs.clone()
+    for _ in range(int(tree.depth.max()) - 1 if tree.size > 1 else 0):  # one level per pass
+        out = tree.logprobs + torch.where(tree.parents > 0, out[parent], torch.zeros_like(out))
+    return out
 
 
 class AutoBudget:
@@ -37,10 +37,15 @@ class AutoBudget:
         self.costs: dict[int, float] | None = None
         self.draft_s = 0.0
         self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
+        self.last = 0  # the budget chosen last round
 
     @property
     def max_budget(self) -> int:
-        return max(self.costs) if self.costs else CANDIDATES[-1]
+        """Tree size to draft this round: one candidate above the last choice, so the search can climb
+        without paying every round for a 256-node draft it will not use."""
+        sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
+        above = [b for b in sizes if b > self.last]
+        return above[0] if above else sizes[-1]
 
     # -- verify cost curve -----------------------------------------------------------------------
     def _cache_file(self):
@@ -58,7 +63,8 @@ class AutoBudget:
         for b in CANDIDATES:
             if b + 1 > room:
                 break
-            toks = torch.zeros(b + 1, dtype=torch.long)
+            # NOTE: varied tokens, so the MoE routes them to as many distinct experts as a real tree does
+            toks = torch.randint(0, dec.tcfg.vocab_size, (b + 1,), generator=torch.Generator().manual_seed(b))
             pos = torch.arange(dec.cache.length, dec.cache.length + b + 1)
             mask = torch.ones(b + 1, b + 1, dtype=torch.bool).tril()
             times = []
@@ -96,21 +102,25 @@ class AutoBudget:
     # -- per round -------------------------------------------------------------------------------
     def choose(self, tree: DraftTree) -> int:
         """Budget for this round's tree (built at max_budget)."""
-        probs = path_scores(tree).exp()
         drafted = tree.size - 1
+        sizes = [b for b in sorted(self.costs) if b <= drafted]
+        # NOTE: best-first order: the first b nodes are the top-b tree, so its gain is a prefix sum.
+        mass = path_scores(tree).exp().cumsum(0)[torch.tensor(sizes, device=tree.tokens.device)] - 1.0
         best, best_rate = 0, 0.0
-        for b, cost in sorted(self.costs.items()):
-            if b > drafted:
-                break
-            gain = 1.0 + self.calib * float(probs[1 : b + 1].sum())
-            rate = gain / (cost + self.draft_s)
+        for b, m in zip(sizes, mass.tolist()):
+            rate = (1.0 + self.calib * m) / (self.costs[b] + self.draft_s)
             if rate > best_rate:
                 best, best_rate = b, rate
-        return self.tp.broadcast(best or min(self.costs))
+        self.last = self.tp.broadcast(best or min(self.costs))
+        return self.last
 
-    def observe(self, tree: DraftTree, accepted: int, draft_s: float) -> None:
+    def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float) -> None:
+        """Learn from a finished round: calibration of the gain, and the real cost of the size used."""
         predicted = float(path_scores(tree).exp()[1:].sum())
         self.draft_s = draft_s if self.draft_s == 0 else 0.9 * self.draft_s + 0.1 * draft_s
+        b = tree.size - 1
+        if b in self.costs:
+            self.costs[b] = 0.8 * self.costs[b] + 0.2 * target_s
         if predicted > 1e-6:
             ratio = min((accepted - 1) / predicted, 4.0)
             self.calib = 0.9 * self.calib + 0.1 * ratio

@@ -268,7 +268,7 @@ class Engine:
             r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out),
                           self._auto.choose if auto else None)
             if auto:
-                self._auto.observe(r.tree, len(r.emitted), r.t_draft)
+                self._auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target)
             out.extend(r.emitted)
             stats.target_forwards += 1
             stats.generated += len(r.emitted)
