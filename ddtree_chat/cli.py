@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--system", metavar="TEXT", help="system prompt")
     ap.add_argument("--raw", action="store_true", help="one-shot: tokenize the prompt as is, without the chat template")
     ap.add_argument("--no-think", dest="thinking", action="store_false", help="open the reply with an empty <think></think>")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="compute precision (default auto: float32 on CPU and for small models on GPU, where tree "
+                         "output equals AR bit for bit; bf16 otherwise: faster kernels, rounding may make long "
+                         "replies drift from --mode ar)")
     ap.add_argument("--context", type=int, metavar="N", help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
     ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (accepted; the round runs eagerly today)")
     return ap
@@ -59,15 +63,6 @@ def _setup_log() -> str:
     path = state_dir() / "ddtree-chat.log"
     logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return str(path)
-
-
-def resolve_models(args) -> tuple[str, str | None]:
-    if args.model:
-        return args.model, args.draft
-    from .engine.default_model import default_model_dirs
-
-    target, draft = default_model_dirs()
-    return str(target), (args.draft or (str(draft) if draft else None))
 
 
 def generation_config(args, has_drafter: bool):
@@ -93,9 +88,11 @@ def run_oneshot(args) -> int:
     from .engine import Engine
 
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
-    model, draft = resolve_models(args)
+    from .engine.default_model import resolve_model_dirs
+
+    model, draft = resolve_model_dirs(args.model, args.draft)
     engine = Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context,
-                         expert_parallel=args.expert_parallel)
+                         expert_parallel=args.expert_parallel, dtype=args.dtype)
     cfg = generation_config(args, engine.drafter is not None)
     ids = _prompt_ids(engine, args, text)
     done = None

@@ -41,3 +41,13 @@ def default_model_dirs() -> tuple[Path, Path | None]:
 
     target, draft = make_synthetic_pair(paths.cache_dir() / "synthetic-tiny")
     return Path(target), Path(draft)
+
+
+def resolve_model_dirs(model: str | None, draft: str | None) -> tuple[str, str | None]:
+    """(target_dir, draft_dir) from --model/--draft; no --model means the default pair (its drafter
+    unless --draft names another)."""
+    if model:
+        return str(Path(model).expanduser()), (str(Path(draft).expanduser()) if draft else None)
+    target, default_draft = default_model_dirs()
+    chosen = Path(draft).expanduser() if draft else default_draft
+    return str(target), (str(chosen) if chosen else None)

@@ -59,10 +59,12 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir: str | Path, draft_dir: str | Path | None = None, device: str | None = None,
-             tp: int | None = None, dtype: torch.dtype | None = None, progress: Progress = None,
+             tp: int | None = None, dtype: torch.dtype | str | None = None, progress: Progress = None,
              max_context: int | None = None, expert_parallel: bool = False) -> "Engine":
         """Load on this process; with tp > 1 also start tp - 1 local worker ranks (gloo on CPU, NCCL on GPU)."""
         dev = _pick_device(device)
+        if isinstance(dtype, str):  # "auto" | "float32" | "bfloat16" (the CLI's --dtype)
+            dtype = None if dtype == "auto" else getattr(torch, dtype)
         if tp is None:
             tp = torch.cuda.device_count() if dev.type == "cuda" else 1
         if tp < 1:
@@ -237,7 +239,7 @@ class Engine:
         logits = dec.prefill(ids)
         if auto:
             if self._auto is None:
-                self._auto = AutoBudget(dec, self.tp, f"{self.fingerprint[:16]}-{self.device}-tp{self.tp.world}")
+                self._auto = AutoBudget(dec, self.tp, f"v2-{self.fingerprint[:16]}-{self.device}-{dec.dtype}-tp{self.tp.world}")
             self._auto.ensure_costs()
             budget = self._auto.max_budget
         first = int(self._choose(logits, cfg, gen))

@@ -13,18 +13,13 @@ log = logging.getLogger("ddtree_chat.ui")
 
 
 def resolve_model(args) -> tuple[str, str | None]:
-    """(target_dir, draft_dir); no --model means the demo pair shipped with the package."""
-    if getattr(args, "model", None):
-        return str(Path(args.model).expanduser()), (str(Path(args.draft).expanduser()) if getattr(args, "draft", None) else None)
-    from ddtree_chat.engine.default_model import default_model_dirs
+    from ddtree_chat.engine.default_model import resolve_model_dirs
 
-    target, draft = default_model_dirs()
-    if getattr(args, "draft", None):
-        draft = str(Path(args.draft).expanduser())
-    return str(target), (str(draft) if draft else None)
+    return resolve_model_dirs(getattr(args, "model", None), getattr(args, "draft", None))
 
 
-OPTIONAL_LOAD_ARGS = (("eager", "eager"), ("max_context", "context"), ("expert_parallel", "expert_parallel"))
+OPTIONAL_LOAD_ARGS = (("eager", "eager"), ("max_context", "context"), ("expert_parallel", "expert_parallel"),
+                      ("dtype", "dtype"))
 
 
 def engine_factory(args):
