@@ -26,7 +26,7 @@ def path_scores(tree: DraftTree) -> torch.Tensor:
     """[N] summed drafter log-prob from the root to each node (root 0), on the tree's device."""
     parent = tree.parents.clamp(min=0)
     out = tree.logprobs.clone()
-    for _ in range(int(tree.depth.max()) - 1 if tree.size > 1 else 0):  # one level per pass
+    for _ in range(tree.depth_bound - 1 if tree.size > 1 else 0):  # one level per pass
         out = tree.logprobs + torch.where(tree.parents > 0, out[parent], torch.zeros_like(out))
     return out
 

@@ -18,6 +18,11 @@ class DraftTree:
     parents: torch.Tensor  # [N] int64, -1 for the root
     depth: torch.Tensor  # [N] int64, root 0
     logprobs: torch.Tensor  # [N] float32: drafter log-prob of each node's token at its depth (root 0)
+    max_depth: int | None = None  # a host-side bound on depth, so loops over depth need no device sync
+
+    @property
+    def depth_bound(self) -> int:
+        return self.max_depth if self.max_depth is not None else int(self.depth.max())
 
     @property
     def size(self) -> int:
@@ -32,7 +37,7 @@ class DraftTree:
         rows = torch.arange(n, device=self.parents.device)
         m = torch.eye(n, dtype=torch.bool, device=self.parents.device)
         anc = self.parents
-        for _ in range(int(self.depth.max()) if n > 1 else 0):  # NOTE: one step up the tree per pass
+        for _ in range(self.depth_bound if n > 1 else 0):  # NOTE: one step up the tree per pass
             ok = anc >= 0
             m[rows, anc.clamp(min=0)] |= ok
             anc = torch.where(ok, self.parents[anc.clamp(min=0)], anc)
@@ -51,7 +56,7 @@ class DraftTree:
     def prefix(self, budget: int) -> "DraftTree":
         """The first `budget` drafted nodes: best-first order makes them the top-budget prefixes."""
         n = budget + 1
-        return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n])
+        return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], self.max_depth)
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in range(self.size)]
@@ -64,7 +69,7 @@ class DraftTree:
 def root_only(token: int, device=None) -> DraftTree:
     z = torch.zeros(1, dtype=torch.int64, device=device)
     return DraftTree(torch.tensor([token], device=device), torch.tensor([-1], device=device), z,
-                     torch.zeros(1, device=device))
+                     torch.zeros(1, device=device), max_depth=0)
 
 
 def build_tree(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int) -> DraftTree:
@@ -129,7 +134,7 @@ def build_tree_topk(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_
     neg = torch.full((1,), -1, dtype=torch.long, device=dev)
     return DraftTree(torch.cat([root, torch.cat(tokens)[order]]), torch.cat([neg, parent_node[order]]),
                      torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.cat(depths)[order]]),
-                     torch.cat([torch.zeros(1, device=dev), own[order]]).float())
+                     torch.cat([torch.zeros(1, device=dev), own[order]]).float(), max_depth=min(depth_max, budget))
 
 
 def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +144,7 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     parent = tree.parents.clamp(min=0)
     hit = (choice[parent] == tree.tokens) | (tree.parents < 0)
     ok = hit.clone()
-    for _ in range(int(tree.depth.max()) if tree.size > 1 else 0):
+    for _ in range(tree.depth_bound if tree.size > 1 else 0):
         ok = hit & (ok[parent] | (tree.parents < 0))
     deepest = torch.where(ok, tree.depth, -1).argmax()
     return ok, choice[deepest]
