@@ -230,7 +230,7 @@ class Engine:
         auto = mode == "ddtree" and cfg.budget == "auto"
         budget = cfg.budget if mode == "ddtree" else (self.dcfg.block_size - 1 if mode == "dflash" else 0)
         stop_ids = frozenset(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.tokenizer.stop_ids)
-        gen = torch.Generator().manual_seed(cfg.seed)
+        gen = torch.Generator(device=self.device).manual_seed(cfg.seed)  # NOTE: samples stay on the device
         dec = self.decoder
         stats = Stats()
         detok = self.tokenizer.stream_decoder()

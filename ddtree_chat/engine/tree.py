@@ -162,7 +162,7 @@ def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
         drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
         sp = sp.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # generator on the logits' device
 
 
 def walk(tree: DraftTree, choice: torch.Tensor) -> tuple[list[int], int]:
