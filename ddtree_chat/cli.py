@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling mass (default 1.0)")
     ap.add_argument("--seed", type=int, metavar="S", help="sampling seed (default 0)")
     ap.add_argument("--max-new-tokens", type=int, metavar="N", help="most tokens to generate per reply (default 512)")
-    ap.add_argument("--tp", type=int, metavar="N", help="tensor-parallel ranks (default: all visible GPUs, or 1 on CPU)")
+    ap.add_argument("--tp", type=int, metavar="N",
+                    help="tensor-parallel ranks (default: 1 when one GPU holds the model, else all visible GPUs; 1 on CPU)")
     ap.add_argument("--expert-parallel", action="store_true",
                     help="with --tp: split the routed experts across ranks instead of splitting each expert")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="where to run (default: cuda when available)")

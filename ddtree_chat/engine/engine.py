@@ -66,7 +66,13 @@ class Engine:
         if isinstance(dtype, str):  # "auto" | "float32" | "bfloat16" (the CLI's --dtype)
             dtype = None if dtype == "auto" else getattr(torch, dtype)
         if tp is None:
-            tp = torch.cuda.device_count() if dev.type == "cuda" else 1
+            tp = 1
+            if dev.type == "cuda":
+                # NOTE: all visible GPUs, unless one GPU holds the model (the demo pair on an 8-GPU box would
+                # otherwise be split 8 ways, which its 4 heads cannot be).
+                one = plan_memory(load_target_config(model_dir), 1, torch.cuda.get_device_properties(0).total_memory,
+                                  max_context or 4096, expert_parallel)
+                tp = 1 if one.fits else torch.cuda.device_count()
         if tp < 1:
             raise EngineError("--tp must be at least 1.")
         if dev.type == "cuda" and tp > torch.cuda.device_count():
