@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
-from ddtree_chat.engine.config import TargetConfig
 from ddtree_chat.engine.errors import DeviceError, EngineError
 from ddtree_chat.engine.memory import plan_memory
+from ddtree_chat.engine.random_model import k26_config
 
 PROMPT = "tensor parallel"
 
@@ -87,22 +87,8 @@ def test_cli_runs_with_tp2(synthetic_pair):
     assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"
 
 
-K26 = {
-    "model_type": "kimi_k25",
-    "text_config": {
-        "vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
-        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-        "v_head_dim": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
-        "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "max_position_embeddings": 262144,
-        "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
-            "group_0": {"weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                    "group_size": 32}}}},
-    },
-}
-
-
 def test_memory_plan_for_k26():
-    cfg = TargetConfig.from_json(K26)
+    cfg = k26_config()
     gib = 1024**3
     eight = plan_memory(cfg, 8, 96 * gib, 65536)
     assert eight.fits

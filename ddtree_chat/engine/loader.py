@@ -12,7 +12,6 @@ from .checkpoint import CheckpointReader
 from .config import DraftConfig, TargetConfig, load_draft_config, load_target_config
 from .errors import CheckpointError
 from .model import KimiModel, MoE
-from .ops import yarn_inv_freq
 from .ops.int4 import Int4Weight, dequant_int4
 from .ops.moe import ExpertWeights, prepare_experts
 from .parallel import SINGLE, TPGroup, shard_dim
@@ -137,8 +136,7 @@ def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
             experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts,
                                     tick, tp)
             layer.mlp.experts = prepare_experts(experts)
-    # NOTE: non-persistent buffers were built on meta; recompute them on the device.
-    model.inv_freq = yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    model.reset_rope(device)
     reader.close()
     return cfg, model.eval().requires_grad_(False)
 

@@ -172,8 +172,14 @@ class KimiModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size // tp.world, bias=False)  # vocab-parallel
-        self.register_buffer(
-            "inv_freq", ops.yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), persistent=False)
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+
+    def _inv_freq(self) -> torch.Tensor:
+        return ops.yarn_inv_freq(self.cfg.qk_rope_head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+
+    def reset_rope(self, device) -> None:
+        """Recompute the rope table on `device` (a model built on the meta device has none)."""
+        self.inv_freq = self._inv_freq().to(device)
 
     def rope(self, positions: torch.Tensor, dtype):
         return ops.rope_cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)

@@ -1,0 +1,97 @@
+"""K2.6-shaped target forward on one GPU: real dimensions, random weights made on the device (INT4 experts
+in the checkpoint layout, repacked by the kernel hook), a few layers; per-forward time for 1 / 16 / 64
+tree tokens over a committed context, against the bytes it must read and the copy ceiling measured in the
+same process (eager SM copy, CUDA events).
+
+    PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 4 --context 8192 --tokens 1 16 64 [--json OUT]
+
+Times are eager (as the engine runs today) and, when capture works, one CUDA-graph replay of the same
+forward. Bytes: ddtree_chat.engine.random_model.forward_bytes (distinct experts touched under uniform
+routing, DESIGN 4)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import copy_ceiling, events_ms  # noqa: E402
+
+from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
+from ddtree_chat.engine.random_model import forward_bytes, k26_config, random_target  # noqa: E402
+from ddtree_chat.engine.tree import build_tree_topk  # noqa: E402
+
+
+def _tree(t: int, depth: int, gen: torch.Generator, dev):
+    if t == 1:
+        return torch.ones(1, 1, dtype=torch.bool, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+    k = max(2, -(-t // depth))
+    lp = torch.log_softmax(torch.randn(depth, k, generator=gen), -1).sort(-1, descending=True).values
+    tree = build_tree_topk(0, lp.to(dev), torch.zeros(depth, k, dtype=torch.long, device=dev), t - 1)
+    return tree.mask(), tree.depth
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--synthetic-layers", type=int, default=4)
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    ceiling = copy_ceiling()
+    cfg = k26_config(layers=a.synthetic_layers)
+    model = random_target(cfg, dev, torch.bfloat16)
+    cache = KVCache(cfg.num_layers, a.context + max(a.tokens) + 1, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
+                    torch.bfloat16, dev)
+    cache.ckv.normal_()
+    cache.kpe.normal_()
+    cache.length = a.context  # a committed context of random latents; forwards write after it, never commit
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for t in a.tokens:
+        mask, depth = _tree(t, 7, gen, dev)
+        toks = torch.randint(0, cfg.vocab_size, (t,), generator=gen).to(dev)
+        pos = depth + a.context
+
+        def fwd():
+            return model.logits(model(toks, pos, mask, cache)[0])
+
+        with torch.no_grad():
+            for _ in range(2):
+                fwd()
+            eager_ms = events_ms(fwd, 5)
+            graph_ms = None
+            try:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fwd()
+                graph_ms = events_ms(g.replay, 5)
+            except Exception as e:  # report, keep the eager figure
+                print(f"T={t}: CUDA-graph capture failed ({type(e).__name__}: {str(e)[:120]})")
+        need = forward_bytes(cfg, t, a.context)
+        bound_ms = need["total"] / ceiling * 1e3
+        best = graph_ms or eager_ms
+        rows.append({"tokens": t, "eager_ms": eager_ms, "graph_ms": graph_ms, "bound_ms": bound_ms,
+                     "bytes": need["total"], "experts_touched": need["experts_touched_per_layer"],
+                     "ratio_to_bound": best / bound_ms})
+    print(f"K2.6-shaped target, {cfg.num_layers} layers, context {a.context}, bf16, copy ceiling {ceiling / 1e9:.0f} GB/s")
+    print("| tokens | experts/layer | bytes (GB) | bound ms | eager ms | graph ms | best / bound |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        gm = f"{r['graph_ms']:.2f}" if r["graph_ms"] else "-"
+        print(f"| {r['tokens']} | {r['experts_touched']:.0f} | {r['bytes'] / 1e9:.2f} | {r['bound_ms']:.2f} | "
+              f"{r['eager_ms']:.2f} | {gm} | {r['ratio_to_bound']:.2f}x |")
+    if a.json:
+        a.json.write_text(json.dumps({"layers": cfg.num_layers, "context": a.context, "ceiling": ceiling,
+                                      "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Random-weight targets built directly in device memory (no checkpoint on disk), for timing real K2.6
+shapes on one GPU with fewer layers: `random_target(k26_config(layers=4), "cuda")`.
+
+Routed experts are made in the compressed-tensors layout (random nibbles, bf16 group scales) and go
+through the same load-time hook as a real checkpoint, so the fast kernels see what they would in use."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import TargetConfig
+from .model import KimiModel, MoE
+from .ops.int4 import Int4Weight
+from .ops.moe import ExpertWeights, prepare_experts
+
+K26_TEXT_CONFIG = {
+    "vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
+    "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.827, "norm_topk_prob": True, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+    "max_position_embeddings": 262144,
+    "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "eos_token_id": 163585,
+    "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                "group_size": 32}}}},
+}
+
+
+def k26_config(layers: int = 61, **overrides) -> TargetConfig:
+    """K2.6's text config with `layers` layers (layer 0 dense, the rest MoE); overrides for scaled-down tests."""
+    return TargetConfig.from_json(dict(K26_TEXT_CONFIG, num_hidden_layers=layers, **overrides), name=f"k26-random-{layers}L")
+
+
+def _random_int4(e: int, out: int, inp: int, group: int, device, gen, dtype) -> Int4Weight:
+    packed = torch.randint(-2**31, 2**31 - 1, (e, out, inp // 8), dtype=torch.int32, device=device, generator=gen)
+    # NOTE: scales ~ 1/(sqrt(in) * E[|q|]) keep activations O(1) through the random stack
+    scale = torch.full((e, out, inp // group), 1.0 / (4.5 * math.sqrt(inp)), device=device, dtype=dtype)
+    return Int4Weight(packed, scale, group)
+
+
+@torch.no_grad()
+def random_target(cfg: TargetConfig, device, dtype=torch.bfloat16, seed: int = 0) -> KimiModel:
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.device("meta"):
+        model = KimiModel(cfg)
+    state = {}
+    for name, ref in model.state_dict(keep_vars=True).items():
+        if name.endswith("e_score_correction_bias"):
+            state[name] = torch.zeros(ref.shape, device=device, dtype=torch.float32)
+        elif ref.dim() == 1:  # norms
+            state[name] = torch.ones(ref.shape, device=device, dtype=dtype)
+        else:
+            fan_in = ref.shape[1]
+            gain = math.sqrt(fan_in) if name == "embed_tokens.weight" else 1.0
+            state[name] = (torch.randn(ref.shape, device=device, generator=gen) * (gain / math.sqrt(fan_in))).to(dtype)
+    model.load_state_dict(state, assign=True, strict=True)
+    model.reset_rope(device)
+    h, i = cfg.hidden_size, cfg.moe_intermediate_size
+    g = cfg.quant.group_size if cfg.quant else 32
+    for layer in model.layers:
+        if isinstance(layer.mlp, MoE):
+            experts = ExpertWeights(_random_int4(cfg.n_routed_experts, i, h, g, device, gen, dtype),
+                                    _random_int4(cfg.n_routed_experts, i, h, g, device, gen, dtype),
+                                    _random_int4(cfg.n_routed_experts, h, i, g, device, gen, dtype))
+            if device.type == "cpu":  # the CPU reference path computes with dense weights
+                experts = ExpertWeights(*(w.dequant(slice(None), dtype) for w in (experts.gate, experts.up, experts.down)))
+            layer.mlp.experts = prepare_experts(experts)
+    return model.eval().requires_grad_(False)
+
+
+def forward_bytes(cfg: TargetConfig, tokens: int, context: int) -> dict[str, float]:
+    """Bytes one target forward over `tokens` new tokens must read (bf16 dense, INT4 experts with bf16
+    scales), with the expected distinct experts touched under uniform routing (DESIGN 4)."""
+    h, nh, bf16 = cfg.hidden_size, cfg.num_heads, 2
+    attn = (h * (cfg.q_lora_rank or 0) + (cfg.q_lora_rank or h) * nh * cfg.qk_head_dim
+            + h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            + cfg.kv_lora_rank * nh * (cfg.qk_nope_head_dim + cfg.v_head_dim) + nh * cfg.v_head_dim * h) * bf16
+    per_expert = 3 * h * cfg.moe_intermediate_size
+    g = cfg.quant.group_size if cfg.quant else 32
+    expert_bytes = per_expert // 2 + per_expert // g * bf16
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    touched = e * (1 - (1 - 1 / e) ** (k * tokens)) if e else 0.0
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    out = {
+        "attention": attn * cfg.num_layers,
+        "dense_mlp": 3 * h * cfg.intermediate_size * bf16 * (cfg.num_layers - moe_layers),
+        "shared_experts": 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * bf16 * moe_layers,
+        "router": e * h * bf16 * moe_layers,
+        "routed_experts": touched * expert_bytes * moe_layers,
+        "lm_head": cfg.vocab_size * h * bf16,
+        "kv_cache": (context + tokens) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * bf16 * cfg.num_layers,
+    }
+    out["total"] = sum(out.values())
+    out["experts_touched_per_layer"] = touched
+    return out
