@@ -6,7 +6,7 @@ same process (eager SM copy, CUDA events).
     PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 4 --context 8192 --tokens 1 16 64 [--json OUT]
 
 Times are eager (as the engine runs today) and, when capture works, one CUDA-graph replay of the same
-forward. Bytes: ddtree_chat.engine.random_model.forward_bytes (distinct experts touched under uniform
+forward. Bytes: ddtree_chat.engine.memory.forward_bytes (distinct experts touched under uniform
 routing, DESIGN 4)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import copy_ceiling, events_ms  # noqa: E402
 
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
-from ddtree_chat.engine.random_model import forward_bytes, k26_config, random_target  # noqa: E402
+from ddtree_chat.engine.memory import forward_bytes  # noqa: E402
+from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
 from ddtree_chat.engine.tree import build_tree_topk  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Memory planning before loading: per-rank weight bytes and the KV cache that fits (DESIGN 4)."""
+"""Bytes accounting (DESIGN 4): per-rank weights, the KV cache that fits, and what one forward must read."""
 
 from __future__ import annotations
 
@@ -11,36 +11,65 @@ _GIB = 1024**3
 _RESERVE = 4 * _GIB  # activations, CUDA context, graphs, the drafter's share
 
 
-def weight_bytes(cfg: TargetConfig, world: int = 1, expert_parallel: bool = False) -> int:
-    """Bytes of target weights one rank holds (bf16 dense parts, INT4 + bf16 scales for routed experts)."""
+_BF16 = 2
+
+
+def attention_bytes(cfg: TargetConfig, world: int = 1) -> int:
+    """One layer's MLA projections (bf16) held by one of `world` head-parallel ranks."""
     h, nh = cfg.hidden_size, cfg.num_heads
-    bf16 = 2
     q = (h * cfg.q_lora_rank + cfg.q_lora_rank * nh * cfg.qk_head_dim // world) if cfg.q_lora_rank \
         else h * nh * cfg.qk_head_dim // world
-    attn = (q + h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    return (q + h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
             + cfg.kv_lora_rank * nh * (cfg.qk_nope_head_dim + cfg.v_head_dim) // world
-            + nh * cfg.v_head_dim * h // world) * bf16
-    per_expert = 3 * h * cfg.moe_intermediate_size
-    if cfg.quant:
-        expert_bytes = per_expert // 2 + per_expert // cfg.quant.group_size * bf16
-    else:
-        expert_bytes = per_expert * bf16
+            + nh * cfg.v_head_dim * h // world) * _BF16
+
+
+def expert_bytes(cfg: TargetConfig) -> int:
+    """One routed expert (gate, up, down): INT4 nibbles + bf16 group scales, or bf16 when unquantised."""
+    n = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    return n // 2 + n // cfg.quant.group_size * _BF16 if cfg.quant else n * _BF16
+
+
+def weight_bytes(cfg: TargetConfig, world: int = 1, expert_parallel: bool = False) -> int:
+    """Bytes of target weights one rank holds (bf16 dense parts, INT4 + bf16 scales for routed experts)."""
+    h = cfg.hidden_size
     total = 0
     for i in range(cfg.num_layers):
-        total += attn
+        total += attention_bytes(cfg, world)
         if cfg.is_moe_layer(i):
-            total += cfg.n_routed_experts * h * bf16 + cfg.n_routed_experts * 4  # router + fp32 bias
-            total += 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * bf16 // world
-            total += cfg.n_routed_experts * expert_bytes // world  # same share for TP and EP splits
+            total += cfg.n_routed_experts * h * _BF16 + cfg.n_routed_experts * 4  # router + fp32 bias
+            total += 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * _BF16 // world
+            total += cfg.n_routed_experts * expert_bytes(cfg) // world  # same share for TP and EP splits
         else:
-            total += 3 * h * cfg.intermediate_size * bf16 // world
-    total += 2 * cfg.vocab_size * h * bf16 // world  # embedding + lm head, vocab-parallel
+            total += 3 * h * cfg.intermediate_size * _BF16 // world
+    total += 2 * cfg.vocab_size * h * _BF16 // world  # embedding + lm head, vocab-parallel
     return total
 
 
 def kv_bytes_per_token(cfg: TargetConfig) -> int:
     # NOTE: MLA has one latent head: every rank keeps the whole cache.
-    return cfg.num_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
+    return cfg.num_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * _BF16
+
+
+def forward_bytes(cfg: TargetConfig, tokens: int, context: int) -> dict[str, float]:
+    """Bytes one target forward over `tokens` new tokens must read (bf16 dense, INT4 experts with bf16
+    scales), with the expected distinct experts touched under uniform routing (DESIGN 4)."""
+    h, bf16 = cfg.hidden_size, 2
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    touched = e * (1 - (1 - 1 / e) ** (k * tokens)) if e else 0.0
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    out = {
+        "attention": attention_bytes(cfg) * cfg.num_layers,
+        "dense_mlp": 3 * h * cfg.intermediate_size * bf16 * (cfg.num_layers - moe_layers),
+        "shared_experts": 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * bf16 * moe_layers,
+        "router": e * h * bf16 * moe_layers,
+        "routed_experts": touched * expert_bytes(cfg) * moe_layers,
+        "lm_head": cfg.vocab_size * h * bf16,
+        "kv_cache": (context + tokens) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * bf16 * cfg.num_layers,
+    }
+    out["total"] = sum(out.values())
+    out["experts_touched_per_layer"] = touched
+    return out
 
 
 @dataclass(frozen=True)

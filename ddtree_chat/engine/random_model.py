@@ -72,30 +72,3 @@ def random_target(cfg: TargetConfig, device, dtype=torch.bfloat16, seed: int = 0
                 experts = ExpertWeights(*(w.dequant(slice(None), dtype) for w in (experts.gate, experts.up, experts.down)))
             layer.mlp.experts = prepare_experts(experts)
     return model.eval().requires_grad_(False)
-
-
-def forward_bytes(cfg: TargetConfig, tokens: int, context: int) -> dict[str, float]:
-    """Bytes one target forward over `tokens` new tokens must read (bf16 dense, INT4 experts with bf16
-    scales), with the expected distinct experts touched under uniform routing (DESIGN 4)."""
-    h, nh, bf16 = cfg.hidden_size, cfg.num_heads, 2
-    attn = (h * (cfg.q_lora_rank or 0) + (cfg.q_lora_rank or h) * nh * cfg.qk_head_dim
-            + h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-            + cfg.kv_lora_rank * nh * (cfg.qk_nope_head_dim + cfg.v_head_dim) + nh * cfg.v_head_dim * h) * bf16
-    per_expert = 3 * h * cfg.moe_intermediate_size
-    g = cfg.quant.group_size if cfg.quant else 32
-    expert_bytes = per_expert // 2 + per_expert // g * bf16
-    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    touched = e * (1 - (1 - 1 / e) ** (k * tokens)) if e else 0.0
-    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    out = {
-        "attention": attn * cfg.num_layers,
-        "dense_mlp": 3 * h * cfg.intermediate_size * bf16 * (cfg.num_layers - moe_layers),
-        "shared_experts": 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * bf16 * moe_layers,
-        "router": e * h * bf16 * moe_layers,
-        "routed_experts": touched * expert_bytes * moe_layers,
-        "lm_head": cfg.vocab_size * h * bf16,
-        "kv_cache": (context + tokens) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * bf16 * cfg.num_layers,
-    }
-    out["total"] = sum(out.values())
-    out["experts_touched_per_layer"] = touched
-    return out
