@@ -78,3 +78,11 @@ def test_help_documents_flags_and_keys():
     for flag in ("--model", "--draft", "--prompt", "--json", "--mode", "--budget", "--temperature", "--top-p",
                  "--seed", "--max-new-tokens", "--tp", "--device", "--system", "--raw", "Esc"):
         assert flag in r.stdout
+
+
+def test_oneshot_never_imports_textual(model_args):
+    code = ("import sys; from ddtree_chat.cli import main; "
+            f"rc = main({model_args + ['--prompt', 'hi', '--max-new-tokens', '3', '--json']!r}); "
+            "assert rc == 0 and not any(m == 'textual' or m.startswith('textual.') for m in sys.modules), 'textual'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-500:]
