@@ -225,9 +225,14 @@ async def test_conversation_survives_restart_and_exports(pair, tmp_path):
         # Resuming continues the same conversation.
         await reply(pilot, "second question")
         assert len(History.open().messages(app2.session.conversation_id)) == 4
-        # Delete it from the list.
+        # Rename it, then delete it from the list (a single press only arms the delete).
+        await submit(pilot, "/rename kept title")
+        assert History.open().get(app2.session.conversation_id).title == "kept title"
         await pilot.press("ctrl+o")
         await wait_until(pilot, lambda: type(app2.screen).__name__ == "ConversationsScreen", timeout=5)
+        await pilot.press("d")
+        await pilot.pause()
+        assert len(History.open().conversations()) == 1
         await pilot.press("d")
         await pilot.press("escape")
     assert History.open().conversations() == []

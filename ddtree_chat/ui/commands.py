@@ -24,6 +24,7 @@ COMMANDS = [
     ("/think", "on|off", "let the model think before answering"),
     ("/new", "", "start a new conversation"),
     ("/list", "", "saved conversations (open, delete)"),
+    ("/rename", "TITLE", "rename this conversation"),
     ("/export", "[PATH]", "export this conversation to Markdown"),
     ("/save", "", "save the current settings as defaults"),
     ("/settings", "", "show the current settings"),
@@ -77,6 +78,12 @@ def run_command(app, text: str) -> None:
             app.new_chat()
         elif name == "/list":
             app.action_conversations()
+        elif name == "/rename":
+            if not arg:
+                raise SettingsError("/rename needs a title: /rename TITLE.")
+            renamed = app.session.rename(arg)
+            app.note(f"Renamed this conversation to “{app.session.title}”." if renamed
+                     else "Nothing to rename yet: the conversation is saved with its first message.")
         elif name == "/export":
             app.export_conversation(arg or None)
         elif name == "/save":

@@ -38,10 +38,11 @@ class ConversationsScreen(ModalScreen):
         super().__init__()
         self.history = history
         self.current = current
+        self._armed: int | None = None  # NOTE: delete takes two presses on the same conversation
 
     def compose(self) -> ComposeResult:
         with Vertical(id="conversations-box"):
-            yield Label("Conversations — enter open · d delete · n new · esc close", id="conversations-title")
+            yield Label("Conversations — enter open · d d delete · n new · esc close", id="conversations-title")
             yield OptionList(id="conversations-list")
         yield Footer()
 
@@ -78,6 +79,11 @@ class ConversationsScreen(ModalScreen):
             return
         cid = int(option.id)
         conv = self.history.get(cid)
+        if self._armed != cid:
+            self._armed = cid
+            self.app.notify(f"Press d again to delete “{conv.title if conv else cid}”.", timeout=4)
+            return
+        self._armed = None
         self.history.delete(cid)
         self.app.notify(f"Deleted “{conv.title if conv else cid}”.", timeout=3)
         if cid == self.current:

@@ -63,6 +63,15 @@ class ChatSession:
         if self.conversation_id is not None:
             self._store(self.history.add_message, self.conversation_id, "assistant", answer, thinking, meta)
 
+    def rename(self, title: str) -> bool:
+        """Rename the current conversation; False when nothing has been saved yet."""
+        title = title.strip()[:120]
+        if not title or self.conversation_id is None:
+            return False
+        self.title = title
+        self._store(self.history.rename, self.conversation_id, title)
+        return True
+
     def model_messages(self, system: str) -> list[dict]:
         """What the model sees: the system prompt and the answers (past thinking is dropped)."""
         out = [{"role": "system", "content": system}] if system.strip() else []
