@@ -2,6 +2,13 @@ import os
 import tempfile
 
 import pytest
+from hypothesis import settings
+
+# NOTE: the same examples on every run, so a CI result is reproducible (explore locally with
+# HYPOTHESIS_PROFILE=explore).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # NOTE: set before anything imports ddtree_chat.paths, so no test touches the real home directory.
 os.environ.setdefault("DDTREE_CHAT_HOME", tempfile.mkdtemp(prefix="ddtree-chat-test-"))

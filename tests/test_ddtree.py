@@ -151,8 +151,9 @@ def test_tree_is_the_top_budget_prefixes(depth, k, budget, seed, start):
     for i in range(1, tree.size):
         assert 0 <= parents[i] < i and depths[i] == depths[parents[i]] + 1 <= depth
         scores.append(scores[parents[i]] + tree.logprobs[i].item())
-        assert toks[i] == ids[depths[i] - 1].tolist()[[round(v, 5) for v in vals[depths[i] - 1].tolist()].index(
-            round(tree.logprobs[i].item(), 5))]
+        row = vals[depths[i] - 1]
+        same = (row == tree.logprobs[i]).nonzero().flatten()  # the rank(s) with exactly this log-prob
+        assert toks[i] in ids[depths[i] - 1][same].tolist()
     assert sorted(scores[1:], reverse=True) == pytest.approx(best[:n], abs=1e-5)
     assert torch.equal(tree.mask(), _closure(tree))
     assert tree.positions(start).tolist() == [start + d for d in depths]

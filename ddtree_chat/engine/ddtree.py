@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
@@ -38,8 +39,15 @@ class Decoder:
         self.device, self.dtype = p.device, p.dtype
         self.cache = KVCache(tcfg.num_layers, max_len, tcfg.kv_lora_rank, tcfg.qk_rope_head_dim, self.dtype, self.device)
         self.capture = tuple(dcfg.target_layer_ids) if dcfg else ()
-        self.dcache = DraftCache(dcfg.num_layers, max_len, dcfg.num_kv_heads, dcfg.head_dim, self.dtype, self.device,
-                                 dcfg.kv_window) if dcfg else None
+        # NOTE: the drafter may run in a lower precision than the target (only speed depends on it); it then
+        # needs its own copies of the target's embedding and lm head in that dtype.
+        self.draft_dtype = next(drafter.parameters()).dtype if drafter is not None else self.dtype
+        self.draft_embed = self.draft_head = None
+        if drafter is not None and self.draft_dtype != self.dtype:
+            self.draft_embed = target.embed_tokens.weight.to(self.draft_dtype)
+            self.draft_head = target.lm_head.weight.to(self.draft_dtype)
+        self.dcache = DraftCache(dcfg.num_layers, max_len, dcfg.num_kv_heads, dcfg.head_dim, self.draft_dtype,
+                                 self.device, dcfg.kv_window) if dcfg else None
         self.tokens: list[int] = []  # committed (in the cache)
         self.pending: int | None = None
 
@@ -60,7 +68,7 @@ class Decoder:
         if self.drafter is not None and feats is not None:
             idx = torch.tensor(nodes, device=feats.device)  # NOTE: by node index along the path, not the first n rows
             pos = torch.arange(start, start + len(nodes), device=self.device)
-            self.dcache.append(self.drafter.context_kv(feats[idx], pos), start + len(nodes))
+            self.dcache.append(self.drafter.context_kv(feats[idx].to(self.draft_dtype), pos), start + len(nodes))
 
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Bring the state to `ids` (reusing the longest common committed prefix); returns the logits
@@ -94,9 +102,12 @@ class Decoder:
         start = self.cache.length  # the root's position
         block = torch.full((b,), self.dcfg.mask_token_id, dtype=torch.long, device=self.device)
         block[0] = root  # NOTE: slot 0 must hold the real bonus token
-        emb = self.target.embed_tokens(block)
-        hidden = self.drafter(emb, torch.arange(start, start + b, device=self.device), self.dcache.layers())
-        return torch.log_softmax(self.target.head(hidden[1:]), dim=-1)
+        pos = torch.arange(start, start + b, device=self.device)
+        if self.draft_head is None:  # shared with the target (the normal case)
+            hidden = self.drafter(self.target.embed_tokens(block), pos, self.dcache.layers())
+            return torch.log_softmax(self.target.head(hidden[1:]), dim=-1)
+        hidden = self.drafter(F.embedding(block, self.draft_embed), pos, self.dcache.layers())
+        return torch.log_softmax((hidden[1:] @ self.draft_head.T).float(), dim=-1)
 
     @torch.no_grad()
     def draft(self, root: int, mode: str, budget: int) -> DraftTree:
