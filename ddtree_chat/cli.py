@@ -85,15 +85,19 @@ def _prompt_ids(engine, args, text: str) -> list[int]:
     return tok.render_chat(messages, add_generation_prompt=True, thinking=args.thinking)
 
 
-def run_oneshot(args) -> int:
+def load_engine(args, progress=None):
+    """The engine the arguments ask for (one-shot mode and the TUI's loading thread both use this)."""
     from .engine import Engine
-
-    text = sys.stdin.read() if args.prompt == "-" else args.prompt
     from .engine.default_model import resolve_model_dirs
 
     model, draft = resolve_model_dirs(args.model, args.draft)
-    engine = Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context,
-                         expert_parallel=args.expert_parallel, dtype=args.dtype)
+    return Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context,
+                       expert_parallel=args.expert_parallel, dtype=args.dtype, progress=progress)
+
+
+def run_oneshot(args) -> int:
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    engine = load_engine(args)
     cfg = generation_config(args, engine.drafter is not None)
     ids = _prompt_ids(engine, args, text)
     done = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -34,10 +33,13 @@ def home(tmp_path, monkeypatch):
 
 
 def make_args(target, draft=None, **kw):
-    base = dict(model=str(target), draft=str(draft) if draft else None, mode=None, budget=None, temperature=None, top_p=None,
-                seed=None, max_new_tokens=None, tp=None, device="cpu", system=None, thinking=None, eager=False)
-    base.update(kw)
-    return argparse.Namespace(**base)
+    from ddtree_chat.cli import build_parser
+
+    args = build_parser().parse_args(["--model", str(target), "--device", "cpu"] + (["--draft", str(draft)] if draft else []))
+    args.thinking = None  # NOTE: unset, so the settings under test decide
+    for key, value in kw.items():
+        setattr(args, key, value)
+    return args
 
 
 def real_app(pair, settings: Settings | None = None, **kw):

@@ -23,8 +23,8 @@ from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_top
 
 @dataclass
 class RoundResult:
-    tree: DraftTree
-    choice: list[int]  # the target's token at every node
+    tree: DraftTree  # on the device (the auto budget learns from it)
+    host_tree: dict  # the same tree as host lists: tokens, parents, depth, draft_logprobs, target_tokens
     path: list[int]  # accepted nodes, root first
     emitted: list[int]  # accepted tokens after the root, plus the bonus (truncated at a stop)
     t_draft: float
@@ -135,10 +135,15 @@ class Decoder:
         logits, feats = self._forward(tree.tokens, tree.positions(start), tree.mask())
         choice = target_choice(logits, temperature, top_p, gen)
         ok, bonus = walk_topk(tree, choice)
-        # NOTE: the round's one device-to-host copy: choices, accepted flags, bonus, tokens.
+        # NOTE: the round's one device-to-host copy: the tree, the target's choices, accepted flags, bonus.
         n = tree.size
-        host = torch.cat([choice, ok.long(), bonus.view(1), tree.tokens]).tolist()
-        choices, accepted, bonus, toks = host[:n], host[n : 2 * n], host[2 * n], host[2 * n + 1 :]
+        parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
+        host = torch.cat([t.double().view(-1) for t in parts]).tolist()  # exact for ids < 2**53
+        cols = [host[i * n : (i + 1) * n] for i in range(6)]
+        toks, parents, depth, choices, accepted = ([int(v) for v in c] for c in (cols[0], cols[1], cols[2], cols[4], cols[5]))
+        bonus = int(host[-1])
+        host_tree = {"tokens": toks, "parents": parents, "depth": depth,
+                     "draft_logprobs": [round(v, 4) for v in cols[3]], "target_tokens": choices}
         path = [i for i in range(n) if accepted[i]]  # node order is depth order along the path
         emitted = [toks[i] for i in path[1:]] + [bonus]
         for i, tok in enumerate(emitted):  # nothing after a stop token, nothing past the limit
@@ -150,7 +155,7 @@ class Decoder:
         # which becomes the next root.
         self._commit(path[:m], [self.pending] + emitted[:-1], feats)
         self.pending = emitted[-1]
-        return RoundResult(tree, choices, path, emitted, t1 - t0, time.perf_counter() - t1)
+        return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
 
     def round_room(self, mode: str, budget: int) -> int:
         """Tree nodes the next round needs in the cache."""

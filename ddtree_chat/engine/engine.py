@@ -82,23 +82,24 @@ class Engine:
         dev = _pick_device(device)
         if isinstance(dtype, str):  # "auto" | "float32" | "bfloat16" (the CLI's --dtype)
             dtype = None if dtype == "auto" else getattr(torch, dtype)
+        plan_for = None  # world size -> MemoryPlan, on GPUs
+        if dev.type == "cuda":
+            cfg, gpu_bytes = load_target_config(model_dir), torch.cuda.get_device_properties(0).total_memory
+
+            def plan_for(world):
+                return plan_memory(cfg, world, gpu_bytes, max_context or 4096, expert_parallel)
         if tp is None:
-            tp = 1
-            if dev.type == "cuda":
-                # NOTE: all visible GPUs, unless one GPU holds the model (the demo pair on an 8-GPU box would
-                # otherwise be split 8 ways, which its 4 heads cannot be).
-                one = plan_memory(load_target_config(model_dir), 1, torch.cuda.get_device_properties(0).total_memory,
-                                  max_context or 4096, expert_parallel)
-                tp = 1 if one.fits else torch.cuda.device_count()
+            # NOTE: all visible GPUs, unless one GPU holds the model (the demo pair on an 8-GPU box would
+            # otherwise be split 8 ways, which its 4 heads cannot be).
+            tp = torch.cuda.device_count() if plan_for is not None and not plan_for(1).fits else 1
         if tp < 1:
             raise EngineError("--tp must be at least 1.")
         if dev.type == "cuda" and tp > torch.cuda.device_count():
             raise DeviceError(f"--tp {tp} needs {tp} GPUs but {torch.cuda.device_count()} are visible.")
         kwargs = dict(model_dir=str(model_dir), draft_dir=str(draft_dir) if draft_dir else None, device=str(dev),
                       dtype=dtype, max_context=max_context)
-        if dev.type == "cuda":
-            plan_memory(load_target_config(model_dir), tp, torch.cuda.get_device_properties(0).total_memory,
-                        max_context or 4096, expert_parallel).check()
+        if plan_for is not None:
+            plan_for(tp).check()
         if tp == 1:
             return cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
         workers = Workers(tp, "nccl" if dev.type == "cuda" else "gloo", dict(kwargs, expert_parallel=expert_parallel))
@@ -276,7 +277,7 @@ class Engine:
         reason = "stop_token" if first in stop_ids else ("max_new_tokens" if cfg.max_new_tokens <= 1 else None)
         closing = False  # the consumer closed the generator: finish quietly, in step with the workers
         ev = {"event": "round", "prefill": True, "token_ids": [first], "text": _text(detok, [first], stop_ids),
-              "accepted_length": 1, "tree": _tree_json(None, [], []), "budget": cfg.budget if auto else budget, "mode": mode,
+              "accepted_length": 1, "tree": _EMPTY_TREE, "budget": cfg.budget if auto else budget, "mode": mode,
               "elapsed_s": time.perf_counter() - t_start}
         try:
             yield ev
@@ -308,7 +309,7 @@ class Engine:
             elif len(out) >= cfg.max_new_tokens:
                 reason = "max_new_tokens"
             ev = {"event": "round", "token_ids": r.emitted, "text": _text(detok, r.emitted, stop_ids),
-                  "accepted_length": len(r.emitted), "tree": _tree_json(r.tree, r.choice, r.path),
+                  "accepted_length": len(r.emitted), "tree": dict(r.host_tree, accepted_nodes=r.path),
                   "budget": r.tree.size - 1 if mode == "ddtree" else budget, "auto_budget": auto, "mode": mode,
                   "elapsed_s": time.perf_counter() - t0,
                   "draft_s": r.t_draft, "target_s": r.t_target}
@@ -338,12 +339,7 @@ def _text(detok, ids: list[int], stop_ids: frozenset[int]) -> str:
     return "".join(detok.push(t) for t in ids if t not in stop_ids)
 
 
-def _tree_json(tree, choice: list[int], path: list[int]) -> dict:
-    if tree is None:
-        return {"tokens": [], "parents": [], "depth": [], "draft_logprobs": [], "target_tokens": [], "accepted_nodes": []}
-    return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "depth": tree.depth.tolist(),
-            "draft_logprobs": [round(x, 4) for x in tree.logprobs.tolist()], "target_tokens": choice,
-            "accepted_nodes": path}
+_EMPTY_TREE = {"tokens": [], "parents": [], "depth": [], "draft_logprobs": [], "target_tokens": [], "accepted_nodes": []}
 
 
 def _abort_on_lost_rank(err: EngineError) -> None:

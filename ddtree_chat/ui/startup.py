@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from pathlib import Path
 
@@ -12,30 +11,10 @@ from ddtree_chat.ui.loading import setup_logging
 log = logging.getLogger("ddtree_chat.ui")
 
 
-def resolve_model(args) -> tuple[str, str | None]:
-    from ddtree_chat.engine.default_model import resolve_model_dirs
-
-    return resolve_model_dirs(getattr(args, "model", None), getattr(args, "draft", None))
-
-
-OPTIONAL_LOAD_ARGS = (("eager", "eager"), ("max_context", "context"), ("expert_parallel", "expert_parallel"),
-                      ("dtype", "dtype"))
-
-
 def engine_factory(args):
-    def load(progress):
-        from ddtree_chat.engine import Engine
+    from ddtree_chat.cli import load_engine
 
-        target, draft = resolve_model(args)
-        kwargs = dict(draft_dir=draft, device=getattr(args, "device", None), tp=getattr(args, "tp", None), progress=progress)
-        # NOTE: optional flags go only to an engine whose load() knows them, so the UI never breaks on them.
-        known = inspect.signature(Engine.load).parameters
-        for param, attr in OPTIONAL_LOAD_ARGS:
-            if param in known and getattr(args, attr, None) is not None:
-                kwargs[param] = getattr(args, attr)
-        return Engine.load(target, **kwargs)
-
-    return load
+    return lambda progress: load_engine(args, progress)
 
 
 def build_app(args):
