@@ -210,6 +210,7 @@ def test_dispatch_picks_fast_kernels():
     from ddtree_chat.engine.ops import gpu as g
     from ddtree_chat.engine.ops.registry import fast
 
-    x = torch.zeros(1, device="cuda")
+    x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
     assert {"moe_experts", "route", "rms_norm", "mla_attention"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
+    assert fast("moe_experts", x.float()) is None and fast("mla_attention", x.float()) is None  # fp32 stays exact

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 from ..engine.synthetic import quant_config, text_config
-from ..engine.tokenizer import KIMI_PATTERN, N_KIMI_SPECIALS as N_SPECIALS
-from ..engine.tokenizer import kimi_special_names as special_names
+from ..engine.tokenizer import N_KIMI_SPECIALS as N_SPECIALS
 
 SEED = 1234
 BPE_VOCAB = 8192 - N_SPECIALS  # byte-level BPE ranks; specials follow

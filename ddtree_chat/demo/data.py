@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .common import BPE_VOCAB, CHAT_TEMPLATE, KIMI_PATTERN, N_SPECIALS, SEED, special_names, write_json
+from ..engine.tokenizer import KIMI_PATTERN
+from ..engine.tokenizer import kimi_special_names as special_names
+from .common import BPE_VOCAB, CHAT_TEMPLATE, SEED, write_json
 
 MAX_FILE_BYTES = 200_000
 

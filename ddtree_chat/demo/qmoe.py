@@ -79,7 +79,6 @@ class TrainTarget(nn.Module):
                 layer.mlp.experts = ExpertWeights(p["gate"], p["up"], p["down"])
                 layer.mlp.forward = types.MethodType(_moe_train_forward, layer.mlp)
                 nn.init.normal_(layer.mlp.gate.weight, std=0.02)
-        batch_rope(self.model)
         nn.init.normal_(self.model.embed_tokens.weight, std=1.0)
         nn.init.normal_(self.model.lm_head.weight, std=hdim ** -0.5)
 
@@ -129,16 +128,3 @@ def enable_sdpa_training(on: bool = True) -> None:
 
     _CAUSAL_TRAINING["on"] = on
     registry.register("mla_attention", _sdpa_mla)
-
-
-def batch_rope(module: nn.Module) -> nn.Module:
-    """The engine's rope helpers broadcast cos/sin [T, d/2] over a heads axis only for unbatched inputs;
-    for batched training forwards give them a leading batch axis ([1, T, d/2]) on this instance."""
-    cls_rope = type(module).rope
-
-    def rope(positions, dtype):
-        cos, sin = cls_rope(module, positions, dtype)
-        return cos.unsqueeze(0), sin.unsqueeze(0)
-
-    module.rope = rope
-    return module

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .common import DRAFT, SEED, target_text_config
+from .common import SEED, target_text_config
 
 T0 = time.time()
 
@@ -165,9 +165,6 @@ def _to_device(model, device):
     from ddtree_chat.engine.model import MoE
     from ddtree_chat.engine.ops.moe import ExpertWeights
 
-    from .qmoe import batch_rope
-
-    batch_rope(model)
     model = model.to(device)
     for layer in model.layers:
         if isinstance(layer.mlp, MoE):
@@ -240,7 +237,6 @@ def train_draft(out: Path, a, device) -> dict:
 
     from .common import draft_config
     from .export import export_drafter
-    from .qmoe import batch_rope
 
     data = torch.load(out / "data.pt")
     vocab, n_ranks = data["meta"]["vocab"], data["meta"]["n_ranks"]
@@ -269,7 +265,6 @@ def train_draft(out: Path, a, device) -> dict:
     torch.manual_seed(SEED + 2)
     drafter = DFlashDrafter(dcfg).to(device)
     drafter.reset_rope(device)
-    batch_rope(drafter)
     embed, head = model.embed_tokens, model.lm_head  # frozen, shared with the target
     cuda = device.type == "cuda"
     if cuda:

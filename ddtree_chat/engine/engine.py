@@ -85,9 +85,7 @@ class Engine:
         plan_for = None  # world size -> MemoryPlan, on GPUs
         if dev.type == "cuda":
             cfg, gpu_bytes = load_target_config(model_dir), torch.cuda.get_device_properties(0).total_memory
-
-            def plan_for(world):
-                return plan_memory(cfg, world, gpu_bytes, max_context or 4096, expert_parallel)
+            plan_for = lambda world: plan_memory(cfg, world, gpu_bytes, max_context or 4096, expert_parallel)  # noqa: E731
         if tp is None:
             # NOTE: all visible GPUs, unless one GPU holds the model (the demo pair on an 8-GPU box would
             # otherwise be split 8 ways, which its 4 heads cannot be).

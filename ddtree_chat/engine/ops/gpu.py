@@ -41,8 +41,11 @@ def register_all() -> list[str]:
     from .norm import rms_norm_ref
     from .router import route_ref
 
-    register("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref))
-    register("prepare_experts", cuda_moe.prepare_experts_fast)  # falls back internally
+    # NOTE: the INT4 MoE and the Triton MLA compute in bf16 (tf32 dots): float32 models keep the exact
+    # reference ops, so their tree output equals AR bit for bit.
+    half = (torch.bfloat16, torch.float16)
+    register("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref), half)
+    register("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally
     register("route", _guard("route", cuda_small.route_fast,
                              lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
     register("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
@@ -52,6 +55,6 @@ def register_all() -> list[str]:
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton MLA attention unavailable: %s", e)
     else:
-        register("mla_attention", triton_mla.mla_attention_triton)
+        register("mla_attention", triton_mla.mla_attention_triton, half)
         enabled_ops.append("mla_attention")
     return enabled_ops

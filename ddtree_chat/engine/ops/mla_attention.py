@@ -9,7 +9,6 @@ from .registry import fast
 
 
 def _full_mask(prefix_len: int, tree_mask: torch.Tensor) -> torch.Tensor:
-    t = tree_mask.shape[-1]
     prefix = torch.ones(*tree_mask.shape[:-1], prefix_len, dtype=torch.bool, device=tree_mask.device)
     return torch.cat([prefix, tree_mask], dim=-1)  # [T, prefix_len + T]
 
@@ -41,8 +40,7 @@ def mla_attention_naive_ref(q_nope, q_pe, ckv, kpe, w_uk, w_uv, prefix_len, tree
 
 
 def mla_attention(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
-    # NOTE: the Triton kernel's dots run in bf16/tf32; float32 models keep the exact reference.
-    fn = fast("mla_attention", q_lat) if q_lat.dtype != torch.float32 else None
+    fn = fast("mla_attention", q_lat)
     if fn:
         return fn(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
     return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)

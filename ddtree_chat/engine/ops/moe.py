@@ -51,14 +51,13 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
 
 
 def moe_experts(x, ids, weights, experts: ExpertWeights):
-    # NOTE: the INT4 kernel computes in bf16; float32 models keep the exact reference (AR == tree ids).
-    fn = fast("moe_experts", x) if x.dtype != torch.float32 else None
+    fn = fast("moe_experts", x)
     return fn(x, ids, weights, experts) if fn else moe_experts_ref(x, ids, weights, experts)
 
 
 def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
     """Load-time hook: a registered kernel may repack the experts into its own layout."""
-    if torch.is_tensor(experts.down) or experts.down.scale.dtype == torch.float32:
+    if torch.is_tensor(experts.down):
         return experts
-    fn = fast("prepare_experts", experts.down.packed)
+    fn = fast("prepare_experts", experts.down.scale)  # NOTE: the scales carry the model's dtype
     return fn(experts) if fn else experts

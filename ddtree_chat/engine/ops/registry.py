@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from typing import Callable
 
-_FAST: dict[str, Callable] = {}
+_FAST: dict[str, tuple[Callable, frozenset | None]] = {}
 
 
-def register(name: str, fn: Callable) -> None:
-    _FAST[name] = fn
+def register(name: str, fn: Callable, dtypes=None) -> None:
+    """dtypes: the activation dtypes the kernel is exact enough for (None: any)."""
+    _FAST[name] = (fn, frozenset(dtypes) if dtypes is not None else None)
 
 
 def fast(name: str, x) -> Callable | None:
-    """The registered kernel for `name` if x lives on CUDA (ops/gpu.py registers them; DDTREE_KERNELS=0 stops it)."""
-    if not getattr(x, "is_cuda", False):
+    """The registered kernel for `name` if x lives on CUDA in a dtype it serves (ops/gpu.py registers
+    them; DDTREE_KERNELS=0 stops it)."""
+    if not getattr(x, "is_cuda", False) or name not in _FAST:
         return None
-    return _FAST.get(name)
+    fn, dtypes = _FAST[name]
+    return fn if dtypes is None or x.dtype in dtypes else None
