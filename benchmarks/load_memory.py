@@ -19,6 +19,17 @@ def _vm(pid="self", key="VmHWM") -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
 
+def _model_bytes(model) -> int:
+    """What rank 0's target keeps: parameters, buffers and the routed experts (not module parameters)."""
+    n = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    for layer in model.layers:
+        ex = getattr(layer.mlp, "experts", None)
+        for w in (ex.gate, ex.up, ex.down) if ex is not None else ():
+            parts = (w,) if hasattr(w, "numel") else (w.packed, w.scale)
+            n += sum(p.numel() * p.element_size() for p in parts)
+    return n
+
+
 def _measure(model: str, dtype: str, tp: int) -> dict:
     import timeit
 
@@ -28,7 +39,8 @@ def _measure(model: str, dtype: str, tp: int) -> dict:
 
     base = _vm()
     eng = Engine.load(model, None, device="cpu", tp=tp, dtype=getattr(torch, dtype))
-    out = {"tp": tp, "dtype": dtype, "baseline_bytes": base, "rank_peak_bytes": [_vm()]}
+    out = {"tp": tp, "dtype": dtype, "baseline_bytes": base, "rank_peak_bytes": [_vm()],
+           "rank0_final_bytes": _vm(key="VmRSS"), "rank0_model_bytes": _model_bytes(eng.target)}
     if eng.workers:
         out["rank_peak_bytes"] += [_vm(p.pid) for p in eng.workers.procs]
     x = torch.zeros(4, eng.tcfg.hidden_size)
@@ -53,7 +65,9 @@ def main(argv=None) -> int:
         m = json.loads(r.stdout.strip().splitlines()[-1])
         peaks = ", ".join(f"rank {i}: {b / 1e9:.2f} GB" for i, b in enumerate(m["rank_peak_bytes"]))
         extra = f"; all_reduce at TP=1: {m['all_reduce_ns']:.0f} ns/call" if m["all_reduce_ns"] else ""
-        print(f"TP={tp} {a.dtype}: baseline {m['baseline_bytes'] / 1e9:.2f} GB, peak {peaks}{extra}")
+        print(f"TP={tp} {a.dtype}: baseline {m['baseline_bytes'] / 1e9:.2f} GB, rank 0 model "
+              f"{m['rank0_model_bytes'] / 1e9:.2f} GB, rank 0 final RSS {m['rank0_final_bytes'] / 1e9:.2f} GB, "
+              f"peak {peaks}{extra}")
     return 0
 
 
