@@ -72,7 +72,7 @@ class AutoBudget:
                 if dec.device.type == "cuda":
                     torch.cuda.synchronize(dec.device)
                 t0 = time.perf_counter()
-                dec._forward(toks, pos, mask)
+                dec.forward(toks, pos, mask)
                 if dec.device.type == "cuda":
                     torch.cuda.synchronize(dec.device)
                 times.append(time.perf_counter() - t0)

@@ -56,7 +56,8 @@ class Decoder:
         return self.cache.max_len
 
     # -- target forward over new tokens on top of the committed cache ------------------------------
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        """Target forward over new tokens written after the committed cache (nothing is committed)."""
         hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
                                     self.cache, self.capture)
         return self.target.logits(hidden), feats
@@ -91,7 +92,7 @@ class Decoder:
         self.pending = None
         new = ids[lcp:]
         t = len(new)
-        logits, feats = self._forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t))
+        logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t))
         self._commit(list(range(t)), new, feats)
         return logits[-1]
 
@@ -132,7 +133,7 @@ class Decoder:
             tree = tree.prefix(choose(tree))
         t1 = time.perf_counter()
         start = self.cache.length
-        logits, feats = self._forward(tree.tokens, tree.positions(start), tree.mask())
+        logits, feats = self.forward(tree.tokens, tree.positions(start), tree.mask())
         choice = target_choice(logits, temperature, top_p, gen)
         ok, bonus = walk_topk(tree, choice)
         # NOTE: the round's one device-to-host copy: the tree, the target's choices, accepted flags, bonus.

@@ -267,7 +267,7 @@ class Engine:
                 self._auto = AutoBudget(dec, self.tp, f"v2-{self.fingerprint[:16]}-{self.device}-{dec.dtype}-tp{self.tp.world}")
             self._auto.ensure_costs()
             budget = self._auto.max_budget
-        first = int(self._choose(logits, cfg, gen))
+        first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
         dec.pending = first
         out.append(first)
         stats.target_forwards += 1
@@ -327,9 +327,6 @@ class Engine:
                "acceptance_histogram": {str(k): v for k, v in sorted(stats.histogram.items())},
                "mode": mode, "budget": cfg.budget if auto else budget, "elapsed_s": elapsed,
                "draft_s": stats.time_draft, "target_s": stats.time_target}
-
-    def _choose(self, logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -> int:
-        return int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
 
 
 def _text(detok, ids: list[int], stop_ids: frozenset[int]) -> str:
