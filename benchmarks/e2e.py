@@ -1,11 +1,13 @@
 """End-to-end decoding speed, one process, same prompts: ar vs dflash vs ddtree (fixed budgets and auto).
 
     python benchmarks/e2e.py [--target DIR --draft DIR] [--device cpu|cuda] [--prompts N] [--max-new 128]
-                             [--budgets 8 16 32 64 auto] [--json OUT]
+                             [--budgets 8 16 32 64 auto] [--eager] [--idle] [--json OUT]
 
 Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's ids are checked against
 ar's in the same run. Prints one markdown table: mean accepted length (tokens per target forward),
-tokens/s, speedup vs ar, and the round time split into drafter / target."""
+tokens/s, speedup vs ar, and the round time split into drafter / target. On CUDA rounds run as CUDA
+graphs unless --eager; --idle then profiles one reply per mode and reports the share of its wall time the
+GPU spent idle (1 - summed kernel time / wall time)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,21 @@ def _budget(text: str):
     return text if text == "auto" else int(text)
 
 
+def gpu_idle(eng, ids, cfg) -> float:
+    """1 - (summed GPU kernel and copy time) / wall time of one reply, under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in eng.generate(ids, cfg):
+            pass
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    busy_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return max(0.0, 1.0 - busy_us / 1e6 / wall)
+
+
 def main(argv=None) -> int:
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import shipped_demo_dirs
@@ -43,10 +60,15 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", type=_budget, nargs="+", default=[8, 16, 32, 64, "auto"])
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     ap.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: the engine's choice)")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--idle", action="store_true", help="profile GPU idle time per mode (CUDA)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     target, draft = (a.target, a.draft) if a.target else shipped_demo_dirs()
-    eng = Engine.load(target, draft, device=a.device, dtype=getattr(torch, a.dtype) if a.dtype else None)
+    t_load = time.perf_counter()
+    eng = Engine.load(target, draft, device=a.device, dtype=getattr(torch, a.dtype) if a.dtype else None,
+                      graphs=not a.eager)
+    t_load = time.perf_counter() - t_load
     if a.threads:
         torch.set_num_threads(a.threads)
     prompts = heldout_prompts(a.prompts)
@@ -76,9 +98,14 @@ def main(argv=None) -> int:
                 ar_ids.append(ev["token_ids"])
             elif ev["token_ids"] != ar_ids[i]:
                 r["mismatch"] += 1
+    if a.idle and eng.device.type == "cuda":
+        for mode, b in runs:
+            res[f"{mode}-{b}"]["gpu_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
+                                                      GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new))
     ar_tps = res["ar-0"]["tokens"] / res["ar-0"]["seconds"]
-    lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | draft / target s | ids == ar |",
-             "|---|---|---|---|---|---|---|"]
+    idle = any("gpu_idle" in r for r in res.values())
+    lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | draft / target s | ids == ar |"
+             + (" GPU idle |" if idle else ""), "|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
     for mode, b in runs:
         r = res[f"{mode}-{b}"]
         r["mean_accepted_length"] = r["tokens"] / r["forwards"]
@@ -89,10 +116,13 @@ def main(argv=None) -> int:
             shown = "auto (" + ", ".join(f"{k}:{v}" for k, v in sorted(r["budgets"].items())) + ")"
         lines.append(f"| {mode} | {shown} | {r['mean_accepted_length']:.2f} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f}x | {r['draft_s']:.2f} / {r['target_s']:.2f} | "
-                     f"{'yes' if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |")
+                     f"{'yes' if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
+                     + (f" {100 * r['gpu_idle']:.0f}% |" if idle else ""))
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
-    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T=0, {where}, {eng.decoder.dtype}")
+    info = eng.info
+    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T=0, {where}, {eng.decoder.dtype}, "
+          f"CUDA graphs: {info['cuda_graphs']} recorded in {info['graph_capture_s']:.2f} s (load {t_load:.1f} s)")
     print("\n".join(lines))
     if a.json:
         a.json.write_text(json.dumps({"prompts": len(prompts), "max_new": a.max_new, "device": where,

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "output equals AR bit for bit; bf16 otherwise: faster kernels, rounding may make long "
                          "replies drift from --mode ar)")
     ap.add_argument("--context", type=int, metavar="N", help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
-    ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (accepted; the round runs eagerly today)")
+    ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (GPU rounds then launch every kernel from Python)")
     return ap
 
 
@@ -92,7 +92,8 @@ def load_engine(args, progress=None):
 
     model, draft = resolve_model_dirs(args.model, args.draft)
     return Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context,
-                       expert_parallel=args.expert_parallel, dtype=args.dtype, progress=progress)
+                       expert_parallel=args.expert_parallel, dtype=args.dtype, progress=progress,
+                       graphs=not args.eager)
 
 
 def run_oneshot(args) -> int:

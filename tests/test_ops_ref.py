@@ -78,3 +78,34 @@ def test_router_bias_selects_but_does_not_weight():
     want = s / s.sum() * 2.827
     got = w[0][ids[0].argsort()]
     assert torch.allclose(got, want)  # weights from the unbiased scores
+
+
+def test_attention_with_a_device_length_equals_the_sliced_form():
+    """Static shapes (graphs.py): the whole cache buffer under a length mask == the sliced reference."""
+    g = torch.Generator().manual_seed(5)
+    t, h, r, p, ctx, slots = 5, 3, 16, 8, 11, 40
+    q_lat, q_pe = torch.randn(t, h, r, generator=g), torch.randn(t, h, p, generator=g)
+    ckv, kpe = torch.randn(slots, r, generator=g), torch.randn(slots, p, generator=g)
+    tree = build_tree(0, torch.log_softmax(torch.randn(4, 6, generator=g), -1).topk(3).values,
+                      torch.arange(12).view(4, 3), t - 1)
+    mask = tree.mask()
+    want = mla_attention_ref(q_lat, q_pe, ckv, kpe, ctx, mask, 0.3)
+    got = mla_attention_ref(q_lat, q_pe, ckv, kpe, torch.tensor([ctx]), mask, 0.3)
+    assert torch.allclose(got, want, atol=1e-6)
+    ckv[ctx + t :] = 1e4  # what lies past the tree's slots must not matter
+    assert torch.allclose(mla_attention_ref(q_lat, q_pe, ckv, kpe, torch.tensor([ctx]), mask, 0.3), want, atol=1e-6)
+
+
+def test_dense_moe_equals_the_grouped_reference():
+    from ddtree_chat.engine.ops import moe_experts_dense, moe_experts_ref
+    from ddtree_chat.engine.ops.moe import ExpertWeights
+
+    g = torch.Generator().manual_seed(2)
+    e, hdim, inter, t, k = 6, 16, 8, 9, 2
+    experts = ExpertWeights(torch.randn(e, inter, hdim, generator=g), torch.randn(e, inter, hdim, generator=g),
+                            torch.randn(e, hdim, inter, generator=g))
+    x = torch.randn(t, hdim, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    ids[0, 1] = -1  # an expert held by another rank (expert parallel)
+    w = torch.rand(t, k, generator=g)
+    assert torch.allclose(moe_experts_dense(x, ids, w, experts), moe_experts_ref(x, ids, w, experts), atol=1e-4)

@@ -31,6 +31,12 @@ class RoundResult:
     t_target: float
 
 
+def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """[6N + 1] float64: tokens, parents, depth, draft log-probs, target choices, accepted flags, bonus."""
+    parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
+    return torch.cat([t.double().view(-1) for t in parts])
+
+
 class Decoder:
     def __init__(self, target: KimiModel, tcfg: TargetConfig, drafter=None, dcfg: DraftConfig | None = None,
                  max_len: int = 4096):
@@ -50,16 +56,18 @@ class Decoder:
                                  self.device, dcfg.kv_window) if dcfg else None
         self.tokens: list[int] = []  # committed (in the cache)
         self.pending: int | None = None
+        self.graphs = None  # a graphs.StaticRound when rounds run on static buffers (set by the engine)
 
     @property
     def max_len(self) -> int:
         return self.cache.max_len
 
     # -- target forward over new tokens on top of the committed cache ------------------------------
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
-        """Target forward over new tokens written after the committed cache (nothing is committed)."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None):
+        """Target forward over new tokens written after the committed cache (nothing is committed).
+        cache: what attention reads and writes (default the KV cache itself; graphs pass a slot view)."""
         hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
-                                    self.cache, self.capture)
+                                    self.cache if cache is None else cache, self.capture)
         return self.target.logits(hidden), feats
 
     def _commit(self, nodes: list[int], tokens: list[int], feats: torch.Tensor | None) -> None:
@@ -97,6 +105,15 @@ class Decoder:
         return logits[-1]
 
     # -- one speculative round --------------------------------------------------------------------
+    def block_logprobs(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:
+        """block [B] (root, then mask tokens) at positions [B] over the drafter context `ctx` (per layer
+        (k, v)) -> the drafter's log-probabilities [B-1, V] for the slots after the root."""
+        if self.draft_head is None:  # shared with the target (the normal case)
+            hidden = self.drafter(self.target.embed_tokens(block), pos, ctx, mask)
+            return torch.log_softmax(self.target.head(hidden[1:]), dim=-1)
+        hidden = self.drafter(F.embedding(block, self.draft_embed), pos, ctx, mask)
+        return torch.log_softmax((hidden[1:] @ self.draft_head.T).float(), dim=-1)
+
     def draft_logprobs(self, root: int) -> torch.Tensor:
         """The drafter's log-probabilities [B-1, V] for the block after `root` (at the cache end)."""
         b = self.dcfg.block_size
@@ -104,29 +121,31 @@ class Decoder:
         block = torch.full((b,), self.dcfg.mask_token_id, dtype=torch.long, device=self.device)
         block[0] = root  # NOTE: slot 0 must hold the real bonus token
         pos = torch.arange(start, start + b, device=self.device)
-        if self.draft_head is None:  # shared with the target (the normal case)
-            hidden = self.drafter(self.target.embed_tokens(block), pos, self.dcache.layers())
-            return torch.log_softmax(self.target.head(hidden[1:]), dim=-1)
-        hidden = self.drafter(F.embedding(block, self.draft_embed), pos, self.dcache.layers())
-        return torch.log_softmax((hidden[1:] @ self.draft_head.T).float(), dim=-1)
+        return self.block_logprobs(block, pos, self.dcache.layers())
+
+    @staticmethod
+    def tree_from_logprobs(root, logp: torch.Tensor, mode: str, budget: int) -> DraftTree:
+        """dflash: the argmax chain; ddtree: the top-`budget` prefixes (both without host syncs)."""
+        if mode == "dflash":
+            vals, ids = logp.max(-1, keepdim=True)
+            return build_tree_topk(root, vals, ids, logp.shape[0])
+        depth = min(logp.shape[0], budget)
+        vals, ids = logp[:depth].topk(min(budget, logp.shape[-1]), dim=-1)
+        return build_tree_topk(root, vals, ids, budget)
 
     @torch.no_grad()
     def draft(self, root: int, mode: str, budget: int) -> DraftTree:
         if mode == "ar" or self.drafter is None or budget == 0:
             return root_only(root, self.device)
-        logp = self.draft_logprobs(root)
-        if mode == "dflash":
-            vals, ids = logp.max(-1, keepdim=True)
-            return build_tree_topk(root, vals, ids, logp.shape[0])  # the argmax chain
-        depth = min(logp.shape[0], budget)
-        vals, ids = logp[:depth].topk(min(budget, logp.shape[-1]), dim=-1)
-        return build_tree_topk(root, vals, ids, budget)
+        return self.tree_from_logprobs(root, self.draft_logprobs(root), mode, budget)
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
               stop_ids: frozenset[int], room: int, choose: Callable[[DraftTree], int] | None = None) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose` may cut the
         drafted tree (built at `budget`) down to fewer nodes."""
+        if self.graphs is not None and self.graphs.serves(mode, budget):
+            return self._round_static(mode, budget, temperature, top_p, gen, stop_ids, room, choose)
         t0 = time.perf_counter()
         tree = self.draft(self.pending, mode, budget)
         if choose is not None and tree.size > 1:
@@ -136,10 +155,49 @@ class Decoder:
         logits, feats = self.forward(tree.tokens, tree.positions(start), tree.mask())
         choice = target_choice(logits, temperature, top_p, gen)
         ok, bonus = walk_topk(tree, choice)
-        # NOTE: the round's one device-to-host copy: the tree, the target's choices, accepted flags, bonus.
-        n = tree.size
-        parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
-        host = torch.cat([t.double().view(-1) for t in parts]).tolist()  # exact for ids < 2**53
+        host_tree, path, emitted = self._outcome(pack_round(tree, choice, ok, bonus), tree.size, stop_ids, room)
+        m = len(emitted)
+        # NOTE: the cache keeps the root and the accepted nodes before the last emitted token,
+        # which becomes the next root.
+        self._commit(path[:m], [self.pending] + emitted[:-1], feats)
+        self.pending = emitted[-1]
+        return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
+
+    def _round_static(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose) -> RoundResult:
+        """round() through graphs.StaticRound: the same math on static buffers (CUDA graphs on GPU)."""
+        sr = self.graphs
+        n, sizes = sr.plan(mode, budget, choose is not None)
+        if self.dcache is not None:
+            self.dcache.make_room(self.dcfg.block_size)
+        sr.prepare(mode, budget, sizes)
+        sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
+        clock = sr.clock()
+        if n > 1:
+            sr.run(("draft", mode, budget))
+        if choose is not None and n > 1:
+            n = choose(sr.tree(n)) + 1
+        clock.mark()
+        logits, _ = sr.run(("verify", n))
+        if temperature > 0:
+            sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
+        packed = sr.run(("accept", n))
+        host_tree, path, emitted = self._outcome(packed, n, stop_ids, room)  # NOTE: the round's one sync
+        t_draft, t_target = clock.split()
+        m = len(emitted)
+        start = self.cache.length
+        # NOTE: accept() moved the path's rows to start..; only the first m count
+        self.cache.advance(m)
+        self.tokens.extend([self.pending] + emitted[:-1])
+        if self.dcache is not None:
+            self.dcache.advance(m, start + m)
+        self.pending = emitted[-1]
+        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target)
+
+    @staticmethod
+    def _outcome(packed: torch.Tensor, n: int, stop_ids: frozenset[int], room: int):
+        """The round's one device-to-host copy (pack_round's layout) -> (host tree, accepted path, emitted
+        tokens: the path's tokens after the root plus the bonus, cut at a stop token or the room left)."""
+        host = packed.tolist()  # exact for ids < 2**53
         cols = [host[i * n : (i + 1) * n] for i in range(6)]
         toks, parents, depth, choices, accepted = ([int(v) for v in c] for c in (cols[0], cols[1], cols[2], cols[4], cols[5]))
         bonus = int(host[-1])
@@ -151,12 +209,7 @@ class Decoder:
             if tok in stop_ids or i + 1 >= room:
                 emitted = emitted[: i + 1]
                 break
-        m = len(emitted)
-        # NOTE: the cache keeps the root and the accepted nodes before the last emitted token,
-        # which becomes the next root.
-        self._commit(path[:m], [self.pending] + emitted[:-1], feats)
-        self.pending = emitted[-1]
-        return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
+        return host_tree, path, emitted
 
     def round_room(self, mode: str, budget: int) -> int:
         """Tree nodes the next round needs in the cache."""

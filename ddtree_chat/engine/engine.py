@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from .model import causal_mask
 from .parallel import SINGLE, TPGroup, Workers, checkpoint_fingerprint, init_group
 from .tree import target_choice
 
+log = logging.getLogger(__name__)
 
 def default_dtype(cfg, dev: torch.device) -> torch.dtype:
     """float32 on CPU (the reference) and for small models on GPU (exact AR/tree agreement costs nothing
@@ -77,8 +79,9 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, draft_dir: str | Path | None = None, device: str | None = None,
              tp: int | None = None, dtype: torch.dtype | str | None = None, progress: Progress = None,
-             max_context: int | None = None, expert_parallel: bool = False) -> "Engine":
-        """Load on this process; with tp > 1 also start tp - 1 local worker ranks (gloo on CPU, NCCL on GPU)."""
+             max_context: int | None = None, expert_parallel: bool = False, graphs: bool = True) -> "Engine":
+        """Load on this process; with tp > 1 also start tp - 1 local worker ranks (gloo on CPU, NCCL on GPU).
+        graphs: run rounds as CUDA graphs (one GPU only; `--eager` turns them off)."""
         dev = _pick_device(device)
         if isinstance(dtype, str):  # "auto" | "float32" | "bfloat16" (the CLI's --dtype)
             dtype = None if dtype == "auto" else getattr(torch, dtype)
@@ -99,7 +102,10 @@ class Engine:
         if plan_for is not None:
             plan_for(tp).check()
         if tp == 1:
-            return cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
+            engine = cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
+            if graphs and dev.type == "cuda":
+                engine.use_graphs()
+            return engine
         workers = Workers(tp, "nccl" if dev.type == "cuda" else "gloo", dict(kwargs, expert_parallel=expert_parallel))
         try:
             group = _join_group(workers, tp, expert_parallel, dev)
@@ -143,6 +149,27 @@ class Engine:
                 torch.set_num_threads(1)
         ctx = max_context or min(tcfg.max_position_embeddings, 4096 if dev.type == "cpu" else 32768)
         return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx, tp, checkpoint_fingerprint(model_dir, draft_dir))
+
+    def use_graphs(self, capture: bool = True) -> None:
+        """Rounds on static buffers (graphs.StaticRound), recorded as CUDA graphs when `capture`; records
+        the AR, dflash and auto-budget rounds now. NOTE: one GPU only (collectives are not captured)."""
+        from .budget import CANDIDATES
+        from .graphs import StaticRound
+
+        dec = self.decoder
+        dec.graphs = StaticRound(dec, capture)
+        rounds = [("ar", 0, False)]
+        if self.drafter is not None:
+            rounds += [("dflash", self.dcfg.block_size - 1, False)] + [("ddtree", c, True) for c in CANDIDATES]
+        try:
+            with torch.no_grad():
+                seconds = dec.graphs.warm(rounds)
+        except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: an op that cannot be captured, or OOM
+            log.warning("CUDA graphs unavailable, rounds run eagerly: %s", str(e).splitlines()[0][:200])
+            dec.graphs = None
+            torch.cuda.empty_cache()
+            return
+        log.info("recorded %d CUDA graphs in %.2f s", len(dec.graphs.graphs), seconds)
 
     # -- tensor parallel: rank 0 drives, workers follow ------------------------------------------
     def serve(self) -> None:
@@ -202,6 +229,8 @@ class Engine:
             "max_context": self.decoder.max_len,
             "modes": ["ddtree", "dflash", "ar"] if self.drafter is not None else ["ar"],
             "block_size": self.dcfg.block_size if self.dcfg else None,
+            "cuda_graphs": len(self.decoder.graphs.graphs) if self.decoder.graphs is not None else 0,
+            "graph_capture_s": round(self.decoder.graphs.capture_s, 3) if self.decoder.graphs is not None else 0.0,
         }
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -264,7 +293,9 @@ class Engine:
         logits = dec.prefill(ids)
         if auto:
             if self._auto is None:
-                self._auto = AutoBudget(dec, self.tp, f"v2-{self.fingerprint[:16]}-{self.device}-{dec.dtype}-tp{self.tp.world}")
+                how = "graphs" if dec.graphs is not None and dec.graphs.capture else "eager"
+                self._auto = AutoBudget(dec, self.tp, f"v3-{self.fingerprint[:16]}-{self.device}-{dec.dtype}-"
+                                                      f"tp{self.tp.world}-{how}")
             self._auto.ensure_costs()
             budget = self._auto.max_budget
         first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
@@ -339,7 +370,6 @@ _EMPTY_TREE = {"tokens": [], "parents": [], "depth": [], "draft_logprobs": [], "
 
 def _abort_on_lost_rank(err: EngineError) -> None:
     """NCCL cannot be unblocked from Python: report the lost rank in one line and leave (never hang)."""
-    import logging
     import sys
 
     logging.getLogger("ddtree_chat").error("%s", err)

@@ -43,6 +43,23 @@ class KVCache:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    def advance(self, n: int) -> None:
+        """Count n more rows as committed (already in place: written by a static-shape program)."""
+        self.ensure_room(n)
+        self.length += n
+
+    # -- static shapes (graphs.py): slots are device tensors, the host keeps `length` ----------------
+    def write_slots(self, layer: int, slots: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor):
+        """write() at device slot indices [T]; returns the full [max_len, *] buffers."""
+        self.ckv[layer].index_copy_(0, slots, ckv)
+        self.kpe[layer].index_copy_(0, slots, kpe)
+        return self.ckv[layer], self.kpe[layer]
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's rows src -> dst (device [n] each; gathered before any is overwritten)."""
+        self.ckv.index_copy_(1, dst, self.ckv.index_select(1, src))
+        self.kpe.index_copy_(1, dst, self.kpe.index_select(1, src))
+
 
 class DraftCache:
     """Per drafter layer, roped K and V of the context features; keeps at most `window` entries."""
@@ -56,22 +73,41 @@ class DraftCache:
         self.length = 0  # entries held (<= cap)
         self.end_pos = 0  # position one past the newest context entry
 
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+    def make_room(self, n: int) -> None:
+        """Slide the window (drop the oldest entries) so that n more fit; n <= capacity."""
+        if self.length + n > self.capacity:
+            keep = self.capacity - n
+            self.k[:, :keep] = self.k[:, self.length - keep : self.length].clone()
+            self.v[:, :keep] = self.v[:, self.length - keep : self.length].clone()
+            self.length = keep
+
     def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]], end_pos: int) -> None:
         """kv: per layer (k, v) [n, kv, d] for positions end_pos - n .. end_pos - 1."""
-        n, cap = kv[0][0].shape[0], self.k.shape[1]
+        n, cap = kv[0][0].shape[0], self.capacity
         if n >= cap:
             self.k[:], self.v[:] = (torch.stack([k[-cap:] for k, _ in kv]), torch.stack([v[-cap:] for _, v in kv]))
             self.length = cap
         else:
-            if self.length + n > cap:  # slide the window: drop the oldest entries
-                keep = cap - n
-                self.k[:, :keep] = self.k[:, self.length - keep : self.length].clone()
-                self.v[:, :keep] = self.v[:, self.length - keep : self.length].clone()
-                self.length = keep
+            self.make_room(n)
             for i, (k, v) in enumerate(kv):
                 self.k[i, self.length : self.length + n] = k
                 self.v[i, self.length : self.length + n] = v
             self.length += n
+        self.end_pos = end_pos
+
+    def write_slots(self, kv: list[tuple[torch.Tensor, torch.Tensor]], slots: torch.Tensor) -> None:
+        """Static-shape append: per layer (k, v) [n, kv, d] at device slots [n]; the host then calls
+        advance() with how many of them count."""
+        for i, (k, v) in enumerate(kv):
+            self.k[i].index_copy_(0, slots, k)
+            self.v[i].index_copy_(0, slots, v)
+
+    def advance(self, n: int, end_pos: int) -> None:
+        self.length += n
         self.end_pos = end_pos
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -130,7 +130,8 @@ def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
             progress(done, total, what)
 
     _load_dense(model, reader, lambda n: head if n == "lm_head.weight" else prefix + n, device, dtype, tick, tp)
-    dense_experts = torch.device(device).type == "cpu"
+    # NOTE: no kernel serves float32 (CPU, small models on GPU): its reference path wants dense experts.
+    dense_experts = torch.device(device).type == "cpu" or dtype == torch.float32
     for i, layer in enumerate(model.layers):
         if isinstance(layer.mlp, MoE):
             experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts,

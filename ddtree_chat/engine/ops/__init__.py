@@ -4,7 +4,7 @@ and a dispatching entry that picks a CUDA/Triton kernel when one is registered f
 The model calls only the dispatching names exported here."""
 
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
-from .moe import moe_experts, moe_experts_ref
+from .moe import moe_experts, moe_experts_dense, moe_experts_ref
 from .norm import rms_norm, rms_norm_ref
 from .rope import apply_rope_interleaved, apply_rope_half, rope_cos_sin, yarn_inv_freq
 from .router import route, route_ref
@@ -14,7 +14,7 @@ _gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is ava
 
 __all__ = [
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
-    "moe_experts", "moe_experts_ref",
+    "moe_experts", "moe_experts_dense", "moe_experts_ref",
     "rms_norm", "rms_norm_ref",
     "apply_rope_interleaved", "apply_rope_half", "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref",

@@ -55,6 +55,15 @@ def register_all() -> list[str]:
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton MLA attention unavailable: %s", e)
     else:
-        register("mla_attention", triton_mla.mla_attention_triton, half)
+        from .mla_attention import mla_attention_ref
+
+        def mla(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
+            # NOTE: float32 eager forwards keep the exact reference; a device length (static shapes, CUDA
+            # graphs) needs the kernel, which then computes with IEEE float32 dots.
+            if q_lat.dtype == torch.float32 and not torch.is_tensor(prefix_len):
+                return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+            return triton_mla.mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+
+        register("mla_attention", mla, half + (torch.float32,))
         enabled_ops.append("mla_attention")
     return enabled_ops

@@ -1,5 +1,8 @@
 """MLA attention over the latent cache. Keys 0..prefix_len-1 are committed context (visible to every
-query); keys prefix_len..prefix_len+T-1 are this forward's own tokens, visible per `tree_mask`."""
+query); keys prefix_len..prefix_len+T-1 are this forward's own tokens, visible per `tree_mask`.
+
+prefix_len is a host int (eager) or a device tensor [1] (static shapes, CUDA graphs: the whole cache
+buffer is attended under a length mask, so nothing depends on a host value)."""
 
 from __future__ import annotations
 
@@ -13,16 +16,29 @@ def _full_mask(prefix_len: int, tree_mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([prefix, tree_mask], dim=-1)  # [T, prefix_len + T]
 
 
+def _slot_mask(prefix_len: torch.Tensor, tree_mask: torch.Tensor, s: int) -> torch.Tensor:
+    """[T, S] over every cache slot: slots < prefix_len visible, the T tree slots per tree_mask."""
+    t = tree_mask.shape[-1]
+    j = torch.arange(s, device=tree_mask.device)
+    rel = j - prefix_len.to(j.device).reshape(())
+    in_tree = (rel >= 0) & (rel < t)
+    return (rel < 0) | (tree_mask[:, rel.clamp(0, t - 1)] & in_tree)
+
+
 def mla_attention_ref(q_lat: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
                       prefix_len: int, tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Absorbed form. q_lat [..., T, h, r], q_pe [..., T, h, p], ckv [..., S, r], kpe [..., S, p]
-    with S >= prefix_len + T; tree_mask [T, T] bool -> o_lat [..., T, h, r]."""
+    with S >= prefix_len + T (an int, or a device tensor [1]); tree_mask [T, T] bool -> o_lat [..., T, h, r]."""
     t = q_lat.shape[-3]
-    ckv, kpe = ckv[..., : prefix_len + t, :], kpe[..., : prefix_len + t, :]
+    if torch.is_tensor(prefix_len):
+        visible = _slot_mask(prefix_len, tree_mask, ckv.shape[-2])
+    else:
+        ckv, kpe = ckv[..., : prefix_len + t, :], kpe[..., : prefix_len + t, :]
+        visible = _full_mask(prefix_len, tree_mask)
     scores = torch.einsum("...thr,...sr->...hts", q_lat.float(), ckv.float())
     scores = scores + torch.einsum("...thp,...sp->...hts", q_pe.float(), kpe.float())
     scores = scores * scale
-    scores = scores.masked_fill(~_full_mask(prefix_len, tree_mask), float("-inf"))
+    scores = scores.masked_fill(~visible, float("-inf"))
     probs = scores.softmax(-1)
     return torch.einsum("...hts,...sr->...thr", probs, ckv.float()).to(q_lat.dtype)
 

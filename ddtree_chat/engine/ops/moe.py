@@ -50,9 +50,24 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
     return out.to(x.dtype)
 
 
+def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
+    """moe_experts_ref without host synchronisation (so a CUDA graph can capture it): every expert runs on
+    every token and the routing weights select. Dense weights only; worth it for few, small experts."""
+    e = experts.num_experts
+    dense = torch.zeros(x.shape[0], e + 1, dtype=torch.float32, device=x.device)  # column 0: other ranks' ids
+    dense.scatter_add_(1, ids.long() + 1, weights.float())
+    h = F.silu(torch.einsum("th,eih->eti", x, experts.gate)) * torch.einsum("th,eih->eti", x, experts.up)
+    y = torch.einsum("eti,ehi->eth", h, experts.down)  # [E, T, H]
+    return torch.einsum("te,eth->th", dense[:, 1:], y.float()).to(x.dtype)
+
+
 def moe_experts(x, ids, weights, experts: ExpertWeights):
     fn = fast("moe_experts", x)
-    return fn(x, ids, weights, experts) if fn else moe_experts_ref(x, ids, weights, experts)
+    if fn:
+        return fn(x, ids, weights, experts)
+    if x.is_cuda and torch.is_tensor(experts.down) and torch.cuda.is_current_stream_capturing():
+        return moe_experts_dense(x, ids, weights, experts)
+    return moe_experts_ref(x, ids, weights, experts)
 
 
 def prepare_experts(experts: ExpertWeights) -> ExpertWeights:

@@ -26,8 +26,8 @@ _CONFIGS = [
 @triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], warmup=5, rep=20)
 @triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "SCAP"])
 def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, SCAP, scale_log2, s_ckv, s_kpe,
-                      R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+                      R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     sid = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -63,11 +63,11 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
         kv2 = tl.load(kvb + 2 * RC, mask=n_ok[:, None], other=0.0)
         kv3 = tl.load(kvb + 3 * RC, mask=n_ok[:, None], other=0.0)
         kp = tl.load(KPE + offs_n[:, None].to(tl.int64) * s_kpe + offs_p[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(qp, tl.trans(kp))
-        s = tl.dot(q0, tl.trans(kv0), s)
-        s = tl.dot(q1, tl.trans(kv1), s)
-        s = tl.dot(q2, tl.trans(kv2), s)
-        s = tl.dot(q3, tl.trans(kv3), s)
+        s = tl.dot(qp, tl.trans(kp), input_precision=PREC)
+        s = tl.dot(q0, tl.trans(kv0), s, input_precision=PREC)
+        s = tl.dot(q1, tl.trans(kv1), s, input_precision=PREC)
+        s = tl.dot(q2, tl.trans(kv2), s, input_precision=PREC)
+        s = tl.dot(q3, tl.trans(kv3), s, input_precision=PREC)
         s = s * scale_log2
         tm = tl.load(MASK + t_row[:, None] * T + (offs_n - L)[None, :],
                      mask=m_ok[:, None] & n_ok[None, :] & is_tree, other=1)
@@ -78,10 +78,10 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         pb = p.to(kv0.dtype)
-        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
-        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
-        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
-        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
+        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None], input_precision=PREC)
+        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None], input_precision=PREC)
+        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None], input_precision=PREC)
+        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None], input_precision=PREC)
         m_i = m_new
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     inv = (1.0 / l_safe)[:, None]
@@ -130,7 +130,7 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     # NOTE: the kernel splits the latent into 4 power-of-two chunks of >= 16 and merges in 64/128 columns.
     if q_lat.dim() != 3 or r < 64 or r & (r - 1) or q_pe.shape[-1] not in (16, 32, 64, 128):
         from .mla_attention import mla_attention_ref
-        return mla_attention_ref(q_lat, q_pe, ckv, kpe, int(prefix_len), tree_mask, scale)
+        return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
     t, nh, r = q_lat.shape
     p = q_pe.shape[-1]
     m = t * nh
@@ -154,7 +154,8 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     out = torch.empty(t, nh, r, dtype=q_lat.dtype, device=dev)
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + 1)  # noqa: E731
     _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, triton.next_power_of_2(bound + 1),
-                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), R=r, P=p, RC=r // 4)
+                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), R=r, P=p, RC=r // 4,
+                            PREC="ieee" if ql.dtype == torch.float32 else "tf32")  # NOTE: fp32 models stay fp32
     block_s = max(2, triton.next_power_of_2(ns + 1))
     block_r = min(r, 128)
     _mla_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=block_r)

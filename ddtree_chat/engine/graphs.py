@@ -1,0 +1,232 @@
+"""CUDA-graph capture of the round (DESIGN 5). The round runs as three static-shape programs, each
+recorded once per tree size and then replayed: draft (drafter + tree build), verify (target over the
+tree + greedy choice), accept (verify walk, KV compaction of the path, drafter context update, packing).
+
+NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
+entries, root token) into one device buffer that the programs read, so a graph replays at any length;
+after it, the one copy of the packed result tells the host how many rows to count. Rows the programs
+write past the committed lengths are scratch. Without capture (CPU tests) the same programs run eagerly."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from .tree import DraftTree, walk_topk
+
+log = logging.getLogger(__name__)
+MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
+
+
+class SlotView:
+    """The LatentCache a static forward sees: the committed length and the write slots live on the device."""
+
+    def __init__(self, cache, length: torch.Tensor, slots: torch.Tensor):
+        self.cache, self.length, self.slots = cache, length, slots
+
+    def write(self, layer: int, ckv: torch.Tensor, kpe: torch.Tensor):
+        return self.cache.write_slots(layer, self.slots, ckv, kpe)
+
+
+class _Clock:
+    """Draft / target split of a round: CUDA events on the GPU (read after the round's sync), else host time."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = [self._now()]
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def mark(self) -> None:
+        self.marks.append(self._now())
+
+    def split(self) -> tuple[float, float]:
+        self.mark()
+        a, b, c = self.marks
+        if self.cuda:
+            return a.elapsed_time(b) / 1e3, b.elapsed_time(c) / 1e3
+        return b - a, c - b
+
+
+class StaticRound:
+    """The round's programs over static buffers; with capture=True each is a CUDA graph."""
+
+    def __init__(self, dec, capture: bool):
+        self.dec, self.capture = dec, capture
+        dev, n = dec.device, MAX_NODES
+        long = dict(dtype=torch.long, device=dev)
+        self.state = torch.zeros(3, **long)  # committed length, drafter entries, root token
+        self._host = torch.zeros(3, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.tokens, self.depth, self.choice = (torch.zeros(n, **long) for _ in range(3))
+        self.parents = torch.full((n,), -1, **long)  # NOTE: node 0 keeps parent -1, depth 0, log-prob 0
+        self.logprobs = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.block = dec.dcfg.block_size if dec.dcfg else 1
+        cap = dec.dcache.capacity if dec.dcache is not None else 0
+        self.arange = torch.arange(max(n, cap, self.block), **long)
+        if dec.dcfg:
+            self.mask_ids = torch.full((self.block - 1,), dec.dcfg.mask_token_id, **long)
+            self.block_visible = torch.ones(self.block, self.block, dtype=torch.bool, device=dev)
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.graphs: dict[tuple, tuple] = {}  # key -> (CUDAGraph, static outputs)
+        self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
+        self.capture_s = 0.0
+
+    # -- which rounds, which programs ----------------------------------------------------------------
+    def serves(self, mode: str, budget: int) -> bool:
+        n = 1 if mode == "ar" or self.dec.drafter is None else (self.block if mode == "dflash" else budget + 1)
+        return n <= MAX_NODES and (n == 1 or self.dec.dcache.capacity >= self.block)
+
+    def plan(self, mode: str, budget: int, choosing: bool) -> tuple[int, list[int]]:
+        """(nodes drafted, root included; the tree sizes this round may verify)."""
+        if mode == "ar" or self.dec.drafter is None:
+            return 1, [1]
+        n = self.block if mode == "dflash" else budget + 1
+        if not choosing:
+            return n, [n]
+        from .budget import CANDIDATES  # NOTE: the auto budget cuts to one of its candidate sizes
+
+        return n, [c + 1 for c in CANDIDATES if c + 1 <= n]
+
+    @staticmethod
+    def _keys(mode: str, budget: int, sizes: list[int]):
+        if sizes != [1]:
+            yield ("draft", mode, budget)
+        for n in sizes:
+            yield ("verify", n)
+            yield ("accept", n)
+
+    def _program(self, key: tuple):
+        if key[0] == "draft":
+            return lambda: self.draft(key[1], key[2])
+        if key[0] == "verify":
+            return lambda: self.verify(key[1])
+        return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1])
+
+    def prepare(self, mode: str, budget: int, sizes: list[int]) -> None:
+        """Record the programs this round may need. NOTE: before the round starts, so the recording's
+        warm-up run writes scratch rows only (accept run twice would move the path's rows twice)."""
+        if not self.capture:
+            return
+        for key in self._keys(mode, budget, sizes):
+            self._ensure(key)
+
+    def _ensure(self, key: tuple) -> None:
+        if key not in self.graphs:
+            self.graphs[key] = self._record(self._program(key))
+            self.outputs[key] = self.graphs[key][1]
+
+    def warm(self, modes: list[tuple[str, int, bool]]) -> float:
+        """Record every program of these (mode, budget, choosing) rounds now; returns the seconds spent."""
+        before = self.capture_s
+        for mode, budget, choosing in modes:
+            if self.serves(mode, budget):
+                self.begin(self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0)
+                self.prepare(mode, budget, self.plan(mode, budget, choosing)[1])
+        return self.capture_s - before
+
+    def _record(self, fn):
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream(self.dec.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # NOTE: warm-up outside the graph: autotuning, lazy builds, library handles
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        torch.cuda.synchronize(self.dec.device)
+        self.capture_s += time.perf_counter() - t0
+        return graph, out
+
+    # -- per round -------------------------------------------------------------------------------------
+    def begin(self, length: int, draft_entries: int, root: int) -> None:
+        """The host's state for this round (NOTE: the previous round's sync guarantees the pinned
+        buffer's last copy has finished)."""
+        self._host[0], self._host[1], self._host[2] = length, draft_entries, root
+        self.state.copy_(self._host, non_blocking=True)
+
+    def clock(self) -> _Clock:
+        return _Clock(self.dec.device)
+
+    def run(self, key: tuple):
+        if self.capture:
+            graph, out = self.graphs[key]
+            graph.replay()
+            return out
+        self.outputs[key] = out = self._program(key)()
+        return out
+
+    @torch.no_grad()
+    def verify_seconds(self, n: int, tokens: torch.Tensor, repeats: int = 3) -> float:
+        """Time of one verify over n nodes (the replayed graph when capturing): the auto budget's cost
+        curve. tokens [n]: varied, so the MoE touches as many experts as a real tree. NOTE: writes only
+        scratch (tree buffers past the root, cache rows past the committed length)."""
+        dec = self.dec
+        self.begin(dec.cache.length, dec.dcache.length if dec.dcache is not None else 0, int(tokens[0]))
+        self.tokens[1:n].copy_(tokens[1:n])
+        self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
+        if self.capture:
+            self._ensure(("verify", n))
+        best = float("inf")
+        for _ in range(repeats):
+            if self.capture:
+                torch.cuda.synchronize(dec.device)
+            t0 = time.perf_counter()
+            self.run(("verify", n))
+            if self.capture:
+                torch.cuda.synchronize(dec.device)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def tree(self, n: int) -> DraftTree:
+        depth = min(n - 1, self.block - 1)
+        return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], max_depth=depth)
+
+    # -- the programs (static shapes, no host synchronisation) ---------------------------------------
+    def draft(self, mode: str, budget: int) -> None:
+        dec, b = self.dec, self.block
+        length, entries, root = self.state[0], self.state[1], self.state[2:3]
+        cap = dec.dcache.capacity
+        visible = (self.arange[:cap] < entries).expand(b, cap)  # the context entries held
+        mask = torch.cat([visible, self.block_visible], dim=-1)  # [B, cap + B]
+        ctx = [(dec.dcache.k[i], dec.dcache.v[i]) for i in range(dec.dcache.k.shape[0])]
+        logp = dec.block_logprobs(torch.cat([root, self.mask_ids]), length + self.arange[:b], ctx, mask)
+        tree = dec.tree_from_logprobs(root, logp, mode, budget)
+        n = tree.size
+        for buf, t in ((self.tokens, tree.tokens), (self.parents, tree.parents), (self.depth, tree.depth),
+                       (self.logprobs, tree.logprobs)):
+            buf[:n].copy_(t)
+
+    def verify(self, n: int):
+        dec = self.dec
+        length = self.state[0:1]
+        self.tokens[:1].copy_(self.state[2:3])  # the root (AR rounds draft nothing)
+        tree = self.tree(n)
+        view = SlotView(dec.cache, length, length + self.arange[:n])
+        logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view)
+        self.choice[:n].copy_(logits.argmax(-1))  # NOTE: T > 0 overwrites it with samples
+        return logits, feats
+
+    def accept(self, n: int, feats: torch.Tensor | None) -> torch.Tensor:
+        from .ddtree import pack_round
+
+        dec = self.dec
+        tree = self.tree(n)
+        choice = self.choice[:n]
+        ok, bonus = walk_topk(tree, choice)
+        levels = self.arange[: tree.depth_bound + 1]
+        at_level = ok[None, :] & (tree.depth[None, :] == levels[:, None])  # [D + 1, n]
+        path = at_level.int().argmax(-1)  # the accepted node at each depth (node 0 past the path's end)
+        start = self.state[0]
+        dec.cache.move_slots(start + path, start + levels)
+        if dec.drafter is not None and feats is not None:
+            kv = dec.drafter.context_kv(feats[path].to(dec.draft_dtype), start + levels)
+            dec.dcache.write_slots(kv, self.state[1] + levels)
+        return pack_round(tree, choice, ok, bonus)

@@ -1,0 +1,144 @@
+"""The static-shape round (engine/graphs.py) is the eager round: same tokens, same committed caches.
+
+On CPU the programs run uncaptured (capture=False), which checks their math and bookkeeping; the GPU test
+records them as CUDA graphs."""
+
+import pytest
+import torch
+
+from ddtree_chat.engine import Engine, GenerationConfig
+
+from drafters import TargetDrafter
+
+PROMPTS = ["def f(x):", "hello, world", "a"]
+
+
+def run(engine, prompt, **kw):
+    kw.setdefault("stop_token_ids", ())
+    return list(engine.generate(prompt, GenerationConfig(**kw)))[-1]
+
+
+@pytest.fixture(scope="module")
+def pair(synthetic_pair):
+    eager = Engine.load(*synthetic_pair, device="cpu")
+    static = Engine.load(*synthetic_pair, device="cpu")
+    static.use_graphs(capture=False)
+    assert static.decoder.graphs is not None
+    return eager, static
+
+
+def with_drafter(engine, drafter):
+    dec = engine.decoder
+    if dec.graphs is not None:
+        dec.block_logprobs = drafter
+    else:
+        dec.draft_logprobs = drafter
+
+
+def drop_drafter(engine):
+    engine.decoder.__dict__.pop("block_logprobs", None)
+    engine.decoder.__dict__.pop("draft_logprobs", None)
+
+
+@pytest.mark.parametrize("mode,budget", [("ar", 0), ("dflash", 7), ("ddtree", 1), ("ddtree", 16),
+                                         ("ddtree", 64), ("ddtree", "auto")])
+def test_static_round_equals_eager_round_with_the_real_drafter(pair, mode, budget):
+    eager, static = pair
+    for text in PROMPTS[:2]:
+        prompt = eager.tokenizer.encode(text)
+        want = run(eager, prompt, mode="ar", max_new_tokens=20)["token_ids"]
+        got = run(static, prompt, mode=mode, budget=budget, max_new_tokens=20)
+        assert got["token_ids"] == want
+        assert got["mode"] == (mode if mode != "ar" else "ar")
+
+
+@pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 16), (0.6, 64)])
+def test_static_round_commits_partial_paths_exactly(pair, noise, budget):
+    eager, static = pair
+    for e in pair:
+        with_drafter(e, TargetDrafter(e, noise=noise, seed=budget))
+    try:
+        for text in PROMPTS:
+            prompt = eager.tokenizer.encode(text)
+            want = run(eager, prompt, mode="ddtree", budget=budget, max_new_tokens=30)
+            got = run(static, prompt, mode="ddtree", budget=budget, max_new_tokens=30)
+            assert got["token_ids"] == want["token_ids"]
+            assert got["acceptance_histogram"] == want["acceptance_histogram"]  # the same rounds
+            a, b = static.decoder, eager.decoder
+            assert a.tokens == b.tokens and a.pending == b.pending and a.cache.length == b.cache.length
+            n = a.cache.length
+            assert torch.allclose(a.cache.ckv[:, :n], b.cache.ckv[:, :n], atol=1e-5)
+            assert torch.allclose(a.cache.kpe[:, :n], b.cache.kpe[:, :n], atol=1e-5)
+            assert a.dcache.length == b.dcache.length and a.dcache.end_pos == b.dcache.end_pos
+            m = a.dcache.length
+            # NOTE: each load times whether the CPU drafter runs in bf16, so the two may differ in dtype
+            tol = 1e-5 if a.dcache.k.dtype == b.dcache.k.dtype == torch.float32 else 5e-2
+            assert torch.allclose(a.dcache.k[:, :m].float(), b.dcache.k[:, :m].float(), atol=tol)
+    finally:
+        for e in pair:
+            drop_drafter(e)
+    if noise == 0.0:
+        assert got["mean_accepted_length"] > 4
+
+
+def test_static_round_stops_inside_a_path_and_at_the_limit(pair):
+    eager, static = pair
+    prompt = eager.tokenizer.encode("stop here")
+    ar = run(eager, prompt, mode="ar", max_new_tokens=20)["token_ids"]
+    stop = next(t for i, t in enumerate(ar) if i >= 3 and t not in ar[:i])
+    with_drafter(static, TargetDrafter(static))
+    try:
+        got = run(static, prompt, mode="ddtree", budget=16, max_new_tokens=20, stop_token_ids=(stop,))
+        assert got["token_ids"] == ar[: ar.index(stop) + 1] and got["stop_reason"] == "stop_token"
+        assert static.decoder.tokens + [static.decoder.pending] == prompt + got["token_ids"]
+        # the next turn starts from exactly what was emitted (the rows past it were scratch)
+        nxt = prompt + got["token_ids"] + eager.tokenizer.encode(" more")
+        assert run(static, nxt, mode="ddtree", budget=16, max_new_tokens=6)["token_ids"] == \
+            run(eager, nxt, mode="ar", max_new_tokens=6)["token_ids"]
+        limited = run(static, prompt, mode="ddtree", budget=16, max_new_tokens=5)
+        assert limited["token_ids"] == ar[:5] and limited["stop_reason"] == "max_new_tokens"
+    finally:
+        drop_drafter(static)
+
+
+def test_static_round_with_a_sliding_drafter_window(synthetic_pair):
+    """A drafter window smaller than the context: the host slides it before each static round (making
+    room for a whole block, so it may keep a few entries fewer than the eager round: speed only)."""
+    eager = Engine.load(*synthetic_pair, device="cpu")
+    static = Engine.load(*synthetic_pair, device="cpu")
+    for e in (eager, static):
+        dec = e.decoder
+        dec.dcache.__init__(dec.dcfg.num_layers, dec.max_len, dec.dcfg.num_kv_heads, dec.dcfg.head_dim,
+                            dec.draft_dtype, dec.device, window=24)
+    static.use_graphs(capture=False)
+    prompt = eager.tokenizer.encode("a window of twenty-four entries")
+    want = run(eager, prompt, mode="ar", max_new_tokens=40)
+    got = run(static, prompt, mode="ddtree", budget=16, max_new_tokens=40)
+    assert got["token_ids"] == want["token_ids"]
+    dc = static.decoder.dcache
+    assert dc.capacity == 24 and 24 - static.dcfg.block_size <= dc.length <= 24
+    assert dc.end_pos == static.decoder.cache.length
+
+
+def test_sampling_through_the_static_round_is_seeded(pair):
+    _, static = pair
+    prompt = static.tokenizer.encode("sample")
+    a = run(static, prompt, mode="ddtree", budget=16, max_new_tokens=15, temperature=0.8, seed=3)["token_ids"]
+    b = run(static, prompt, mode="ddtree", budget=16, max_new_tokens=15, temperature=0.8, seed=3)["token_ids"]
+    assert a == b and len(a) == 15
+
+
+@pytest.mark.gpu
+def test_cuda_graph_rounds_equal_ar(synthetic_pair):
+    eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)
+    graphed = Engine.load(*synthetic_pair, device="cuda")
+    assert graphed.info["cuda_graphs"] > 0
+    for text in PROMPTS:
+        prompt = eager.tokenizer.encode(text)
+        want = run(eager, prompt, mode="ar", max_new_tokens=24)["token_ids"]
+        assert run(graphed, prompt, mode="ar", max_new_tokens=24)["token_ids"] == want
+        for budget in (7, 16, 64, "auto"):
+            assert run(graphed, prompt, mode="ddtree", budget=budget, max_new_tokens=24)["token_ids"] == want
+        assert run(graphed, prompt, mode="dflash", max_new_tokens=24)["token_ids"] == want
+    with_drafter(graphed, None)  # NOTE: nothing to undo; the recorded drafter is the real one
+    drop_drafter(graphed)
