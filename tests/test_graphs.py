@@ -140,5 +140,23 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
         for budget in (7, 16, 64, "auto"):
             assert run(graphed, prompt, mode="ddtree", budget=budget, max_new_tokens=24)["token_ids"] == want
         assert run(graphed, prompt, mode="dflash", max_new_tokens=24)["token_ids"] == want
-    with_drafter(graphed, None)  # NOTE: nothing to undo; the recorded drafter is the real one
-    drop_drafter(graphed)
+
+
+@pytest.mark.gpu
+def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
+    """The issue's rule (no host sync inside a round) checked directly: CUDA's sync debug mode turns
+    every synchronising call (item(), tolist(), a pageable copy) into an error."""
+    eng = Engine.load(*synthetic_pair, device="cuda", graphs=False)
+    eng.use_graphs(capture=False)
+    prompt = eng.tokenizer.encode("warm up")
+    run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=8)  # autotuning and lazy builds happen here
+    sr, dec = eng.decoder.graphs, eng.decoder
+    sr.begin(dec.cache.length, dec.dcache.length, dec.pending)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for key in (("draft", "ddtree", 16), ("verify", 17), ("accept", 17), ("draft", "dflash", 7),
+                    ("verify", 8), ("accept", 8), ("verify", 1), ("accept", 1)):
+            sr.run(key)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -50,3 +50,22 @@ def test_stops_on_stop_token_and_context(engine):
     done = list(engine.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=5, stop_token_ids=(stop_at,))))[-1]
     assert done["stop_reason"] == "stop_token" and done["token_ids"][-1] == stop_at
     assert stop_at not in done["token_ids"][:-1]
+
+
+def test_drafter_attention_single_block_form_equals_sdpa(engine):
+    """The engine's one-block attention (context and block scored apart) == the batched SDPA form."""
+    attn = engine.drafter.layers[0].self_attn
+    dt = next(attn.parameters()).dtype
+    g = torch.Generator().manual_seed(3)
+    b, n, hidden = engine.dcfg.block_size, 13, engine.dcfg.hidden_size
+    x = torch.randn(b, hidden, generator=g).to(dt)
+    k_ctx = torch.randn(n, attn.nkv, attn.d, generator=g).to(dt)
+    v_ctx = torch.randn(n, attn.nkv, attn.d, generator=g).to(dt)
+    cos, sin = engine.drafter.rope(torch.arange(n, n + b), dt)
+    mask = torch.ones(b, n + b, dtype=torch.bool)
+    mask[:, 9:n] = False  # context entries not held
+    single = attn(x, cos, sin, k_ctx, v_ctx, mask)
+    batched = attn(x[None], cos, sin, k_ctx[None], v_ctx[None], mask[None, None])[0]
+    tol = 1e-5 if dt == torch.float32 else 3e-2
+    assert torch.allclose(single.float(), batched.float(), atol=tol, rtol=tol)
+    assert torch.allclose(attn(x, cos, sin, k_ctx[:9], v_ctx[:9]).float(), single.float(), atol=tol, rtol=tol)

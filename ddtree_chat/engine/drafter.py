@@ -34,15 +34,28 @@ class DraftAttention(nn.Module):
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
         """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
-        (None: everything visible — context fully, the block bidirectionally)."""
+        (None: everything visible — context fully, the block bidirectionally), or [..., 1, B, n + B] for
+        batched rows."""
         q = ops.apply_rope_half(self.q_norm(self.q_proj(x).unflatten(-1, (self.nh, self.d))), cos, sin, heads=True)
         k_blk, v_blk = self.kv(x, cos, sin)
-        k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]
-        v = torch.cat([v_ctx, v_blk], dim=-3).transpose(-3, -2)
-        rep = self.nh // self.nkv
-        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-        o = F.scaled_dot_product_attention(q.transpose(-3, -2), k, v, attn_mask=mask)
-        return self.o_proj(o.transpose(-3, -2).flatten(-2))
+        if mask is not None and mask.dim() > 2:  # batched rows with their own masks (training): SDPA
+            k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]
+            v = torch.cat([v_ctx, v_blk], dim=-3).transpose(-3, -2)
+            rep = self.nh // self.nkv
+            k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+            o = F.scaled_dot_product_attention(q.transpose(-3, -2), k, v, attn_mask=mask)
+            return self.o_proj(o.transpose(-3, -2).flatten(-2))
+        # NOTE: one block over a cached context (the engine): context and block keys are scored separately
+        # and softmaxed together, so the context (a static-size buffer under graphs) is read once and
+        # never concatenated or repeated per query head.
+        q = q.unflatten(-2, (self.nkv, self.nh // self.nkv)) * self.d**-0.5  # [B, kv, rep, d]
+        s = torch.cat([torch.einsum("bgrd,ngd->grbn", q, k_ctx), torch.einsum("bgrd,mgd->grbm", q, k_blk)], -1)
+        if mask is not None:  # [B, n + B]
+            s = s.masked_fill(~mask, float("-inf"))
+        p = s.softmax(-1)  # [kv, rep, B, n + B]
+        n = k_ctx.shape[0]
+        o = torch.einsum("grbn,ngd->bgrd", p[..., :n], v_ctx) + torch.einsum("grbm,mgd->bgrd", p[..., n:], v_blk)
+        return self.o_proj(o.flatten(-3))
 
 
 class DraftLayer(nn.Module):

@@ -119,7 +119,10 @@ class StaticRound:
 
     def _ensure(self, key: tuple) -> None:
         if key not in self.graphs:
-            self.graphs[key] = self._record(self._program(key))
+            try:
+                self.graphs[key] = self._record(self._program(key))
+            except RuntimeError as e:
+                raise RuntimeError(f"recording {key}: {e}") from e
             self.outputs[key] = self.graphs[key][1]
 
     def warm(self, modes: list[tuple[str, int, bool]]) -> float:

@@ -146,8 +146,8 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     ok = hit.clone()
     for _ in range(tree.depth_bound if tree.size > 1 else 0):
         ok = hit & (ok[parent] | (tree.parents < 0))
-    deepest = torch.where(ok, tree.depth, -1).argmax()
-    return ok, choice[deepest]
+    deepest = torch.where(ok, tree.depth, -1).argmax().view(1)  # NOTE: a 0-dim index would sync (item())
+    return ok, choice[deepest].view(())
 
 
 def target_choice(logits: torch.Tensor, temperature: float, top_p: float,

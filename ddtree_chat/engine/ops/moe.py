@@ -65,7 +65,9 @@ def moe_experts(x, ids, weights, experts: ExpertWeights):
     fn = fast("moe_experts", x)
     if fn:
         return fn(x, ids, weights, experts)
-    if x.is_cuda and torch.is_tensor(experts.down) and torch.cuda.is_current_stream_capturing():
+    if x.is_cuda and torch.is_tensor(experts.down):
+        # NOTE: dense experts on a GPU belong to small float32 models (engine.default_dtype): few experts,
+        # and a CUDA graph cannot capture the grouped form's host sync.
         return moe_experts_dense(x, ids, weights, experts)
     return moe_experts_ref(x, ids, weights, experts)
 

@@ -1,0 +1,67 @@
+"""Where a reply's GPU time goes: the top CUDA kernels of one reply per mode, under torch.profiler.
+
+    PYTHONPATH=. python benchmarks/profile_round.py [--modes ar dflash ddtree:32 ddtree:auto] [--max-new 128]
+                                                    [--eager] [--top 12] [--json OUT]
+
+Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall time, summed kernel time
+(the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import heldout_prompts  # noqa: E402
+
+
+def main(argv=None) -> int:
+    from ddtree_chat.engine import Engine, GenerationConfig
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modes", nargs="+", default=["ar", "dflash", "ddtree:32", "ddtree:auto"])
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    eng = Engine.load(*shipped_demo_dirs(), device="cuda", graphs=not a.eager)
+    ids = heldout_prompts(1)[0]["prompt_ids"]
+    out = {}
+    for spec in a.modes:
+        mode, _, b = spec.partition(":")
+        cfg = GenerationConfig(mode=mode, budget=(b if b == "auto" else int(b)) if b else 32, max_new_tokens=a.max_new)
+        for _ in eng.generate(ids, cfg):  # warm-up
+            pass
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            done = list(eng.generate(ids, cfg))[-1]
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+        busy = sum(e.self_device_time_total for e in rows) / 1e6
+        top = [{"kernel": e.key[:90], "calls": e.count, "total_ms": e.self_device_time_total / 1e3,
+                "us_per_call": e.self_device_time_total / max(e.count, 1)} for e in rows[: a.top]]
+        out[spec] = {"wall_s": wall, "busy_s": busy, "rounds": done["rounds"], "tokens": len(done["token_ids"]),
+                     "top": top}
+        print(f"\n## {spec}: {len(done['token_ids'])} tokens, {done['rounds']} rounds, wall {wall * 1e3:.1f} ms, "
+              f"kernels {busy * 1e3:.1f} ms ({100 * busy / wall:.0f}% busy), "
+              f"{wall / max(done['rounds'], 1) * 1e3:.3f} ms/round")
+        print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
+        for t in top:
+            print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
