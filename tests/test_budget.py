@@ -31,7 +31,8 @@ def test_calibration_follows_observed_acceptance():
     auto.costs = {16: 3.0}
     tree = _tree(True)
     for _ in range(50):
-        auto.observe(tree, accepted=1, draft_s=0.01, target_s=1.0)  # the target never agrees
+        assert auto.choose(tree) == 16  # (the engine calls choose, then observe, every round)
+        auto.observe(tree.prefix(16), accepted=1, draft_s=0.01, target_s=1.0)  # the target never agrees
     assert auto.calib < 0.05
     assert abs(auto.costs[16] - 1.0) < 1e-3  # the measured cost of the size in use follows the real rounds
 

@@ -16,19 +16,10 @@ import torch
 
 from .ddtree import Decoder
 from .parallel import TPGroup
-from .tree import DraftTree
+from .tree import DraftTree, path_scores  # noqa: F401 (tests import it from here)
 
 CANDIDATES = (2, 4, 8, 16, 32, 64, 128, 256)
 log = logging.getLogger(__name__)
-
-
-def path_scores(tree: DraftTree) -> torch.Tensor:
-    """[N] summed drafter log-prob from the root to each node (root 0), on the tree's device."""
-    parent = tree.parents.clamp(min=0)
-    out = tree.logprobs.clone()
-    for _ in range(tree.depth_bound - 1 if tree.size > 1 else 0):  # one level per pass
-        out = tree.logprobs + torch.where(tree.parents > 0, out[parent], torch.zeros_like(out))
-    return out
 
 
 class AutoBudget:
@@ -38,6 +29,7 @@ class AutoBudget:
         self.draft_s = 0.0
         self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
         self.last = 0  # the budget chosen last round
+        self.predicted = 0.0  # expected accepted drafted tokens of the last choice (before calibration)
 
     @property
     def max_budget(self) -> int:
@@ -103,23 +95,28 @@ class AutoBudget:
                 pass
 
     # -- per round -------------------------------------------------------------------------------
-    def choose(self, tree: DraftTree) -> int:
-        """Budget for this round's tree (built at max_budget)."""
+    def choose(self, tree: DraftTree, cum_mass: torch.Tensor | None = None) -> int:
+        """Budget for this round's tree (built at max_budget). cum_mass: [N] cumulative path probability
+        in node order, if the drafting program computed it already (graphs.py)."""
         drafted = tree.size - 1
         sizes = [b for b in sorted(self.costs) if b <= drafted]
+        if cum_mass is None:
+            cum_mass = path_scores(tree).exp().cumsum(0)
         # NOTE: best-first order: the first b nodes are the top-b tree, so its gain is a prefix sum.
-        mass = path_scores(tree).exp().cumsum(0)[torch.tensor(sizes, device=tree.tokens.device)] - 1.0
-        best, best_rate = 0, 0.0
-        for b, m in zip(sizes, mass.tolist()):
+        cum = cum_mass.tolist()  # the choice needs the host: one small copy
+        best, best_rate, self.predicted = 0, 0.0, 0.0
+        for b in sizes:
+            m = cum[b] - 1.0
             rate = (1.0 + self.calib * m) / (self.costs[b] + self.draft_s)
             if rate > best_rate:
-                best, best_rate = b, rate
+                best, best_rate, self.predicted = b, rate, m
         self.last = self.tp.broadcast(best or min(self.costs))
         return self.last
 
     def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float) -> None:
-        """Learn from a finished round: calibration of the gain, and the real cost of the size used."""
-        predicted = float(path_scores(tree).exp()[1:].sum())
+        """Learn from a finished round: calibration of the gain (against what choose() predicted for the
+        size it picked), and the real cost of the size used."""
+        predicted = self.predicted
         self.draft_s = draft_s if self.draft_s == 0 else 0.9 * self.draft_s + 0.1 * draft_s
         b = tree.size - 1
         if b in self.costs:

@@ -141,7 +141,7 @@ class Decoder:
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
-              stop_ids: frozenset[int], room: int, choose: Callable[[DraftTree], int] | None = None) -> RoundResult:
+              stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose` may cut the
         drafted tree (built at `budget`) down to fewer nodes."""
         if self.graphs is not None and self.graphs.serves(mode, budget):
@@ -175,7 +175,7 @@ class Decoder:
         if n > 1:
             sr.run(("draft", mode, budget))
         if choose is not None and n > 1:
-            n = choose(sr.tree(n)) + 1
+            n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
         logits, _ = sr.run(("verify", n))
         if temperature > 0:

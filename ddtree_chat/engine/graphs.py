@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .tree import DraftTree, walk_topk
+from .tree import DraftTree, path_scores, walk_topk
 
 log = logging.getLogger(__name__)
 MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
@@ -67,6 +67,7 @@ class StaticRound:
         self.tokens, self.depth, self.choice = (torch.zeros(n, **long) for _ in range(3))
         self.parents = torch.full((n,), -1, **long)  # NOTE: node 0 keeps parent -1, depth 0, log-prob 0
         self.logprobs = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.cum_mass = torch.zeros(n, dtype=torch.float32, device=dev)  # the auto budget's gain curve
         self.block = dec.dcfg.block_size if dec.dcfg else 1
         cap = dec.dcache.capacity if dec.dcache is not None else 0
         self.arange = torch.arange(max(n, cap, self.block), **long)
@@ -204,7 +205,7 @@ class StaticRound:
         tree = dec.tree_from_logprobs(root, logp, mode, budget)
         n = tree.size
         for buf, t in ((self.tokens, tree.tokens), (self.parents, tree.parents), (self.depth, tree.depth),
-                       (self.logprobs, tree.logprobs)):
+                       (self.logprobs, tree.logprobs), (self.cum_mass, path_scores(tree).exp().cumsum(0))):
             buf[:n].copy_(t)
 
     def verify(self, n: int):

@@ -150,6 +150,15 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     return ok, choice[deepest].view(())
 
 
+def path_scores(tree: DraftTree) -> torch.Tensor:
+    """[N] summed drafter log-prob from the root to each node (root 0), on the tree's device."""
+    parent = tree.parents.clamp(min=0)
+    out = tree.logprobs.clone()
+    for _ in range(tree.depth_bound - 1 if tree.size > 1 else 0):  # one level per pass
+        out = tree.logprobs + torch.where(tree.parents > 0, out[parent], torch.zeros_like(out))
+    return out
+
+
 def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
                   generator: torch.Generator | None) -> torch.Tensor:
     """logits [N, V] float32 -> the target's token at each node: argmax at T=0, else a seeded sample
