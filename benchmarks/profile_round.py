@@ -1,10 +1,11 @@
 """Where a reply's GPU time goes: the top CUDA kernels of one reply per mode, under torch.profiler.
 
     PYTHONPATH=. python benchmarks/profile_round.py [--modes ar dflash ddtree:32 ddtree:auto] [--max-new 128]
-                                                    [--eager] [--top 12] [--json OUT]
+                                                    [--eager] [--ops] [--top 12] [--json OUT]
 
 Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall time, summed kernel time
-(the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call)."""
+(the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call).
+--ops (implies --eager) lists torch ops with their input shapes instead, to tell which op a kernel is."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=["ar", "dflash", "ddtree:32", "ddtree:auto"])
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--ops", action="store_true")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    eng = Engine.load(*shipped_demo_dirs(), device="cuda", graphs=not a.eager)
+    eng = Engine.load(*shipped_demo_dirs(), device="cuda", graphs=not (a.eager or a.ops))
+    acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if a.ops else [])
     ids = heldout_prompts(1)[0]["prompt_ids"]
     out = {}
     for spec in a.modes:
@@ -41,15 +44,20 @@ def main(argv=None) -> int:
         for _ in eng.generate(ids, cfg):  # warm-up
             pass
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=acts, record_shapes=a.ops) as prof:
             t0 = time.perf_counter()
             done = list(eng.generate(ids, cfg))[-1]
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
         rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
         busy = sum(e.self_device_time_total for e in rows) / 1e6
-        top = [{"kernel": e.key[:90], "calls": e.count, "total_ms": e.self_device_time_total / 1e3,
-                "us_per_call": e.self_device_time_total / max(e.count, 1)} for e in rows[: a.top]]
+        if a.ops:  # aten ops (their kernels' time) by input shapes
+            rows = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")),
+                          key=lambda e: -e.device_time_total)
+        top = [{"kernel": (e.key + (f" {e.input_shapes}" if a.ops else ""))[:160], "calls": e.count,
+                "total_ms": (e.device_time_total if a.ops else e.self_device_time_total) / 1e3,
+                "us_per_call": (e.device_time_total if a.ops else e.self_device_time_total) / max(e.count, 1)}
+               for e in rows[: a.top]]
         out[spec] = {"wall_s": wall, "busy_s": busy, "rounds": done["rounds"], "tokens": len(done["token_ids"]),
                      "top": top}
         print(f"\n## {spec}: {len(done['token_ids'])} tokens, {done['rounds']} rounds, wall {wall * 1e3:.1f} ms, "

@@ -173,7 +173,7 @@ class Decoder:
         sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
         clock = sr.clock()
         if n > 1:
-            sr.run(("draft", mode, budget))
+            sr.run(sr.draft_key(mode, budget))
         if choose is not None and n > 1:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()

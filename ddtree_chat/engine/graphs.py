@@ -18,6 +18,7 @@ from .tree import DraftTree, path_scores, walk_topk
 
 log = logging.getLogger(__name__)
 MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
+MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
 
 
 class SlotView:
@@ -95,17 +96,25 @@ class StaticRound:
 
         return n, [c + 1 for c in CANDIDATES if c + 1 <= n]
 
-    @staticmethod
-    def _keys(mode: str, budget: int, sizes: list[int]):
+    def draft_key(self, mode: str, budget: int) -> tuple:
+        """NOTE: the draft attends a power-of-two span of the drafter cache that covers its entries, not
+        the whole buffer: reading (and reducing over) 32k empty slots per round cost more than the rest."""
+        held = self.dec.dcache.length
+        span = MIN_SPAN
+        while span < held:
+            span *= 2
+        return ("draft", mode, budget, min(span, self.dec.dcache.capacity))
+
+    def _keys(self, mode: str, budget: int, sizes: list[int]):
         if sizes != [1]:
-            yield ("draft", mode, budget)
+            yield self.draft_key(mode, budget)
         for n in sizes:
             yield ("verify", n)
             yield ("accept", n)
 
     def _program(self, key: tuple):
         if key[0] == "draft":
-            return lambda: self.draft(key[1], key[2])
+            return lambda: self.draft(key[1], key[2], key[3])
         if key[0] == "verify":
             return lambda: self.verify(key[1])
         return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1])
@@ -194,13 +203,12 @@ class StaticRound:
         return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], max_depth=depth)
 
     # -- the programs (static shapes, no host synchronisation) ---------------------------------------
-    def draft(self, mode: str, budget: int) -> None:
+    def draft(self, mode: str, budget: int, span: int) -> None:
         dec, b = self.dec, self.block
         length, entries, root = self.state[0], self.state[1], self.state[2:3]
-        cap = dec.dcache.capacity
-        visible = (self.arange[:cap] < entries).expand(b, cap)  # the context entries held
-        mask = torch.cat([visible, self.block_visible], dim=-1)  # [B, cap + B]
-        ctx = [(dec.dcache.k[i], dec.dcache.v[i]) for i in range(dec.dcache.k.shape[0])]
+        visible = (self.arange[:span] < entries).expand(b, span)  # the context entries held
+        mask = torch.cat([visible, self.block_visible], dim=-1)  # [B, span + B]
+        ctx = [(dec.dcache.k[i, :span], dec.dcache.v[i, :span]) for i in range(dec.dcache.k.shape[0])]
         logp = dec.block_logprobs(torch.cat([root, self.mask_ids]), length + self.arange[:b], ctx, mask)
         tree = dec.tree_from_logprobs(root, logp, mode, budget)
         n = tree.size
