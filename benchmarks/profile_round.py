@@ -1,11 +1,13 @@
 """Where a reply's GPU time goes: the top CUDA kernels of one reply per mode, under torch.profiler.
 
     PYTHONPATH=. python benchmarks/profile_round.py [--modes ar dflash ddtree:32 ddtree:auto] [--max-new 128]
-                                                    [--eager] [--ops] [--top 12] [--json OUT]
+                                                    [--eager] [--ops] [--host] [--top 12] [--json OUT]
 
 Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall time, summed kernel time
 (the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call).
---ops (implies --eager) lists torch ops with their input shapes instead, to tell which op a kernel is."""
+--ops (implies --eager) lists torch ops with their input shapes instead, to tell which op a kernel is;
+--host adds the Python functions that take the most host time in one more reply (cProfile; a device
+wait shows up in the call that waits, e.g. tolist)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--ops", action="store_true")
+    ap.add_argument("--host", action="store_true")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -66,6 +69,17 @@ def main(argv=None) -> int:
         print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
         for t in top:
             print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
+        if a.host:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            list(eng.generate(ids, cfg))
+            torch.cuda.synchronize()
+            prof.disable()
+            print(f"\n### host time, {spec}")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0
