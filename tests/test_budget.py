@@ -51,3 +51,16 @@ def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
     assert costs and all(v > 0 for v in costs.values())
     for ev in evs[1:-1]:
         assert ev["budget"] in costs and len(ev["tree"]["tokens"]) == ev["budget"] + 1
+
+
+def test_drafted_size_climbs_by_cost_not_by_one_step():
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {4: 1.0, 8: 1.6, 16: 1.7, 32: 1.9, 64: 2.1, 128: 4.0}
+    auto.last = 4
+    assert auto.max_budget == 32  # 16 and 32 cost within 25% of 8's
+    auto.costs = {b: 1.0 for b in auto.costs}  # flat (a GPU): the largest at once
+    assert auto.max_budget == 128
+    auto.costs = {4: 1.0, 8: 2.0, 16: 4.0}  # steep (a CPU): one step
+    assert auto.max_budget == 8
+    auto.last = 16
+    assert auto.max_budget == 16

@@ -33,11 +33,17 @@ class AutoBudget:
 
     @property
     def max_budget(self) -> int:
-        """Tree size to draft this round: one candidate above the last choice, so the search can climb
-        without paying every round for a 256-node draft it will not use."""
+        """Tree size to draft this round: above the last choice by one candidate, or further while the
+        measured verify cost stays within 25% of that next size's (where verify cost is flat, as on a GPU,
+        the search reaches the large trees at once; where it climbs, as on a CPU, it steps)."""
         sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
         above = [b for b in sizes if b > self.last]
-        return above[0] if above else sizes[-1]
+        if not above:
+            return sizes[-1]
+        if not self.costs:
+            return above[0]
+        near = [b for b in above if self.costs[b] <= 1.25 * self.costs[above[0]]]
+        return near[-1]
 
     # -- verify cost curve -----------------------------------------------------------------------
     def _cache_file(self):
