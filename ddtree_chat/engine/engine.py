@@ -129,6 +129,11 @@ class Engine:
 
         dev = torch.device(device if tp.world == 1 or torch.device(device).type == "cpu" else f"cuda:{tp.rank}")
         dtype = dtype or default_dtype(load_target_config(model_dir), dev)
+        if dev.type == "cuda":
+            # NOTE: cuBLAS's float32 heuristics pick ~50 us kernels for 8-row products of the demo's size
+            # (tree verify, the drafter block); cuBLASLt's do not (BENCHMARKS.md). DDTREE_BLAS overrides.
+            torch.backends.cuda.preferred_blas_library(
+                os.environ.get("DDTREE_BLAS", "cublaslt" if dtype == torch.float32 else "cublas"))
         tokenizer = load_tokenizer(model_dir)
         try:
             tcfg, target = load_target(model_dir, dev, dtype, progress, tp)
