@@ -57,6 +57,12 @@ def test_default_model_is_the_demo_pair():
     assert tcfg.quant is not None and tcfg.quant.group_size == 32
     assert tcfg.rope_scaling.type == "yarn"
     assert dcfg.block_size == 8
+    # the training code's defaults describe the shipped drafter (ddtree_chat/demo/common.py DRAFT)
+    from ddtree_chat.demo.common import draft_config
+
+    meta = json.loads((HELDOUT.parent / "data_meta.json").read_text())
+    shipped = json.loads((Path(draft) / "config.json").read_text())
+    assert shipped == draft_config(meta["vocab"], meta["n_ranks"])
 
 
 def test_chat_template_matches_training_prompts(engine):
@@ -74,3 +80,53 @@ def test_reproducible_and_lossless(engine, i):
         ev = _run(engine, ids, mode, budget)
         assert ev["token_ids"] == EXPECTED[i], (mode, budget)
         assert ev["mean_accepted_length"] >= 1.0
+
+
+def test_drafter_training_data_is_the_targets_greedy_output(engine):
+    """The drafter's training continuations (prompts of different lengths in one batch, no padding) are
+    exactly what the engine generates at T=0."""
+    import torch
+
+    from ddtree_chat.demo.draft_data import greedy_forced
+    from ddtree_chat.demo.train import first_stop
+
+    prompts = [_prompts()[i]["prompt_ids"] for i in sorted(EXPECTED)]
+    assert len({len(p) for p in prompts}) > 1
+    toks, feats, lens = greedy_forced(engine.target, prompts, 24, tuple(engine.dcfg.target_layer_ids),
+                                      torch.device("cpu"))
+    assert feats.shape == (len(prompts), toks.shape[1], 3 * engine.tcfg.hidden_size)
+    for r, (i, p) in enumerate(zip(sorted(EXPECTED), prompts)):
+        assert toks[r, : len(p)].tolist() == p
+        assert toks[r, len(p) : len(p) + 24].tolist() == EXPECTED[i]
+    stops = first_stop(toks, lens, engine.tokenizer.stop_ids)
+    assert all(int(s) == toks.shape[1] for s in stops)  # none of these replies ends within 24 tokens
+
+
+def test_training_block_forward_is_the_engine_drafter(engine):
+    """The training forward (per-row anchors, one masked pass over the whole context) computes what the
+    engine's drafter computes for a block after the context up to its anchor."""
+    import contextlib
+
+    import torch
+
+    from ddtree_chat.demo.train import block_logits
+    from ddtree_chat.engine.loader import load_drafter
+
+    target = engine.target
+    dcfg, drafter = load_drafter(shipped_demo_dirs()[1], engine.tcfg, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(0)
+    L, B = 40, dcfg.block_size
+    toks = torch.randint(0, 7000, (2, L), generator=g)
+    feats = torch.randn(2, L, 3 * engine.tcfg.hidden_size, generator=g)
+    anchors = torch.tensor([[5, 20], [31, 12]])
+    with torch.no_grad():
+        logits, labels = block_logits(drafter, target.embed_tokens, target.lm_head, toks, feats, torch.arange(2),
+                                      anchors, dcfg.mask_token_id, B, contextlib.nullcontext())
+        for r in range(2):
+            for k, a in enumerate(anchors[r].tolist()):
+                block = torch.full((B,), dcfg.mask_token_id)
+                block[0] = toks[r, a]
+                ctx = drafter.context_kv(feats[r, :a], torch.arange(a))
+                hid = drafter(target.embed_tokens(block), torch.arange(a, a + B), ctx)
+                torch.testing.assert_close(logits[r, k], target.lm_head(hid[1:]), atol=1e-4, rtol=1e-4)
+                assert labels[r, k].tolist() == toks[r, a + 1 : a + B].tolist()

@@ -23,7 +23,8 @@ CHAT_TEMPLATE = (
 TARGET = dict(hidden=256, layers=6, heads=4, q_lora=128, kv_lora=64, nope=32, rope=16, v=32, inter=768,
               moe_inter=128, experts=16, top_k=4, shards=4)
 # Drafter: DFlash, block 8, reading target layers 1, 3 and 5 (the last: a 6-layer target is shallow).
-DRAFT = dict(layers=2, heads=4, kv_heads=2, head_dim=64, inter=1024, block=8, target_layer_ids=[1, 3, 5])
+# The shipped shape (3 x 1536; the first drafter was 2 x 1024): see assets/README.md.
+DRAFT = dict(layers=3, heads=4, kv_heads=2, head_dim=64, inter=1536, block=8, target_layer_ids=[1, 3, 5])
 
 
 def target_text_config(vocab: int, n_ranks: int) -> dict:
@@ -42,8 +43,12 @@ def target_config(vocab: int, n_ranks: int) -> dict:
             "demo": "ddtree-chat demo coder (issue 7); see assets/README.md"}
 
 
-def draft_config(vocab: int, n_ranks: int) -> dict:
-    d, h = DRAFT, TARGET["hidden"]
+def draft_config(vocab: int, n_ranks: int, **overrides) -> dict:
+    """The drafter's config.json; overrides replace DRAFT entries (e.g. layers=3, inter=2048)."""
+    unknown = set(overrides) - set(DRAFT)
+    if unknown:
+        raise ValueError(f"unknown drafter settings {sorted(unknown)}")
+    d, h = dict(DRAFT, **overrides), TARGET["hidden"]
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": h,
         "num_hidden_layers": d["layers"], "num_attention_heads": d["heads"], "num_key_value_heads": d["kv_heads"],

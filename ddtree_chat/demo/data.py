@@ -8,6 +8,7 @@ import ast
 import hashlib
 import json
 import random
+import shutil
 import sys
 import sysconfig
 import textwrap
@@ -164,12 +165,25 @@ class Encoder:
         return seqs, prompts
 
 
-def prepare(out: Path, limit: int | None = None, log=print) -> dict:
-    """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata)."""
+def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
+    """Copy an existing model's tokenizer files (e.g. the shipped target's) instead of training one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src_dir / f, out_dir / f)
+
+
+def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None) -> dict:
+    """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata).
+    tokenizer_from: a model dir whose tokenizer is reused (drafter-only retraining against an existing
+    target); otherwise a BPE is trained on the train split."""
     src = read_sources(limit)
     log(f"data: {json.dumps(src['meta'])}")
-    train_text = src["docs"]["train"] + [u + "\n" + a for _, u, a in src["pairs"]["train"]]
-    train_tokenizer(train_text, out / "tokenizer")
+    if tokenizer_from is not None:
+        reuse_tokenizer(Path(tokenizer_from), out / "tokenizer")
+        log(f"data: tokenizer reused from {tokenizer_from}")
+    else:
+        train_text = src["docs"]["train"] + [u + "\n" + a for _, u, a in src["pairs"]["train"]]
+        train_tokenizer(train_text, out / "tokenizer")
     enc = Encoder(out / "tokenizer")
     rng = random.Random(SEED)
     streams, prompts = {}, {}
@@ -180,8 +194,12 @@ def prepare(out: Path, limit: int | None = None, log=print) -> dict:
         prompts[split] = pr
         log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens, {len(pr)} chat prompts")
     meta = dict(src["meta"], n_ranks=enc.n_ranks, vocab=enc.vocab, tokens={k: v.numel() for k, v in streams.items()})
-    # The train-split chat prompts are kept for the drafter's data (ids only), val/test prompts in full.
+    if tokenizer_from is not None:
+        meta["tokenizer_from"] = str(tokenizer_from)
+    # The train-split chat prompts are kept for the drafter's data (ids, and the pairs' text for the
+    # drafter's synthetic prompts), val/test prompts in full.
     torch.save({"streams": streams, "train_prompts": [p[3] for p in prompts["train"]],
+                "train_pairs": [(u, a) for _, u, a, _ in prompts["train"]],
                 "val_prompts": prompts["val"], "test_prompts": prompts["test"], "meta": meta,
                 "files": src["files"]}, out / "data.pt")
     write_json(out / "data_meta.json", meta)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .common import TARGET, draft_config, target_config, write_json
+from .common import TARGET, target_config, write_json
 from .qmoe import export_int4
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -67,9 +67,10 @@ def export_target(tt, tok_dir: Path, out: Path, vocab: int, n_ranks: int) -> Pat
     return out
 
 
-def export_drafter(drafter, out: Path, vocab: int, n_ranks: int) -> Path:
+def export_drafter(drafter, out: Path, config: dict) -> Path:
+    """config: the drafter's config.json (common.draft_config)."""
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", draft_config(vocab, n_ranks))
+    write_json(out / "config.json", config)
     t = {n: v.detach().to(torch.bfloat16).cpu().contiguous() for n, v in drafter.state_dict().items()
          if n != "inv_freq"}
     save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})

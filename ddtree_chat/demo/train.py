@@ -2,12 +2,17 @@
 
     python -m ddtree_chat.demo.train --out DIR                      # all stages, sized for one H200
     python -m ddtree_chat.demo.train --out DIR --stages draft       # re-run one stage (needs the earlier ones)
+    python -m ddtree_chat.demo.train --out DIR --target-from assets/demo/target   # drafter only
     python -m ddtree_chat.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
 
 Stages: data (stdlib -> splits, tokenizer, token streams), target (train, QAT, INT4 export to DIR/target),
 draft (target greedy continuations + hidden states -> DFlash drafter, export to DIR/draft).
-Training length is set by wall-clock budgets (--target-seconds, --draft-seconds): the step count is fixed
-after timing the first steps and logged, so a run can be repeated exactly with --target-steps/--draft-steps."""
+With --target-from TARGET_DIR the data stage reuses that target's tokenizer (so the token streams are the
+ones it was trained on) and the draft stage trains against it; the target stage is skipped.
+--draft-arch trains several drafter shapes side by side on the same batches (each to DIR/draft-LxI).
+Training length is set by wall-clock budgets (--target-seconds, --draft-gen-seconds, --draft-seconds,
+--deadline): the step/batch counts are fixed after timing the first ones and logged, so a run can be
+repeated exactly with --target-steps / --draft-gen-batches / --draft-steps."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .common import SEED, target_text_config
+from .common import DRAFT, SEED, target_text_config
 
 T0 = time.time()
 
@@ -175,59 +180,79 @@ def _to_device(model, device):
 
 # ----------------------------------------------------------------------------- drafter
 
-class BatchCache:
-    """Batched latent cache for greedy generation with one shared length (LatentCache protocol)."""
-
-    def __init__(self, layers: int, b: int, s: int, r: int, p: int, dtype, device):
-        self.ckv = torch.zeros(layers, b, s, r, dtype=dtype, device=device)
-        self.kpe = torch.zeros(layers, b, s, p, dtype=dtype, device=device)
-        self.length = 0
-
-    def write(self, layer, ckv, kpe):
-        t = ckv.shape[-2]
-        self.ckv[layer, :, self.length : self.length + t] = ckv
-        self.kpe[layer, :, self.length : self.length + t] = kpe
-        return self.ckv[layer], self.kpe[layer]
+def parse_arch(text: str) -> dict:
+    """'3x1024' -> {layers: 3, inter: 1024} (drafter depth x MLP width; hidden = the target's)."""
+    layers, inter = text.lower().split("x")
+    return {"layers": int(layers), "inter": int(inter)}
 
 
-@torch.no_grad()
-def greedy_with_features(model, prompts: torch.Tensor, gen_len: int, capture) -> tuple[torch.Tensor, torch.Tensor]:
-    """prompts [N, P] -> (tokens [N, P + gen_len], features [N, P + gen_len, len(capture) * H]) where the
-    continuation is the target's greedy output and features[i] are the captured layer outputs at token i.
-    (The last token's features are never needed as context, but are computed for uniformity.)"""
-    from ddtree_chat.engine.model import causal_mask
-
-    cfg = model.cfg
-    n, p = prompts.shape
-    dev = prompts.device
-    cache = BatchCache(cfg.num_layers, n, p + gen_len, cfg.kv_lora_rank, cfg.qk_rope_head_dim, torch.float32, dev)
-    h, f = model(prompts, torch.arange(p, device=dev), causal_mask(p, dev), cache, capture)
-    cache.length = p
-    toks, feats = [prompts], [f.to(torch.bfloat16)]
-    nxt = model.logits(h[:, -1]).argmax(-1)
-    one = torch.ones(1, 1, dtype=torch.bool, device=dev)
-    for i in range(gen_len):
-        toks.append(nxt[:, None])
-        h, f = model(nxt[:, None], torch.tensor([p + i], device=dev), one, cache, capture)
-        cache.length += 1
-        feats.append(f.to(torch.bfloat16))
-        nxt = model.logits(h[:, -1]).argmax(-1)
-    return torch.cat(toks, 1), torch.cat(feats, 1)
+def _block_rope(drafter, qpos: torch.Tensor, dtype):
+    """cos/sin [R, Q, d/2] for per-row block positions qpos [R, Q]."""
+    cos, sin = drafter.rope(qpos.flatten(), dtype)
+    return cos.view(*qpos.shape, -1), sin.view(*qpos.shape, -1)
 
 
-def make_prompts(data, n: int, p: int, gen: torch.Generator, chat_frac: float = 0.8) -> torch.Tensor:
-    """n prompts of exactly p tokens: mostly train-split chat prompts (ending in `<think>`), left-filled
-    with a random stretch of the training stream (as in the packed training data); the rest raw code."""
-    stream, chats = data["streams"]["train"], [c for c in data["train_prompts"] if len(c) <= p]
-    rows = []
-    for _ in range(n):
-        s = int(torch.randint(0, stream.numel() - p - 1, (1,), generator=gen))
-        window = stream[s : s + p].long().tolist()
-        if chats and torch.rand(1, generator=gen).item() < chat_frac:
-            c = chats[int(torch.randint(0, len(chats), (1,), generator=gen))]
-            window = window[len(c):] + c if len(c) < p else c
-        rows.append(window)
-    return torch.tensor(rows)
+def first_stop(toks: torch.Tensor, lens: torch.Tensor, stop_ids) -> torch.Tensor:
+    """[N]: the position of each row's first stop token after its prompt (T when it never stops)."""
+    pos = torch.arange(toks.shape[1], device=toks.device)
+    is_stop = torch.isin(toks, torch.tensor(sorted(stop_ids), device=toks.device)) & (pos[None] >= lens[:, None])
+    return torch.where(is_stop, pos[None], toks.shape[1]).min(1).values
+
+
+def anchor_range(toks, lens, stops, B):
+    """Per row, the roots a decoding round can have: [prompt length, min(first stop - 1, T - B)] (a round
+    never starts at or after a stop token; labels past the stop are ignored)."""
+    return lens, torch.minimum(stops - 1, torch.full_like(stops, toks.shape[1] - B))
+
+
+def block_logits(drafter, embed, head, toks, feats, rows, anchors, mask_id, block, amp):
+    """Drafter logits [R, K, B-1, V] and labels [R, K, B-1] for blocks at per-row anchors [R, K]: slot 0
+    holds the real token, slots 1..B-1 the mask token; each block sees the context features before its
+    anchor and itself bidirectionally (DFlashDrafter.forward in the engine, with one position set per row)."""
+    B = block
+    R, K = anchors.shape
+    dev = toks.device
+    qpos = (anchors[:, :, None] + torch.arange(B, device=dev)).flatten(1)  # [R, K*B]
+    tk = toks[rows]
+    L = tk.shape[1]
+    blk = torch.gather(tk, 1, qpos).view(R, K, B)
+    labels = blk[:, :, 1:].clone()
+    blk[:, :, 1:] = mask_id
+    ctx_pos = torch.arange(L, device=dev)
+    mask_ctx = ctx_pos[None, None, :] < anchors.repeat_interleave(B, dim=1)[:, :, None]  # [R, Q, L]
+    blk_id = torch.arange(K, device=dev).repeat_interleave(B)
+    mask_blk = (blk_id[:, None] == blk_id[None, :]).expand(R, -1, -1)
+    mask = torch.cat([mask_ctx, mask_blk], 2)[:, None]  # [R, 1, Q, L + Q]
+    with amp:
+        ctx_kv = drafter.context_kv(feats[rows].float(), ctx_pos)
+        x = embed(blk.flatten(1))
+        cos, sin = _block_rope(drafter, qpos, x.dtype)
+        for layer, (k, v) in zip(drafter.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask)
+        logits = head(drafter.norm(x)).float().view(R, K, B, -1)[:, :, 1:]
+    return logits, labels
+
+
+def block_loss(drafter, embed, head, toks, feats, stops, rows, anchors, mask_id, slot_w, amp):
+    """DFlash block loss (block_logits); labels after the row's first stop token (stops [N]) are ignored:
+    decoding ends there. Returns (weighted CE, per-slot accuracy [B-1], per-anchor accepted length
+    [R*K] = 1 + correct prefix, as a dflash round at that root would emit)."""
+    B = slot_w.numel()
+    logits, labels = block_logits(drafter, embed, head, toks, feats, rows, anchors, mask_id, B, amp)
+    offs = torch.arange(1, B, device=toks.device)
+    valid = anchors[:, :, None] + offs <= stops[rows][:, None, None]  # [R, K, B-1]
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+    w = slot_w[1:] * valid
+    hit = (logits.argmax(-1) == labels) & valid
+    accepted = 1 + hit.long().cumprod(-1).sum(-1)
+    acc = hit.float().sum((0, 1)) / valid.float().sum((0, 1)).clamp(min=1)
+    return (ce * w).sum() / w.sum(), acc, accepted.flatten()
+
+
+def _anchors(lo: torch.Tensor, hi: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """[R, k] uniform positions in [lo, hi] per row (with repeats when the range is short)."""
+    span = (hi - lo + 1).cpu()
+    return lo[:, None] + (torch.rand(lo.numel(), k, generator=gen) * span[:, None]).long().to(lo.device)
 
 
 def train_draft(out: Path, a, device) -> dict:
@@ -236,122 +261,158 @@ def train_draft(out: Path, a, device) -> dict:
     from ddtree_chat.engine.loader import load_target
 
     from .common import draft_config
+    from .data import Encoder
+    from .draft_data import PromptSynth, greedy_forced
     from .export import export_drafter
 
     data = torch.load(out / "data.pt")
     vocab, n_ranks = data["meta"]["vocab"], data["meta"]["n_ranks"]
-    dcfg_json = draft_config(vocab, n_ranks)
-    dcfg = DraftConfig.from_json(dcfg_json)
-    tcfg, model = load_target(out / "target", torch.device("cpu"), torch.float32)
+    target_dir = Path(a.target_from) if a.target_from else out / "target"
+    tcfg, model = load_target(target_dir, torch.device("cpu"), torch.float32)
     model = _to_device(model, device)
+    log(f"draft: target {target_dir}")
     torch.backends.cuda.matmul.allow_tf32 = False  # greedy continuations as the float32 CPU engine makes them
-    capture = tuple(dcfg.target_layer_ids)
-    gen = torch.Generator().manual_seed(SEED + 1)
-    # 1. The target's own greedy continuations and hidden states.
-    t_start = time.time()
-    buckets = []
-    b = 0
-    while (a.draft_gen_batches and b < a.draft_gen_batches) or \
-            (not a.draft_gen_batches and time.time() - t_start < a.draft_gen_seconds):
-        p = a.prompt_lens[b % len(a.prompt_lens)]
-        prompts = make_prompts(data, a.gen_batch, p, gen).to(device)
-        toks, feats = greedy_with_features(model, prompts, a.gen_len, capture)
-        buckets.append((p, toks, feats))
-        b += 1
-        log(f"draft: generated batch {b} (prompt {p}, {toks.shape[0]}x{a.gen_len} tokens) "
-            f"at {time.time() - t_start:.0f}s")
-    sample = buckets[0][1][0].tolist()
-    # 2. Train the drafter: many blocks per sequence, anchored in the generated part.
-    torch.manual_seed(SEED + 2)
-    drafter = DFlashDrafter(dcfg).to(device)
-    drafter.reset_rope(device)
-    embed, head = model.embed_tokens, model.lm_head  # frozen, shared with the target
+    archs = [parse_arch(s) for s in a.draft_arch]
+    cfg_jsons = [draft_config(vocab, n_ranks, **arch) for arch in archs]
+    dcfgs = [DraftConfig.from_json(c) for c in cfg_jsons]
+    capture, B, mask_id = tuple(dcfgs[0].target_layer_ids), dcfgs[0].block_size, dcfgs[0].mask_token_id
+    enc = Encoder(out / "tokenizer")
+    stop_ids = (enc.sp["[EOS]"], enc.sp["<|im_end|>"])  # the engine's stop tokens
     cuda = device.type == "cuda"
+    # 1. The target's own greedy continuations and hidden states, on prompts it has not memorised.
+    synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt)
+    t_start = time.time()
+    pool = sorted(synth.sample(a.gen_batch * a.gen_pool_batches), key=len)  # similar lengths batch together
+    order = list(range(a.gen_pool_batches))
+    random.Random(SEED + 4).shuffle(order)
+    log(f"draft: {len(pool)} prompts synthesised in {time.time() - t_start:.1f}s "
+        f"(lengths {len(pool[0])}..{len(pool[-1])}, median {len(pool[len(pool) // 2])})")
+    buckets, feat_bytes = [], 0
+    for b, i in enumerate(order):
+        if a.draft_gen_batches is not None and b >= a.draft_gen_batches:
+            break
+        if a.draft_gen_batches is None and time.time() - t_start >= a.draft_gen_seconds:
+            break
+        if feat_bytes > a.max_feature_gb * 1e9:
+            log("draft: feature memory cap reached")
+            break
+        prompts = pool[i * a.gen_batch : (i + 1) * a.gen_batch]
+        toks, feats, lens = greedy_forced(model, prompts, a.gen_len, capture, device)
+        stops = first_stop(toks, lens, stop_ids)
+        lo, hi = anchor_range(toks, lens, stops, B)
+        ok = (hi >= lo).nonzero().flatten()  # rows that stop at once have no round
+        buckets.append((toks, feats, stops, lo, hi, ok))
+        stopped = int((stops < toks.shape[1]).sum())
+        feat_bytes += feats.numel() * feats.element_size()
+        log(f"draft: generated batch {b + 1} ({toks.shape[0]} x {toks.shape[1]} tokens, prompts "
+            f"{int(lens.min())}..{int(lens.max())}, {stopped} stopped, mean round-able span "
+            f"{float((hi - lo + 1).clamp(min=0).float().mean()):.0f}) at {time.time() - t_start:.0f}s, "
+            f"features {feat_bytes / 1e9:.1f} GB")
+    gen_s = time.time() - t_start
+    n_seq = sum(b[0].shape[0] for b in buckets)
+    log(f"draft: {n_seq} sequences generated in {gen_s:.0f}s (reproduce with --draft-gen-batches {len(buckets)})")
+    sample = buckets[0][0][0].tolist()
+    # Held-out check: the validation split's real chat prompts (at position 0, as in a chat).
+    vprompts = sorted((p[3] for p in data["val_prompts"] if len(p[3]) <= a.max_prompt), key=len)
+    vt, vf, vlens = greedy_forced(model, vprompts, a.gen_len, capture, device)
+    vstops = first_stop(vt, vlens, stop_ids)
+    vlo, vhi = anchor_range(vt, vlens, vstops, B)
+    vrows = (vhi >= vlo).nonzero().flatten()
+    vgen = torch.Generator().manual_seed(SEED + 5)
+    v_anchors = _anchors(vlo[vrows], vhi[vrows], a.anchors, vgen)
+    # 2. Train the drafter(s): every variant sees the same batches (a variant trained alone repeats exactly).
+    embed, head = model.embed_tokens, model.lm_head  # frozen, shared with the target
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
-    opt = torch.optim.AdamW(drafter.parameters(), lr=a.draft_lr, betas=(0.9, 0.95), weight_decay=0.01, fused=cuda)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
-    B = dcfg.block_size
     slot_w = torch.tensor([0.0] + [math.exp(-(k - 1) / a.slot_decay) for k in range(1, B)], device=device)
+    variants = []
+    for arch, cj, dc in zip(a.draft_arch, cfg_jsons, dcfgs):
+        torch.manual_seed(SEED + 2)
+        d = DFlashDrafter(dc).to(device)
+        d.reset_rope(device)
+        opt = torch.optim.AdamW(d.parameters(), lr=a.draft_lr, betas=(0.9, 0.95), weight_decay=0.01, fused=cuda)
+        variants.append({"arch": arch, "config": cj, "drafter": d, "opt": opt,
+                         "params": sum(p.numel() for p in d.parameters())})
+        log(f"draft: variant {arch}: {variants[-1]['params'] / 1e6:.2f}M parameters")
     rng = random.Random(SEED + 3)
-
-    def batch_loss(p, toks, feats, rows, anchors):
-        L = toks.shape[1]
-        k = len(anchors)
-        anc = torch.tensor(anchors, device=device)
-        qpos = (anc[:, None] + torch.arange(B, device=device)).flatten()  # [K*B]
-        tk = toks[rows]
-        blk = tk[:, qpos].clone().view(-1, k, B)
-        labels = blk[:, :, 1:].clone()
-        blk[:, :, 1:] = dcfg.mask_token_id
-        ctx_pos = torch.arange(L, device=device)
-        mask_ctx = ctx_pos[None, :] < anc.repeat_interleave(B)[:, None]  # [Q, L]
-        blk_id = torch.arange(k, device=device).repeat_interleave(B)
-        mask_blk = blk_id[:, None] == blk_id[None, :]
-        mask = torch.cat([mask_ctx, mask_blk], 1)
-        with amp:
-            ctx_kv = drafter.context_kv(feats[rows].float(), ctx_pos)
-            hid = drafter(embed(blk.flatten(1)), qpos, ctx_kv, mask)
-            logits = head(hid).float().view(-1, k, B, vocab)[:, :, 1:]
-        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
-        w = slot_w[1:].expand_as(ce)
-        acc = (logits.argmax(-1) == labels).float()
-        return (ce * w).sum() / w.sum(), acc.mean(0).mean(0)
+    agen = torch.Generator().manual_seed(SEED + 6)
+    sizes = [b[5].numel() for b in buckets]
 
     def sample_batch(bs):
-        p, toks, feats = buckets[rng.randrange(len(buckets))]
-        rows = torch.tensor(rng.sample(range(toks.shape[0]), bs), device=device)
-        lo, hi = p, toks.shape[1] - B
-        anchors = sorted(rng.sample(range(lo, hi + 1), min(a.anchors, hi - lo + 1)))
-        return p, toks, feats, rows, anchors
+        bi = rng.choices(range(len(buckets)), weights=sizes)[0]
+        toks, feats, stops, lo, hi, ok = buckets[bi]
+        n = ok.numel()
+        pick = rng.sample(range(n), bs) if n >= bs else [rng.randrange(n) for _ in range(bs)]
+        rows = ok[torch.tensor(pick, device=device)]
+        return toks, feats, stops, rows, _anchors(lo[rows], hi[rows], a.anchors, agen)
+
+    def evaluate(v):
+        d = v["drafter"]
+        d.eval()
+        with torch.no_grad():
+            vl, vacc, vtau = block_loss(d, embed, head, vt, vf, vstops, vrows, v_anchors, mask_id, slot_w, amp)
+        d.train()
+        return vl.item(), vacc.tolist(), vtau.float().mean().item()
 
     total = a.draft_steps or 10**9
-    step, t_train = 0, time.time()
+    step, t_train, hist = 0, time.time(), []
+    # NOTE: steps are timed from step 50 to 150: the first ones allocate memory for each new bucket shape
+    # (a first estimate over steps 10-30 came out twice the steady rate).
+    t_lo, t_hi = 50, 150
     while step < total:
-        if a.draft_steps is None and step == 10:
+        if a.draft_steps is None and step in (t_lo, t_hi):
             if cuda:
                 torch.cuda.synchronize()
-            t10 = time.time()
-        if a.draft_steps is None and step == 30:
-            if cuda:
-                torch.cuda.synchronize()
-            per = (time.time() - t10) / 20
-            left = a.draft_seconds - (time.time() - t_train)
-            if a.deadline:
-                left = min(left, a.deadline - (time.time() - T0))
-            total = max(40, 30 + int(left / per))
-            log(f"draft: {per * 1000:.0f} ms/step -> {total} steps (reproduce with --draft-steps {total})")
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, total, a.draft_lr, min(200, total // 10))
-        loss, acc = batch_loss(*sample_batch(a.draft_batch))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        if step % 200 == 0 or step == total - 1:
-            log(f"draft: step {step}/{total} loss {loss.item():.3f} acc/slot "
-                + " ".join(f"{v:.2f}" for v in acc.tolist()))
+            if step == t_lo:
+                t_mark = time.time()
+            else:
+                per = (time.time() - t_mark) / (t_hi - t_lo)
+                left = a.draft_seconds - (time.time() - t_train)
+                if a.deadline:
+                    left = min(left, a.deadline - (time.time() - T0))
+                total = max(t_hi + 10, t_hi + int(left / per))
+                log(f"draft: {per * 1000:.0f} ms/step ({len(variants)} variants) -> {total} steps "
+                    f"(reproduce with --draft-steps {total})")
+        if a.draft_steps is None and a.deadline and step > t_hi and step < total - 1 \
+                and time.time() - T0 > a.deadline + 20:
+            log(f"draft: past the deadline: stopping at step {step} of {total}")
+            total = step + 1
+        batch = sample_batch(a.draft_batch)
+        lr = _lr(step, total, a.draft_lr, min(200, total // 10))
+        report = step % 500 == 0 or step == total - 1
+        for v in variants:
+            for g in v["opt"].param_groups:
+                g["lr"] = lr
+            loss, acc, _ = block_loss(v["drafter"], embed, head, *batch, mask_id, slot_w, amp)
+            v["opt"].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(v["drafter"].parameters(), 1.0)
+            v["opt"].step()
+            if report:
+                vl, vacc, vtau = evaluate(v)
+                hist.append({"arch": v["arch"], "step": step, "loss": loss.item(), "val_loss": vl, "val_tau": vtau})
+                log(f"draft {v['arch']}: step {step}/{total} loss {loss.item():.3f} acc/slot "
+                    + " ".join(f"{x:.2f}" for x in acc.tolist())
+                    + f" | val loss {vl:.3f} dflash-tau {vtau:.2f} acc/slot " + " ".join(f"{x:.2f}" for x in vacc))
         step += 1
     train_s = time.time() - t_train
-    drafter.eval()
-    export_drafter(drafter, out / "draft", vocab, n_ranks)
-    # Held-out check on the GPU: validation chat prompts, the same block loss/accuracy.
-    with torch.no_grad():
-        vprompts = [p[3] for p in data["val_prompts"]]
-        p = a.prompt_lens[-1]
-        vp = [c for c in vprompts if len(c) <= p][: a.gen_batch]
-        stream = data["streams"]["val"]
-        rows = [stream[: p - len(c)].long().tolist() + c for c in vp]
-        vt, vf = greedy_with_features(model, torch.tensor(rows, device=device), a.gen_len, capture)
-        lo, hi = p, vt.shape[1] - B
-        anchors = list(range(lo, hi + 1, max(1, (hi - lo) // a.anchors)))[: a.anchors]
-        vl, vacc = batch_loss(p, vt, vf, torch.arange(vt.shape[0], device=device), anchors)
-    tau = sum(float(torch.prod(vacc[:k + 1])) for k in range(B - 1)) + 1  # rough chain estimate (independent slots)
-    log(f"draft: val block loss {vl.item():.3f}, acc/slot " + " ".join(f"{v:.2f}" for v in vacc.tolist()))
-    res = {"steps": total, "train_seconds": round(train_s, 1), "gen_batches": len(buckets),
-           "gen_sequences": sum(t.shape[0] for _, t, _ in buckets), "gen_len": a.gen_len,
-           "val_block_loss": vl.item(), "val_acc_per_slot": vacc.tolist(), "chain_tau_estimate": tau,
+    res = {"steps": total, "train_seconds": round(train_s, 1), "gen_seconds": round(gen_s, 1),
+           "gen_batches": len(buckets), "gen_sequences": n_seq, "gen_len": a.gen_len,
+           "gen_roundable_tokens": sum(int((b[4] - b[3] + 1).clamp(min=0).sum()) for b in buckets),
+           "draft_batch": a.draft_batch, "anchors": a.anchors, "lr": a.draft_lr,
+           "target": str(target_dir), "val_prompts": len(vprompts), "variants": {}, "curve": hist,
            "sample_tokens": sample[:64]}
+    for i, v in enumerate(variants):
+        v["drafter"].eval()
+        vl, vacc, vtau = evaluate(v)
+        dirs = [out / f"draft-{v['arch']}"] + ([out / "draft"] if i == 0 else [])
+        for d in dirs:
+            export_drafter(v["drafter"], d, v["config"])
+        log(f"draft {v['arch']}: val block loss {vl:.3f}, dflash-tau (per anchor) {vtau:.2f}, acc/slot "
+            + " ".join(f"{x:.2f}" for x in vacc) + f" -> {', '.join(map(str, dirs))}")
+        res["variants"][v["arch"]] = {"params": v["params"], "val_block_loss": vl, "val_acc_per_slot": vacc,
+                                      "val_dflash_tau_per_anchor": vtau}
     (out / "draft_train.json").write_text(json.dumps(res, indent=1))
     return res
 
@@ -359,7 +420,10 @@ def train_draft(out: Path, a, device) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--stages", default="data,target,draft")
+    ap.add_argument("--stages", default=None, help="default: data,target,draft (data,draft with --target-from)")
+    ap.add_argument("--target-from", type=Path, default=None,
+                    help="an existing target dir (e.g. assets/demo/target): reuse its tokenizer in the data "
+                         "stage and train only the drafter against it")
     ap.add_argument("--toy", action="store_true", help="tiny CPU smoke run (150 files, seconds of training)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--limit-files", type=int, default=None)
@@ -371,16 +435,21 @@ def main(argv=None) -> int:
     ap.add_argument("--qat-frac", type=float, default=0.12)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
     ap.add_argument("--val-windows", type=int, default=192)
+    ap.add_argument("--draft-arch", nargs="+", default=[f"{DRAFT['layers']}x{DRAFT['inter']}"],
+                    help="drafter variants LAYERSxINTERMEDIATE, trained side by side on the same batches; "
+                         "the first is also written to OUT/draft")
     ap.add_argument("--draft-seconds", type=float, default=200)
     ap.add_argument("--draft-steps", type=int, default=None)
-    ap.add_argument("--draft-gen-seconds", type=float, default=80)
+    ap.add_argument("--draft-gen-seconds", type=float, default=40)
     ap.add_argument("--draft-gen-batches", type=int, default=None)
+    ap.add_argument("--gen-pool-batches", type=int, default=64, help="prompt batches synthesised (an upper bound)")
+    ap.add_argument("--max-feature-gb", type=float, default=70.0, help="stop generating past this many GB of features")
     ap.add_argument("--deadline", type=float, default=None, help="stop drafter training by this many seconds after start")
-    ap.add_argument("--gen-batch", type=int, default=1024)
-    ap.add_argument("--gen-len", type=int, default=192)
-    ap.add_argument("--prompt-lens", type=int, nargs="+", default=[64, 128, 256])
-    ap.add_argument("--draft-lr", type=float, default=2e-3)
-    ap.add_argument("--draft-batch", type=int, default=128)
+    ap.add_argument("--gen-batch", type=int, default=4096)
+    ap.add_argument("--gen-len", type=int, default=160)
+    ap.add_argument("--max-prompt", type=int, default=256)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--draft-batch", type=int, default=256)
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--slot-decay", type=float, default=5.0)
     a = ap.parse_args(argv)
@@ -388,17 +457,27 @@ def main(argv=None) -> int:
         a.limit_files = a.limit_files or 150
         a.target_steps = a.target_steps or 30
         a.batch, a.seq, a.val_windows = 4, 128, 8
-        a.draft_steps, a.draft_gen_batches = a.draft_steps or 20, 1
-        a.gen_batch, a.gen_len, a.prompt_lens, a.draft_batch, a.anchors = 8, 24, [64], 4, 4
+        a.draft_steps, a.draft_gen_batches = a.draft_steps or 20, a.draft_gen_batches or 1
+        a.gen_batch, a.gen_len, a.gen_pool_batches, a.draft_batch, a.anchors = 8, 24, 2, 4, 4
+    stages = (a.stages or ("data,draft" if a.target_from else "data,target,draft")).split(",")
+    if a.target_from and "target" in stages:
+        ap.error("--target-from keeps the given target: leave the target stage out")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(SEED)
     a.out.mkdir(parents=True, exist_ok=True)
-    stages = a.stages.split(",")
     log(f"demo train: stages {stages}, device {device}, torch {torch.__version__}")
     if "data" in stages:
         from .data import prepare
 
-        prepare(a.out, a.limit_files, log=log)
+        meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from)
+        shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
+        if shipped is not None and shipped.exists():
+            ref = json.loads(shipped.read_text())
+            same = ref.get("file_list_sha256") == meta["file_list_sha256"] and ref.get("tokens") == meta["tokens"]
+            log("data: same files and token counts as the target's training data" if same else
+                f"data: WARNING: differs from the target's training data ({shipped}): "
+                f"files {meta['file_list_sha256'][:12]} vs {ref.get('file_list_sha256', '?')[:12]}, "
+                f"tokens {meta['tokens']} vs {ref.get('tokens')}")
     if "target" in stages:
         train_target(a.out, a, device)
     if "draft" in stages:
