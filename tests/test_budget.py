@@ -64,3 +64,16 @@ def test_drafted_size_climbs_by_cost_not_by_one_step():
     assert auto.max_budget == 8
     auto.last = 16
     assert auto.max_budget == 16
+    auto.costs, auto.last, auto.rounds = {4: 1.0, 8: 1.0, 16: 1.0}, 4, 3
+    assert auto.max_budget == 4  # between exploring rounds it drafts its last choice
+    auto.rounds = 8
+    assert auto.max_budget == 16
+
+
+def test_choice_counts_the_drafting_cost_of_each_size():
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {4: 1.0, 8: 1.0, 16: 1.05}
+    tree = _tree(True)
+    assert auto.choose(tree) == 8  # the size that holds the confident chain
+    auto.draft_costs = {4: 0.0, 8: 5.0, 16: 5.0}  # ... unless drafting it costs more than it gains
+    assert auto.choose(tree) == 4

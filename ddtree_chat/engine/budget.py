@@ -19,6 +19,7 @@ from .parallel import TPGroup
 from .tree import DraftTree, path_scores  # noqa: F401 (tests import it from here)
 
 CANDIDATES = (2, 4, 8, 16, 32, 64, 128, 256)
+EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays
 log = logging.getLogger(__name__)
 
 
@@ -26,16 +27,26 @@ class AutoBudget:
     def __init__(self, decoder: Decoder, tp: TPGroup, key: str):
         self.dec, self.tp, self.key = decoder, tp, key
         self.costs: dict[int, float] | None = None
-        self.draft_s = 0.0
+        self.draft_s = 0.0  # drafter seconds per round (EMA over all drafted sizes)
+        self.draft_costs: dict[int, float] = {}  # the same per drafted size
         self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
         self.last = 0  # the budget chosen last round
+        self.drafted = 0  # the size drafted this round (max_budget when it was read)
+        self.rounds = 0
         self.predicted = 0.0  # expected accepted drafted tokens of the last choice (before calibration)
 
     @property
     def max_budget(self) -> int:
-        """Tree size to draft this round: above the last choice by one candidate, or further while the
-        measured verify cost stays within 25% of that next size's (where verify cost is flat, as on a GPU,
-        the search reaches the large trees at once; where it climbs, as on a CPU, it steps)."""
+        """Tree size to draft this round: the last choice, except every EXPLORE-th round (and the first),
+        which drafts above it by one candidate or further while the measured verify cost stays within 25%
+        of that next size's (a flat cost curve, as on a GPU, reaches the large trees at once; one that
+        climbs, as on a CPU, steps). NOTE: drafting large every round would cost more than it finds."""
+        self.drafted = self.tp.broadcast(self._max_budget())  # NOTE: costs are timed per rank; rank 0 decides
+        return self.drafted
+
+    def _max_budget(self) -> int:
+        if self.last and self.rounds % EXPLORE:
+            return self.last
         sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
         above = [b for b in sizes if b > self.last]
         if not above:
@@ -113,7 +124,7 @@ class AutoBudget:
         best, best_rate, self.predicted = 0, 0.0, 0.0
         for b in sizes:
             m = cum[b] - 1.0
-            rate = (1.0 + self.calib * m) / (self.costs[b] + self.draft_s)
+            rate = (1.0 + self.calib * m) / (self.costs[b] + self.draft_costs.get(b, self.draft_s))
             if rate > best_rate:
                 best, best_rate, self.predicted = b, rate, m
         self.last = self.tp.broadcast(best or min(self.costs))
@@ -123,7 +134,11 @@ class AutoBudget:
         """Learn from a finished round: calibration of the gain (against what choose() predicted for the
         size it picked), and the real cost of the size used."""
         predicted = self.predicted
+        self.rounds += 1
         self.draft_s = draft_s if self.draft_s == 0 else 0.9 * self.draft_s + 0.1 * draft_s
+        if self.drafted:
+            old = self.draft_costs.get(self.drafted)
+            self.draft_costs[self.drafted] = draft_s if old is None else 0.8 * old + 0.2 * draft_s
         b = tree.size - 1
         if b in self.costs:
             self.costs[b] = 0.8 * self.costs[b] + 0.2 * target_s

@@ -302,7 +302,6 @@ class Engine:
                 self._auto = AutoBudget(dec, self.tp, f"v3-{self.fingerprint[:16]}-{self.device}-{dec.dtype}-"
                                                       f"tp{self.tp.world}-{how}")
             self._auto.ensure_costs()
-            budget = self._auto.max_budget
         first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
         dec.pending = first
         out.append(first)
@@ -324,6 +323,8 @@ class Engine:
             if halt:
                 reason = "stopped"
                 break
+            if auto:
+                budget = self._auto.max_budget  # NOTE: re-read every round: the search moves it
             if dec.cache.length + dec.round_room(mode, budget) > dec.max_len:
                 reason = "context"
                 break
