@@ -138,3 +138,11 @@ def test_bare_code_replies_render_as_a_code_block():
     assert looks_like_code("@cache\ndef f(): pass") and looks_like_code("from os import path\n")
     for text in ("The answer is 42.", "Here:\n```python\ndef f(): pass\n```", "define a function"):
         assert not looks_like_code(text) and answer_markdown(text) == text
+
+
+def test_device_label_says_where_and_how_rounds_run():
+    from ddtree_chat.ui.tree_panel import device_label
+
+    assert device_label({"device": "cpu", "tp": 1}) == "cpu"
+    assert device_label({"device": "cuda:0", "tp": 1, "cuda_graphs": 29}) == "cuda:0 graphs"
+    assert device_label({"device": "cuda:0", "tp": 8, "cuda_graphs": 0}) == "cuda:0 ×8"

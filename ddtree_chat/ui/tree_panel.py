@@ -40,6 +40,14 @@ def render_lines(lines: list[Line]) -> Text:
     return text
 
 
+
+def device_label(info: dict) -> str:
+    """e.g. "cuda:0 graphs", "cuda ×8", "cpu": where the engine runs and whether rounds replay CUDA graphs."""
+    device = str(info.get("device", "–"))
+    if int(info.get("tp") or 1) > 1:
+        device = f"{device} ×{info['tp']}"
+    return f"{device} graphs" if info.get("cuda_graphs") else device
+
 class Stats:
     """Running numbers for the reply in progress (from event data only: no UI clock)."""
 
@@ -124,9 +132,7 @@ class TreePanel(Vertical):
         s, info = self.stats, self.info
         tps = f"{s.tokens_per_second:.1f}" if s.tokens_per_second is not None else "–"
         per = f"{s.per_forward:.2f}" if s.per_forward is not None else "–"
-        device = info.get("device", "–")
-        if int(info.get("tp") or 1) > 1:
-            device = f"{device} ×{info['tp']}"
+        device = device_label(info)
         rows = [
             ("tok/s", tps), ("tok/fwd", per), ("rounds", str(s.rounds)), ("tokens", str(s.tokens)),
             ("mode", self.mode or "–"), ("budget", str(self.budget) if self.budget and self.mode != "ar" else "–"),
