@@ -40,7 +40,6 @@ def render_lines(lines: list[Line]) -> Text:
     return text
 
 
-
 def device_label(info: dict) -> str:
     """e.g. "cuda:0 graphs", "cuda ×8", "cpu": where the engine runs and whether rounds replay CUDA graphs."""
     device = str(info.get("device", "–"))
