@@ -170,3 +170,14 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
             sr.run(key)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_bf16_rounds_record_with_the_fast_kernels(synthetic_pair):
+    """bf16 (the real-checkpoint path: INT4 MoE CUDA kernel, Triton MLA) records and replays too."""
+    eng = Engine.load(*synthetic_pair, device="cuda", dtype="bfloat16")
+    assert eng.info["cuda_graphs"] > 0
+    prompt = eng.tokenizer.encode(PROMPTS[0])
+    for mode, budget in (("ar", 0), ("ddtree", 16), ("ddtree", "auto")):
+        done = run(eng, prompt, mode=mode, budget=budget, max_new_tokens=24)
+        assert len(done["token_ids"]) == 24 and done["stop_reason"] == "max_new_tokens"
