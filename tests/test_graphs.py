@@ -88,7 +88,7 @@ def test_static_round_over_a_long_context(pair):
     assert len(prompt) > 256
     want = run(eager, prompt, mode="ar", max_new_tokens=20)["token_ids"]
     assert run(static, prompt, mode="ddtree", budget=16, max_new_tokens=20)["token_ids"] == want
-    assert static.decoder.graphs.draft_key("ddtree", 16)[-1] == 512
+    assert static.decoder.graphs.draft_key("ddtree", 16)[3] == 512
 
 
 def test_static_round_stops_inside_a_path_and_at_the_limit(pair):
@@ -165,7 +165,7 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for key in (sr.draft_key("ddtree", 16), ("verify", 17), ("accept", 17), sr.draft_key("dflash", 7),
+        for key in (sr.draft_key("ddtree", 16, True), ("verify", 17), ("accept", 17), sr.draft_key("dflash", 7),
                     ("verify", 8), ("accept", 8), ("verify", 1), ("accept", 1)):
             sr.run(key)
     finally:

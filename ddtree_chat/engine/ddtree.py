@@ -165,16 +165,16 @@ class Decoder:
 
     def _round_static(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose) -> RoundResult:
         """round() through graphs.StaticRound: the same math on static buffers (CUDA graphs on GPU)."""
-        sr = self.graphs
-        n, sizes = sr.plan(mode, budget, choose is not None)
+        sr, choosing = self.graphs, choose is not None
+        n, sizes = sr.plan(mode, budget, choosing)
         if self.dcache is not None:
             self.dcache.make_room(self.dcfg.block_size)
-        sr.prepare(mode, budget, sizes)
+        sr.prepare(mode, budget, sizes, choosing)
         sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
         clock = sr.clock()
         if n > 1:
-            sr.run(sr.draft_key(mode, budget))
-        if choose is not None and n > 1:
+            sr.run(sr.draft_key(mode, budget, choosing))
+        if choosing and n > 1:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
         logits, _ = sr.run(("verify", n))

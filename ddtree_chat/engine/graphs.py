@@ -96,35 +96,36 @@ class StaticRound:
 
         return n, [c + 1 for c in CANDIDATES if c + 1 <= n]
 
-    def draft_key(self, mode: str, budget: int) -> tuple:
+    def draft_key(self, mode: str, budget: int, choosing: bool = False) -> tuple:
         """NOTE: the draft attends a power-of-two span of the drafter cache that covers its entries, not
-        the whole buffer: reading (and reducing over) 32k empty slots per round cost more than the rest."""
+        the whole buffer: reading (and reducing over) 32k empty slots per round cost more than the rest.
+        Only a draft for the auto budget (choosing) computes the cumulative path mass."""
         held = self.dec.dcache.length
         span = MIN_SPAN
         while span < held:
             span *= 2
-        return ("draft", mode, budget, min(span, self.dec.dcache.capacity))
+        return ("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
-    def _keys(self, mode: str, budget: int, sizes: list[int]):
+    def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool):
         if sizes != [1]:
-            yield self.draft_key(mode, budget)
+            yield self.draft_key(mode, budget, choosing)
         for n in sizes:
             yield ("verify", n)
             yield ("accept", n)
 
     def _program(self, key: tuple):
         if key[0] == "draft":
-            return lambda: self.draft(key[1], key[2], key[3])
+            return lambda: self.draft(*key[1:])
         if key[0] == "verify":
             return lambda: self.verify(key[1])
         return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1])
 
-    def prepare(self, mode: str, budget: int, sizes: list[int]) -> None:
+    def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False) -> None:
         """Record the programs this round may need. NOTE: before the round starts, so the recording's
         warm-up run writes scratch rows only (accept run twice would move the path's rows twice)."""
         if not self.capture:
             return
-        for key in self._keys(mode, budget, sizes):
+        for key in self._keys(mode, budget, sizes, choosing):
             self._ensure(key)
 
     def _ensure(self, key: tuple) -> None:
@@ -141,7 +142,7 @@ class StaticRound:
         for mode, budget, choosing in modes:
             if self.serves(mode, budget):
                 self.begin(self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0)
-                self.prepare(mode, budget, self.plan(mode, budget, choosing)[1])
+                self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
         return self.capture_s - before
 
     def _record(self, fn):
@@ -203,7 +204,7 @@ class StaticRound:
         return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], max_depth=depth)
 
     # -- the programs (static shapes, no host synchronisation) ---------------------------------------
-    def draft(self, mode: str, budget: int, span: int) -> None:
+    def draft(self, mode: str, budget: int, span: int, choosing: bool) -> None:
         dec, b = self.dec, self.block
         length, entries, root = self.state[0], self.state[1], self.state[2:3]
         visible = (self.arange[:span] < entries).expand(b, span)  # the context entries held
@@ -213,8 +214,10 @@ class StaticRound:
         tree = dec.tree_from_logprobs(root, logp, mode, budget)
         n = tree.size
         for buf, t in ((self.tokens, tree.tokens), (self.parents, tree.parents), (self.depth, tree.depth),
-                       (self.logprobs, tree.logprobs), (self.cum_mass, path_scores(tree).exp().cumsum(0))):
+                       (self.logprobs, tree.logprobs)):
             buf[:n].copy_(t)
+        if choosing:
+            self.cum_mass[:n].copy_(path_scores(tree).exp().cumsum(0))
 
     def verify(self, n: int):
         dec = self.dec
