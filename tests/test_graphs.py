@@ -32,6 +32,7 @@ def with_drafter(engine, drafter):
     dec = engine.decoder
     if dec.graphs is not None:
         dec.block_logprobs = drafter
+        dec.run_ahead = False  # NOTE: these drafters read the host's committed tokens
     else:
         dec.draft_logprobs = drafter
 
@@ -39,6 +40,7 @@ def with_drafter(engine, drafter):
 def drop_drafter(engine):
     engine.decoder.__dict__.pop("block_logprobs", None)
     engine.decoder.__dict__.pop("draft_logprobs", None)
+    engine.decoder.run_ahead = True
 
 
 @pytest.mark.parametrize("mode,budget", [("ar", 0), ("dflash", 7), ("ddtree", 1), ("ddtree", 16),
@@ -51,6 +53,30 @@ def test_static_round_equals_eager_round_with_the_real_drafter(pair, mode, budge
         got = run(static, prompt, mode=mode, budget=budget, max_new_tokens=20)
         assert got["token_ids"] == want
         assert got["mode"] == (mode if mode != "ar" else "ar")
+
+
+@pytest.mark.parametrize("mode,budget", [("ar", 0), ("dflash", 7), ("ddtree", 4), ("ddtree", 16)])
+def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
+    """The next round launched on the device state accept() leaves == launched from the host's state."""
+    _, static = pair
+    dec = static.decoder
+    launches = []
+    launch = dec._launch
+    dec._launch = lambda *a, fresh: launches.append(fresh) or launch(*a, fresh=fresh)
+    try:
+        for text in PROMPTS + [LONG]:
+            prompt = static.tokenizer.encode(text)
+            dec.run_ahead = False
+            want = run(static, prompt, mode=mode, budget=budget, max_new_tokens=40)
+            state = (list(dec.tokens), dec.cache.length, dec.dcache.length, dec.dcache.end_pos)
+            dec.run_ahead, launches[:] = True, []
+            got = run(static, prompt, mode=mode, budget=budget, max_new_tokens=40)
+            assert got["token_ids"] == want["token_ids"]
+            assert got["acceptance_histogram"] == want["acceptance_histogram"]
+            assert (list(dec.tokens), dec.cache.length, dec.dcache.length, dec.dcache.end_pos) == state
+            assert launches.count(True) == 1 and launches.count(False) == got["rounds"]  # all but the first ran ahead
+    finally:
+        del dec._launch
 
 
 @pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 16), (0.6, 64)])

@@ -57,6 +57,8 @@ class Decoder:
         self.tokens: list[int] = []  # committed (in the cache)
         self.pending: int | None = None
         self.graphs = None  # a graphs.StaticRound when rounds run on static buffers (set by the engine)
+        self._ahead = None  # a graphs.Flight launched before the previous round's result was read
+        self.run_ahead = True  # NOTE: off for drafters that read host state (the tests' oracle drafters)
 
     @property
     def max_len(self) -> int:
@@ -98,6 +100,7 @@ class Decoder:
         if self.dcache is not None:
             self.dcache.truncate_to_pos(lcp)
         self.pending = None
+        self._ahead = None  # NOTE: a round launched past the last reply's end is never read
         new = ids[lcp:]
         t = len(new)
         logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t))
@@ -164,25 +167,20 @@ class Decoder:
         return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
 
     def _round_static(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose) -> RoundResult:
-        """round() through graphs.StaticRound: the same math on static buffers (CUDA graphs on GPU)."""
-        sr, choosing = self.graphs, choose is not None
-        n, sizes = sr.plan(mode, budget, choosing)
-        if self.dcache is not None:
-            self.dcache.make_room(self.dcfg.block_size)
-        sr.prepare(mode, budget, sizes, choosing)
-        sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
-        clock = sr.clock()
-        if n > 1:
-            sr.run(sr.draft_key(mode, budget, choosing))
-        if choosing and n > 1:
-            n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
-        clock.mark()
-        logits, _ = sr.run(("verify", n))
-        if temperature > 0:
-            sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
-        packed = sr.run(("accept", n))
-        host_tree, path, emitted = self._outcome(packed, n, stop_ids, room)  # NOTE: the round's one sync
-        t_draft, t_target = clock.split()
+        """round() through graphs.StaticRound: the same math on static buffers (CUDA graphs on GPU).
+        Greedy fixed-size rounds run one ahead: the next round is launched (on the state this round's
+        accept leaves on the device) before this one's result is read, so the GPU works while the host
+        reads; a round launched past a stop or the limit is simply never read (it wrote scratch only)."""
+        key = (mode, budget)
+        ahead = self.run_ahead and not choose and temperature <= 0
+        flight, self._ahead = self._ahead, None
+        if flight is None or flight.key != key or not ahead:
+            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
+        if ahead and self._room_ahead(flight.n):
+            self._ahead = self._launch(mode, budget, 0.0, 1.0, None, None, fresh=False)
+        n = flight.n
+        host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
+        t_draft, t_target = flight.clock.split()
         m = len(emitted)
         start = self.cache.length
         # NOTE: accept() moved the path's rows to start..; only the first m count
@@ -191,7 +189,41 @@ class Decoder:
         if self.dcache is not None:
             self.dcache.advance(m, start + m)
         self.pending = emitted[-1]
-        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target)
+        if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
+            self._ahead = None
+        return RoundResult(self.graphs.tree(n), host_tree, path, emitted, t_draft, t_target)
+
+    def _room_ahead(self, n: int) -> bool:
+        """Whether a round launched now, before this one's path is known, surely fits both caches."""
+        b = self.dcfg.block_size if self.dcfg else 1
+        fits = self.cache.length + min(n, b) + n <= self.max_len
+        return fits and (self.dcache is None or self.dcache.length + 2 * b <= self.dcache.capacity)
+
+    def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool):
+        """Enqueue one round's programs (fresh: from the host's state; else from the device state the
+        previous round's accept left) and start the copy of its result."""
+        sr, choosing = self.graphs, choose is not None
+        n, sizes = sr.plan(mode, budget, choosing)
+        b = self.dcfg.block_size if self.dcfg else 1
+        held = None
+        if self.dcache is not None:
+            if fresh:  # NOTE: room for this round's and a following one's context rows
+                self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
+            else:
+                held = self.dcache.length + b  # the entries this round may see, at most
+        sr.prepare(mode, budget, sizes, choosing, held)
+        if fresh:
+            sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
+        clock = sr.clock()
+        if n > 1:
+            sr.run(sr.draft_key(mode, budget, choosing, held))
+        if choosing and n > 1:
+            n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
+        clock.mark()
+        logits, _ = sr.run(("verify", n))
+        if temperature > 0:
+            sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
+        return sr.fetch((mode, budget), n, sr.run(("accept", n)), clock)
 
     @staticmethod
     def _outcome(packed: torch.Tensor, n: int, stop_ids: frozenset[int], room: int):

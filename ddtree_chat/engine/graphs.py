@@ -49,11 +49,23 @@ class _Clock:
         self.marks.append(self._now())
 
     def split(self) -> tuple[float, float]:
-        self.mark()
+        """(draft, target) seconds; call after the round's result arrived (marks: start, verify, end)."""
         a, b, c = self.marks
         if self.cuda:
             return a.elapsed_time(b) / 1e3, b.elapsed_time(c) / 1e3
         return b - a, c - b
+
+
+class Flight:
+    """A launched round whose packed result is on its way to the host (an event marks its arrival)."""
+
+    def __init__(self, key: tuple, n: int, host: torch.Tensor, event, clock: _Clock):
+        self.key, self.n, self.host, self.event, self.clock = key, n, host, event, clock
+
+    def wait(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
 
 
 class StaticRound:
@@ -79,6 +91,7 @@ class StaticRound:
         self.graphs: dict[tuple, tuple] = {}  # key -> (CUDAGraph, static outputs)
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
         self.capture_s = 0.0
+        self._pinned: dict[int, list[torch.Tensor]] = {}
 
     # -- which rounds, which programs ----------------------------------------------------------------
     def serves(self, mode: str, budget: int) -> bool:
@@ -96,19 +109,20 @@ class StaticRound:
 
         return n, [c + 1 for c in CANDIDATES if c + 1 <= n]
 
-    def draft_key(self, mode: str, budget: int, choosing: bool = False) -> tuple:
+    def draft_key(self, mode: str, budget: int, choosing: bool = False, held: int | None = None) -> tuple:
         """NOTE: the draft attends a power-of-two span of the drafter cache that covers its entries, not
         the whole buffer: reading (and reducing over) 32k empty slots per round cost more than the rest.
-        Only a draft for the auto budget (choosing) computes the cumulative path mass."""
-        held = self.dec.dcache.length
+        Only a draft for the auto budget (choosing) computes the cumulative path mass. held: the drafter
+        entries to cover (default: those the host counts now)."""
+        held = self.dec.dcache.length if held is None else held
         span = MIN_SPAN
         while span < held:
             span *= 2
         return ("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
-    def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool):
+    def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None):
         if sizes != [1]:
-            yield self.draft_key(mode, budget, choosing)
+            yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
             yield ("verify", n)
             yield ("accept", n)
@@ -120,12 +134,14 @@ class StaticRound:
             return lambda: self.verify(key[1])
         return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1])
 
-    def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False) -> None:
+    def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
+                held: int | None = None) -> None:
         """Record the programs this round may need. NOTE: before the round starts, so the recording's
-        warm-up run writes scratch rows only (accept run twice would move the path's rows twice)."""
+        warm-up run writes scratch rows only (accept run twice would move the path's rows twice); a round
+        launched ahead (Decoder) only ever records a draft, which writes nothing but the tree buffers."""
         if not self.capture:
             return
-        for key in self._keys(mode, budget, sizes, choosing):
+        for key in self._keys(mode, budget, sizes, choosing, held):
             self._ensure(key)
 
     def _ensure(self, key: tuple) -> None:
@@ -168,6 +184,20 @@ class StaticRound:
 
     def clock(self) -> _Clock:
         return _Clock(self.dec.device)
+
+    def fetch(self, key: tuple, n: int, packed: torch.Tensor, clock: _Clock) -> Flight:
+        """Start the round's one device-to-host copy (into one of two pinned buffers per size, so a round
+        launched ahead does not overwrite the one being read) and close its clock."""
+        clock.mark()
+        if not self.capture:
+            return Flight(key, n, packed.clone(), None, clock)
+        bufs = self._pinned.setdefault(n, [torch.empty(packed.numel(), dtype=packed.dtype, pin_memory=True)
+                                           for _ in range(2)])
+        bufs.reverse()
+        bufs[0].copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Flight(key, n, bufs[0], event, clock)
 
     def run(self, key: tuple):
         if self.capture:
@@ -244,4 +274,8 @@ class StaticRound:
         if dec.drafter is not None and feats is not None:
             kv = dec.drafter.context_kv(feats[path].to(dec.draft_dtype), start + levels)
             dec.dcache.write_slots(kv, self.state[1] + levels)
-        return pack_round(tree, choice, ok, bonus)
+        packed = pack_round(tree, choice, ok, bonus)
+        # NOTE: the next round's state, in case it is launched before the host has read this one
+        self.state[:2] += ok.sum()
+        self.state[2:].copy_(bonus.view(1))
+        return packed
