@@ -3,9 +3,9 @@
 import torch
 
 from ddtree_chat.engine import GenerationConfig
-from ddtree_chat.engine.budget import AutoBudget, path_scores
+from ddtree_chat.engine.budget import AutoBudget
 from ddtree_chat.engine.parallel import SINGLE
-from ddtree_chat.engine.tree import build_tree
+from ddtree_chat.engine.tree import build_tree, path_scores
 
 from drafters import TargetDrafter
 

@@ -274,7 +274,7 @@ def test_tensor_tree_build_and_walk_match_the_reference(depth, k, budget, seed):
 
 
 def path_scores_of(tree):
-    from ddtree_chat.engine.budget import path_scores
+    from ddtree_chat.engine.tree import path_scores
 
     return path_scores(tree)[1:].tolist()
 

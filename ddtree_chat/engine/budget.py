@@ -16,7 +16,7 @@ import torch
 
 from .ddtree import Decoder
 from .parallel import TPGroup
-from .tree import DraftTree, path_scores  # noqa: F401 (tests import it from here)
+from .tree import DraftTree, path_scores
 
 CANDIDATES = (2, 4, 8, 16, 32, 64, 128, 256)
 EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays
