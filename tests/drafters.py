@@ -1,4 +1,4 @@
-"""Test drafters: replace the decoder's drafter distributions with ones built from the target itself."""
+"""Test helpers: drafters built from the target itself (replacing the decoder's drafter distributions), and a tree-mask oracle."""
 
 from __future__ import annotations
 
@@ -36,3 +36,15 @@ class TargetDrafter:
                 logp[d, greedy], logp[d, wrong] = -0.05, -3.0
             seq.append(greedy)
         return torch.log_softmax(logp, -1)
+
+
+def closure_mask(parents: list[int]) -> torch.Tensor:
+    """[N, N] bool: row i sees j iff j is i or an ancestor (parents[root] = -1), by walking up: a test oracle."""
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parents[j]
+    return m

@@ -11,7 +11,7 @@ from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.errors import ContextLengthError
 from ddtree_chat.engine.tree import build_tree, walk
 
-from drafters import TargetDrafter
+from drafters import TargetDrafter, closure_mask
 
 
 @pytest.fixture(scope="module")
@@ -280,11 +280,4 @@ def path_scores_of(tree):
 
 
 def _closure(tree):
-    n, par = tree.size, tree.parents.tolist()
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            m[i, j] = True
-            j = par[j]
-    return m
+    return closure_mask(tree.parents.tolist())

@@ -11,6 +11,8 @@ from ddtree_chat.engine.ops.cuda_moe import emulate_dequant, repack_scales, repa
 from ddtree_chat.engine.ops.int4 import Int4Weight, dequant_int4, quantize_int4
 from ddtree_chat.engine.ops.moe import ExpertWeights
 
+from drafters import closure_mask
+
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 K26_SCALE = 0.14468
@@ -126,13 +128,7 @@ def test_rms_norm_matches_reference(rows, d, wdt):
 # ----------------------------------------------------------------------------------------------- MLA
 def ancestor_mask(t, gen, device):
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
-    m = torch.zeros(t, t, dtype=torch.bool)
-    for i in range(t):
-        j = i
-        while j >= 0:
-            m[i, j] = True
-            j = parent[j]
-    return m.to(device)
+    return closure_mask(parent).to(device)
 
 
 MLA_CASES = [(t, ctx, nh) for nh in (64, 8) for ctx in (1, 100, 4097) for t in (1, 3, 17, 63)]
