@@ -1,4 +1,5 @@
-"""Test helpers: drafters built from the target itself (replacing the decoder's drafter distributions), and a tree-mask oracle."""
+"""Test helpers: drafters built from the target itself (they replace the decoder's drafter
+distributions), and a tree-mask oracle."""
 
 from __future__ import annotations
 
