@@ -212,3 +212,26 @@ def test_bf16_rounds_record_with_the_fast_kernels():
     for mode, budget in (("ar", 0), ("ddtree", 16), ("ddtree", "auto")):
         done = run(eng, prompt, mode=mode, budget=budget, max_new_tokens=24)
         assert len(done["token_ids"]) == 24 and done["stop_reason"] == "max_new_tokens"
+
+
+def test_a_failed_recording_falls_back_to_eager_rounds(synthetic_pair):
+    """A size or span that cannot be recorded mid-reply (an op that cannot be captured, OOM) turns graphs
+    off with one warning; the reply goes on, eagerly, with the same tokens."""
+    eng = Engine.load(*synthetic_pair, device="cpu")
+    eng.use_graphs(capture=False)
+    prompt = eng.tokenizer.encode(PROMPTS[0])
+    want = run(eng, prompt, mode="ar", max_new_tokens=30)["token_ids"]
+    calls = []
+
+    def prepare(*args):
+        calls.append(args)
+        if len(calls) == 3:  # the third launch of the reply: one launched ahead
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    eng.decoder.graphs.prepare = prepare
+    assert run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=30)["token_ids"] == want
+    assert eng.decoder.graphs is None and len(calls) == 3
+    eng.use_graphs(capture=False)
+    eng.decoder.graphs.prepare = lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("no room"))
+    assert run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=30)["token_ids"] == want  # first launch
+    assert eng.decoder.graphs is None

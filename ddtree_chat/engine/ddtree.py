@@ -7,6 +7,7 @@ engine exactly at the emitted tokens."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -20,6 +21,8 @@ from .kv_cache import DraftCache, KVCache
 from .model import KimiModel, causal_mask
 from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RoundResult:
@@ -29,6 +32,10 @@ class RoundResult:
     emitted: list[int]  # accepted tokens after the root, plus the bonus (truncated at a stop)
     t_draft: float
     t_target: float
+
+
+class _RecordingFailed(Exception):
+    pass
 
 
 def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
@@ -171,13 +178,21 @@ class Decoder:
         Greedy fixed-size rounds run one ahead: the next round is launched (on the state this round's
         accept leaves on the device) before this one's result is read, so the GPU works while the host
         reads; a round launched past a stop or the limit is simply never read (it wrote scratch only)."""
-        key = (mode, budget)
+        key, sr = (mode, budget), self.graphs
         ahead = self.run_ahead and not choose and temperature <= 0
         flight, self._ahead = self._ahead, None
-        if flight is None or flight.key != key or not ahead:
-            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
-        if ahead and self._room_ahead(flight.n):
-            self._ahead = self._launch(mode, budget, 0.0, 1.0, None, None, fresh=False)
+        if flight is not None and (flight.key != key or not ahead):
+            flight = None  # launched for another kind of round: never read
+        try:
+            if flight is None:
+                flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
+            if ahead and self._room_ahead(flight.n):
+                self._ahead = self._launch(mode, budget, 0.0, 1.0, None, None, fresh=False)
+        except _RecordingFailed as e:  # NOTE: a new size or span that cannot be recorded: eager from now on
+            log.warning("CUDA graphs off, rounds run eagerly: %s", e)
+            self.graphs, self._ahead = None, None
+            if flight is None:  # this round's own launch failed
+                return self.round(mode, budget, temperature, top_p, gen, stop_ids, room, choose)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
         t_draft, t_target = flight.clock.split()
@@ -191,7 +206,7 @@ class Decoder:
         self.pending = emitted[-1]
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
             self._ahead = None
-        return RoundResult(self.graphs.tree(n), host_tree, path, emitted, t_draft, t_target)
+        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target)
 
     def _room_ahead(self, n: int) -> bool:
         """Whether a round launched now, before this one's path is known, surely fits both caches."""
@@ -211,7 +226,10 @@ class Decoder:
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
-        sr.prepare(mode, budget, sizes, choosing, held)
+        try:
+            sr.prepare(mode, budget, sizes, choosing, held)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            raise _RecordingFailed(str(e).splitlines()[0][:200]) from e
         if fresh:
             sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
         clock = sr.clock()
