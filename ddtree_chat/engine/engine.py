@@ -26,6 +26,7 @@ from .tree import target_choice
 
 log = logging.getLogger(__name__)
 
+
 def default_dtype(cfg, dev: torch.device) -> torch.dtype:
     """float32 on CPU (the reference) and for small models on GPU (exact AR/tree agreement costs nothing
     there); bf16 for real checkpoints on GPU."""
