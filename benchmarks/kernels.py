@@ -177,11 +177,31 @@ def bench_small(ceiling):
     return rows
 
 
+def bench_linear(ceiling):
+    """float32 small-M products at the demo pair's shapes (tree verify / drafter block rows): the Triton
+    kernel vs torch (cuBLAS / cuBLASLt as the engine sets it), both graph-replayed."""
+    from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    rows = []
+    for m in (1, 8, 33, 65, 257):
+        for k, n in ((256, 128), (128, 256), (256, 80), (256, 2048), (256, 8192), (1536, 256)):
+            x = torch.randn(m, k, device="cuda")
+            w = torch.randn(n, k, device="cuda")
+            ref = graph_us(lambda: torch.nn.functional.linear(x, w))
+            for prec in ("ieee", "tf32x3"):
+                us = graph_us(lambda: matmul_nt_triton(x, w, prec))
+                rows.append(row(f"matmul_nt {prec}", f"M={m} K={k} N={n}", us,
+                                (x.numel() + w.numel() + m * n) * 4, ceiling, ref))
+                print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="kernels.json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="moe,mla,small")
+    ap.add_argument("--only", default="moe,mla,small,linear")
     a = ap.parse_args()
     t0 = time.perf_counter()
     build.library()
@@ -193,7 +213,7 @@ def main():
     rows = []
     only = a.only.split(",")
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
-                     ("mla", lambda: bench_mla(ceiling, a.quick))):
+                     ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling))):
         if name in only:
             try:
                 rows += fn()

@@ -1,13 +1,15 @@
 """Where a reply's GPU time goes: the top CUDA kernels of one reply per mode, under torch.profiler.
 
     PYTHONPATH=. python benchmarks/profile_round.py [--modes ar dflash ddtree:32 ddtree:auto] [--max-new 128]
-                                                    [--eager] [--ops] [--host] [--top 12] [--json OUT]
+                                                    [--eager] [--ops] [--host] [--programs] [--top 12]
+                                                    [--json OUT]
 
 Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall time, summed kernel time
 (the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call).
 --ops (implies --eager) lists torch ops with their input shapes instead, to tell which op a kernel is;
 --host adds the Python functions that take the most host time in one more reply (cProfile; a device
-wait shows up in the call that waits, e.g. tolist)."""
+wait shows up in the call that waits, e.g. tolist); --programs (graphs only) times each of the round's
+recorded programs (draft / verify / accept) alone, replayed back to back, with its kernel count."""
 
 from __future__ import annotations
 
@@ -18,10 +20,40 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import heldout_prompts  # noqa: E402
+
+
+def programs(g, mode: str, budget) -> list[dict]:
+    """Each recorded program of this mode's round (after a reply, at its context length): GPU ms per replay
+    (50 back to back, CUDA events) and kernels per replay (profiler). NOTE: replaying accept writes only
+    scratch rows and the device state, which the next reply's begin() resets."""
+    from ddtree_chat.engine.budget import CANDIDATES
+
+    choosing = budget == "auto"
+    size = CANDIDATES[-1] if choosing else (budget if isinstance(budget, int) else 0)
+    keys = list(g._keys(mode, size, g.plan(mode, size, choosing)[1], choosing, None))
+    g.prepare(mode, size, g.plan(mode, size, choosing)[1], choosing)
+    rows = []
+    for key in keys:
+        graph = g.graphs[key][0]
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        kernels = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        rows.append({"program": str(key), "ms": start.elapsed_time(end) / 50, "kernels": kernels})
+        print(f"| {key} | {rows[-1]['ms']:.3f} ms | {kernels} kernels |")
+    return rows
 
 
 def main(argv=None) -> int:
@@ -34,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--ops", action="store_true")
     ap.add_argument("--host", action="store_true")
+    ap.add_argument("--programs", action="store_true")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -69,6 +102,8 @@ def main(argv=None) -> int:
         print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
         for t in top:
             print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
+        if a.programs and eng.decoder.graphs is not None:
+            out[spec]["programs"] = programs(eng.decoder.graphs, mode, cfg.budget)
         if a.host:
             import cProfile
             import pstats

@@ -45,9 +45,9 @@ class MLP(nn.Module):
         super().__init__()
         local = inter // tp.world
         self.tp, self.reduce = tp, reduce and tp.world > 1
-        self.gate_proj = nn.Linear(hidden, local, bias=False)
-        self.up_proj = nn.Linear(hidden, local, bias=False)
-        self.down_proj = nn.Linear(local, hidden, bias=False)
+        self.gate_proj = ops.Linear(hidden, local, bias=False)
+        self.up_proj = ops.Linear(hidden, local, bias=False)
+        self.down_proj = ops.Linear(local, hidden, bias=False)
 
     def forward(self, x):
         y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -81,15 +81,15 @@ class MLA(nn.Module):
         self.scale = cfg.softmax_scale
         hd = self.dn + self.dr
         if cfg.q_lora_rank:
-            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+            self.q_a_proj = ops.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, self.h * hd, bias=False)
+            self.q_b_proj = ops.Linear(cfg.q_lora_rank, self.h * hd, bias=False)
         else:
-            self.q_proj = nn.Linear(cfg.hidden_size, self.h * hd, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.r + self.dr, bias=False)
+            self.q_proj = ops.Linear(cfg.hidden_size, self.h * hd, bias=False)
+        self.kv_a_proj_with_mqa = ops.Linear(cfg.hidden_size, self.r + self.dr, bias=False)
         self.kv_a_layernorm = RMSNorm(self.r, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(self.r, self.h * (self.dn + self.dv), bias=False)
-        self.o_proj = nn.Linear(self.h * self.dv, cfg.hidden_size, bias=False)
+        self.kv_b_proj = ops.Linear(self.r, self.h * (self.dn + self.dv), bias=False)
+        self.o_proj = ops.Linear(self.h * self.dv, cfg.hidden_size, bias=False)
 
     def _q(self, x):
         if hasattr(self, "q_b_proj"):
@@ -113,9 +113,10 @@ class MLA(nn.Module):
             ckv, kpe = cache.write(self.layer, ckv, kpe)
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
         w_uk, w_uv = w[:, : self.dn], w[:, self.dn :]  # [h, dn, r], [h, dv, r]
-        q_lat = torch.einsum("...thd,hdr->...thr", q_nope, w_uk)  # absorbed: queries in latent space
+        # absorbed: queries in latent space, one product per head
+        q_lat = ops.matmul_nt(q_nope.transpose(-3, -2), w_uk.transpose(-1, -2)).transpose(-3, -2)  # [..., T, h, r]
         o_lat = ops.mla_attention(q_lat, q_pe, ckv, kpe, prefix, tree_mask, self.scale)
-        o = torch.einsum("...thr,hvr->...thv", o_lat, w_uv)
+        o = ops.matmul_nt(o_lat.transpose(-3, -2), w_uv).transpose(-3, -2)  # [..., T, h, dv]
         return self.tp.all_reduce(self.o_proj(o.flatten(-2)))  # NOTE: heads are split under TP
 
 
@@ -126,7 +127,7 @@ class MoE(nn.Module):
         # expert parallel: this rank owns experts [e0, e1); else every rank owns a slice of each expert
         self.e0, self.e1 = tp.split(cfg.n_routed_experts, "n_routed_experts") if tp.expert_parallel \
             else (0, cfg.n_routed_experts)
-        self.gate = nn.Linear(cfg.hidden_size, cfg.n_routed_experts, bias=False)
+        self.gate = ops.Linear(cfg.hidden_size, cfg.n_routed_experts, bias=False)
         # NOTE: fp32 on disk and in memory; used for selection only.
         self.gate.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
         self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, tp) \
@@ -137,7 +138,7 @@ class MoE(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         c = self.cfg
-        logits = F.linear(x2.float(), self.gate.weight.float())
+        logits = ops.linear(x2.float(), self.gate.weight.float())
         ids, w = ops.route(logits, self.gate.e_score_correction_bias, c.num_experts_per_tok,
                            c.routed_scaling_factor, c.n_group, c.topk_group, c.norm_topk_prob)
         if self.tp.expert_parallel and self.tp.world > 1:
@@ -171,7 +172,7 @@ class KimiModel(nn.Module):
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size // tp.world, bias=False)  # vocab-parallel
+        self.lm_head = ops.Linear(cfg.hidden_size, cfg.vocab_size // tp.world, bias=False)  # vocab-parallel
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
     def _inv_freq(self) -> torch.Tensor:

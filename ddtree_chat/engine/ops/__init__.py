@@ -3,6 +3,7 @@ and a dispatching entry that picks a CUDA/Triton kernel when one is registered f
 
 The model calls only the dispatching names exported here."""
 
+from .linear import Linear, linear, matmul_nt, matmul_nt_ref
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
 from .norm import rms_norm, rms_norm_ref
@@ -13,6 +14,7 @@ from . import gpu as _gpu
 _gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is available
 
 __all__ = [
+    "Linear", "linear", "matmul_nt", "matmul_nt_ref",
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",
     "rms_norm", "rms_norm_ref",

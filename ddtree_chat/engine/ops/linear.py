@@ -1,0 +1,36 @@
+"""Products with a weight stored [N, K] (nn.Linear's layout): y = x @ w^T, plain or batched."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .registry import fast
+
+
+def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., M, K], w [..., N, K] (batch dims broadcast) -> [..., M, N]."""
+    return torch.matmul(x, w.transpose(-1, -2))
+
+
+def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    fn = fast("matmul_nt", x)
+    if fn is not None and x.dim() <= 3 and w.dim() <= 3 and not (torch.is_grad_enabled() and w.requires_grad):
+        return fn(x, w)
+    return matmul_nt_ref(x, w)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
+    if fast("matmul_nt", x) is None:
+        return F.linear(x, w)
+    return matmul_nt(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state-dict names) whose product goes through ops.linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x, self.weight)
+        return y if self.bias is None else y + self.bias

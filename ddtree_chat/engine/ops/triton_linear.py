@@ -1,0 +1,84 @@
+"""Small-M float32 products y = x @ w^T in Triton: one K loop per output tile, tensor-core dots in
+3xTF32 (split operands, float32-level error: ~2-3e-7 relative on an H200, as cuBLAS's FFMA kernels).
+
+Why: for the 16-257 row products of a tree verify (K, N of a few hundred), cuBLAS picks split-K kernels
+(a memset, a 'largek' GEMM and a scaling pass: ~12-15 us for [33, 256] x [256, 128] on an H200), a
+launch-latency-bound cost repeated ~100 times per round; this kernel takes 4-6 us there. Batched (one
+batch per grid row) with arbitrary strides, so the MLA absorption and the dense experts use it too.
+Where cuBLAS wins (measured: benchmarks/kernels.py --only linear) matmul_nt_fast keeps it."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 512  # rows past this (prefill) go to cuBLAS, which wins there
+MIN_M = 16  # below, cuBLAS's small-M kernels are as fast or faster (except against a wide N)
+MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K
+WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
+
+_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+    for bn, bk, w, s in [(16, 64, 2, 3), (16, 128, 4, 2), (32, 32, 2, 3), (32, 64, 4, 3), (32, 128, 4, 2),
+                         (64, 32, 4, 3), (64, 64, 4, 2), (64, 128, 4, 2), (128, 32, 4, 2), (128, 64, 8, 2)]
+]
+
+
+@triton.autotune(configs=_CONFIGS, key=["BLOCK_M", "N", "K", "BATCH", "PREC"], warmup=3, rep=10)
+@triton.jit(do_not_specialize=["M"])
+def _mm_nt_kernel(X, W, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
+                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    xp = X + b * sxb + offs_m[:, None] * sxm + offs_k[None, :] * sxk  # [BM, BK]
+    wp = W + b * swb + offs_n[None, :] * swn + offs_k[:, None] * swk  # [BK, BN]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k + k0 < K
+        x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(wp, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=PREC)
+        xp += BLOCK_K * sxk
+        wp += BLOCK_K * swk
+    op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
+    tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _as3(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
+    """t [R, C] or [B, R, C] -> ([B, R, C] view, its batch stride; 0 for a shared 2-D operand)."""
+    if t.dim() == 2:
+        return t.unsqueeze(0).expand(batch, *t.shape), 0
+    return t, t.stride(0)
+
+
+def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The registered op: this kernel where it measured faster than cuBLAS, else torch.matmul."""
+    m, k = x.shape[-2:]
+    n = w.shape[-2]
+    ok = (MIN_M <= m or (m >= 2 and n >= WIDE_N)) and m <= MAX_M and k <= MAX_K
+    same = w.dtype == x.dtype and w.shape[-1] == k and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0])
+    if ok and same:
+        return matmul_nt_triton(x, w)
+    return torch.matmul(x, w.transpose(-1, -2))  # also words shape errors as torch does
+
+
+def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3") -> torch.Tensor:
+    """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
+    precision: tl.dot's input_precision ("ieee": FFMA dots, slower)."""
+    batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
+    m, k = x.shape[-2:]
+    n = w.shape[-2]
+    x3, sxb = _as3(x, batch)
+    w3, swb = _as3(w, batch)
+    out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
+    block_m = min(64, max(16, triton.next_power_of_2(m)))
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m), batch)  # noqa: E731
+    _mm_nt_kernel[grid](x3, w3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
+                        w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision, BLOCK_M=block_m)
+    return out if x.dim() == 3 or w.dim() == 3 else out[0]
