@@ -5,7 +5,8 @@
 
 Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's ids are checked against
 ar's in the same run. Prints one markdown table: mean accepted length (tokens per target forward),
-tokens/s, speedup vs ar, and the round time split into drafter / target. On CUDA rounds run as CUDA
+tokens/s (whole reply, prefill included) and decode tokens/s (after the first token: the rounds only),
+speedup vs ar for each, and the round time split into drafter / target. On CUDA rounds run as CUDA
 graphs unless --eager; --idle then profiles one reply per mode and reports the share of its wall time the
 GPU spent idle (1 - summed kernel time / wall time)."""
 
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve
         for _ in eng.generate(prompts[0]["prompt_ids"], GenerationConfig(mode=mode, budget=b, max_new_tokens=16)):
             pass
-    res = {f"{m}-{b}": {"tokens": 0, "forwards": 0, "seconds": 0.0, "draft_s": 0.0, "target_s": 0.0,
+    res = {f"{m}-{b}": {"tokens": 0, "forwards": 0, "seconds": 0.0, "decode_s": 0.0, "draft_s": 0.0, "target_s": 0.0,
                         "mismatch": 0, "budgets": {}} for m, b in runs}
     ar_ids = []
     for i, p in enumerate(prompts):
@@ -85,11 +86,14 @@ def main(argv=None) -> int:
             r = res[f"{mode}-{b}"]
             t0 = time.perf_counter()
             for ev in eng.generate(p["prompt_ids"], cfg):
-                if ev["event"] == "round" and b == "auto" and not ev.get("prefill"):
+                if ev.get("prefill"):
+                    t_first = time.perf_counter()  # NOTE: the first token's event: prefill done
+                elif ev["event"] == "round" and b == "auto":
                     r["budgets"][ev["budget"]] = r["budgets"].get(ev["budget"], 0) + 1
             if eng.device.type == "cuda":
                 torch.cuda.synchronize()
             r["seconds"] += time.perf_counter() - t0
+            r["decode_s"] += time.perf_counter() - t_first
             r["tokens"] += len(ev["token_ids"])
             r["forwards"] += ev["target_forwards"]
             r["draft_s"] += ev["draft_s"]
@@ -103,19 +107,24 @@ def main(argv=None) -> int:
             res[f"{mode}-{b}"]["gpu_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
                                                       GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new))
     ar_tps = res["ar-0"]["tokens"] / res["ar-0"]["seconds"]
+    ar_decode = (res["ar-0"]["tokens"] - len(prompts)) / res["ar-0"]["decode_s"]
     idle = any("gpu_idle" in r for r in res.values())
-    lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | draft / target s | ids == ar |"
-             + (" GPU idle |" if idle else ""), "|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
+    lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | decode tokens/s | decode speedup "
+             "| draft / target s | ids == ar |" + (" GPU idle |" if idle else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
     for mode, b in runs:
         r = res[f"{mode}-{b}"]
         r["mean_accepted_length"] = r["tokens"] / r["forwards"]
         r["tokens_per_second"] = r["tokens"] / r["seconds"]
         r["speedup"] = r["tokens_per_second"] / ar_tps
+        r["decode_tokens_per_second"] = (r["tokens"] - len(prompts)) / r["decode_s"]  # the first token is prefill's
+        r["decode_speedup"] = r["decode_tokens_per_second"] / ar_decode
         shown = b if mode != "ar" else "-"
         if b == "auto" and r["budgets"]:
             shown = "auto (" + ", ".join(f"{k}:{v}" for k, v in sorted(r["budgets"].items())) + ")"
         lines.append(f"| {mode} | {shown} | {r['mean_accepted_length']:.2f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['draft_s']:.2f} / {r['target_s']:.2f} | "
+                     f"{r['speedup']:.2f}x | {r['decode_tokens_per_second']:.1f} | {r['decode_speedup']:.2f}x | "
+                     f"{r['draft_s']:.2f} / {r['target_s']:.2f} | "
                      f"{'yes' if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
                      + (f" {100 * r['gpu_idle']:.0f}% |" if idle else ""))
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \

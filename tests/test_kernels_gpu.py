@@ -274,3 +274,63 @@ def test_linear_dispatch_serves_float32_only():
     y = layer(x)  # autograd on: the reference, which has a backward
     y.sum().backward()
     assert layer.weight.grad is not None and linear(x, layer.weight).shape == (2, 5, 48)
+
+
+# ------------------------------------------------------------------------------------------ tree build
+TREE_CASES = [(7, 32, 32), (7, 64, 64), (7, 1, 7), (3, 4, 5), (1, 8, 8), (7, 16, 16), (7, 256, 256), (15, 2, 9),
+              (2, 3, 9), (7, 128, 128)]
+
+
+def drafter_topk(d, k, vocab, gen, ties=False):
+    logits = torch.randn(d, vocab, device="cuda", generator=gen) * 3
+    if ties:
+        logits = logits.round()  # many equal log-probs
+    lp = torch.log_softmax(logits, -1)
+    return lp.max(-1, keepdim=True) if k == 1 else lp.topk(k, dim=-1)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,k,b", TREE_CASES)
+def test_tree_kernel_matches_reference(d, k, b):
+    """(depths, top-K, budget): the ddtree sizes (K = budget), dflash's chain (K = 1), odd sizes."""
+    from ddtree_chat.engine.ops.triton_tree import build_tree_triton
+    from ddtree_chat.engine.tree import build_tree_topk_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(d * 1000 + b)
+    vals, ids = drafter_topk(d, k, 1000, gen)
+    root = torch.tensor([7], device="cuda")
+    ref = build_tree_topk_ref(root, vals, ids, b)
+    tokens, parents, depth, logp = build_tree_triton(root, vals, ids, b)
+    assert torch.equal(tokens, ref.tokens) and torch.equal(parents, ref.parents) and torch.equal(depth, ref.depth)
+    assert torch.allclose(logp, ref.logprobs, atol=1e-5)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [16, 64, 256])
+def test_tree_kernel_with_ties_builds_a_top_budget_tree(b):
+    """With many equal scores the two may keep different (equally good) nodes: the kernel's tree must still
+    be prefix-closed, parents first, depth = parent's + 1, and its path scores the reference's multiset."""
+    from ddtree_chat.engine.ops.triton_tree import build_tree_triton
+    from ddtree_chat.engine.tree import DraftTree, build_tree_topk_ref, path_scores
+
+    gen = torch.Generator(device="cuda").manual_seed(b)
+    vals, ids = drafter_topk(7, b, 1000, gen, ties=True)
+    tokens, parents, depth, logp = build_tree_triton(torch.tensor(3, device="cuda"), vals, ids, b)
+    par, dep = parents.tolist(), depth.tolist()
+    assert par[0] == -1 and all(0 <= par[i] < i and dep[i] == dep[par[i]] + 1 for i in range(1, b + 1))
+    mine = path_scores(DraftTree(tokens, parents, depth, logp, max_depth=7)).sort().values
+    ref = path_scores(build_tree_topk_ref(torch.tensor(3, device="cuda"), vals, ids, b)).sort().values
+    assert torch.allclose(mine, ref, atol=1e-4)
+
+
+@gpu
+@pytest.mark.gpu
+def test_tree_dispatch_uses_the_kernel_and_falls_back_when_short():
+    from ddtree_chat.engine.tree import build_tree_topk
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    vals, ids = drafter_topk(2, 3, 100, gen)
+    assert build_tree_topk(torch.tensor(1, device="cuda"), vals, ids, 9).size == 10  # 3 + 9 candidates: kernel
+    assert build_tree_topk(torch.tensor(1, device="cuda"), vals, ids, 20).size == 13  # only 12: reference, smaller

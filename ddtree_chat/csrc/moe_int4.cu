@@ -102,6 +102,20 @@ __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, i
   if (threadIdx.x == 0) *num_blocks = total;
 }
 
+// One 64-wide k-step of a 16-row tile: dequantise the lane's four packed words (scales for rows g and
+// g+8) and accumulate four m16n8k16 products against the activations' fragments xs.
+__device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const uint32_t scale, const uint32_t xs[8]) {
+  const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+  const __nv_bfloat162 s2 = as_bf162(scale);
+  const __nv_bfloat162 lo = __low2bfloat162(s2), hi = __high2bfloat162(s2);
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t a[4];
+    dequant(wq[w], lo, hi, a);
+    mma_bf16(acc, a, xs[2 * w], xs[2 * w + 1]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
 // h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32.
@@ -153,26 +167,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const uint32_t xs[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
-      const uint32_t wqa[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w};
-      const __nv_bfloat162 sa2 = as_bf162(s_a[u]);
-      const __nv_bfloat162 sa_lo = __low2bfloat162(sa2), sa_hi = __high2bfloat162(sa2);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        uint32_t a[4];
-        dequant(wqa[w], sa_lo, sa_hi, a);
-        mma_bf16(acc_a, a, xs[2 * w], xs[2 * w + 1]);
-      }
-      if (GATEUP) {
-        const uint32_t wqb[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
-        const __nv_bfloat162 sb2 = as_bf162(s_b[u]);
-        const __nv_bfloat162 sb_lo = __low2bfloat162(sb2), sb_hi = __high2bfloat162(sb2);
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint32_t a[4];
-          dequant(wqb[w], sb_lo, sb_hi, a);
-          mma_bf16(acc_b, a, xs[2 * w], xs[2 * w + 1]);
-        }
-      }
+      mma_k64(acc_a, qa[u], s_a[u], xs);
+      if (GATEUP) mma_k64(acc_b, qb[u], s_b[u], xs);
     }
   }
 #pragma unroll

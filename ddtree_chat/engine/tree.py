@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .ops.registry import fast
+
 
 @dataclass
 class DraftTree:
@@ -101,6 +103,16 @@ def build_tree(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor, b
 
 def build_tree_topk(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
                     budget: int) -> DraftTree:
+    """build_tree_topk_ref, through the one-program GPU kernel where one is registered (ops/triton_tree)."""
+    fn = fast("build_tree", top_logp)
+    out = fn(root_token, top_logp, top_ids, budget) if fn is not None else None
+    if out is None:
+        return build_tree_topk_ref(root_token, top_logp, top_ids, budget)
+    return DraftTree(*out, max_depth=min(top_logp.shape[0], budget))
+
+
+def build_tree_topk_ref(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
+                        budget: int) -> DraftTree:
     """The same top-`budget` prefixes as build_tree, with tensor ops only (no heap, no host sync), so it
     runs on the GPU: keep the best `budget` prefixes per depth (a top-budget prefix of depth d must be
     among them), then take the best `budget` over all depths. Since every log-prob is <= 0 a parent

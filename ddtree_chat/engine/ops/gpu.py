@@ -51,9 +51,9 @@ def register_all() -> list[str]:
     register("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
     enabled_ops.extend(["moe_experts", "prepare_experts", "route", "rms_norm"])
     try:
-        from . import triton_linear, triton_mla
+        from . import triton_linear, triton_mla, triton_tree
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
-        log.info("Triton kernels (MLA attention, small-M products) unavailable: %s", e)
+        log.info("Triton kernels (MLA attention, small-M products, tree build) unavailable: %s", e)
     else:
         from .mla_attention import mla_attention_ref
 
@@ -67,5 +67,6 @@ def register_all() -> list[str]:
         register("mla_attention", mla, half + (torch.float32,))
         # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
         register("matmul_nt", triton_linear.matmul_nt_fast, (torch.float32,))
-        enabled_ops.extend(["mla_attention", "matmul_nt"])
+        register("build_tree", triton_tree.build_tree_triton, (torch.float32,))
+        enabled_ops.extend(["mla_attention", "matmul_nt", "build_tree"])
     return enabled_ops

@@ -1,0 +1,135 @@
+"""The draft tree's best-first build (tree.build_tree_topk_ref) as one Triton program: no host sync, one
+launch instead of ~10 small kernels per depth (top-k, index maths, gathers) and a final sort.
+
+Per depth the kept prefixes and the drafter's top-K at that depth are both sorted (descending), so the
+pair (i, j) of the i-th kept prefix and the j-th token has at least (i+1)(j+1) candidates scoring as
+high: only pairs with (i+1)(j+1) <= budget can be among the best `budget` (~budget * ln(budget) pairs
+instead of budget * K). Selections are bitonic sorts of (score, index) packed into one int64 key, ties
+going to the lower index, so a parent (an earlier depth, never a lower score) precedes its children."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_PAIRS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+@triton.jit
+def _key(score, index, size: tl.constexpr):
+    """(score, index) -> int64 whose descending order is score descending, then index ascending."""
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
+    return (ordered.to(tl.int64) << 32) | (size - 1 - index).to(tl.int64)
+
+
+@triton.jit
+def _index(key, size: tl.constexpr):
+    return size - 1 - (key & 0xFFFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _tree_kernel(LOGP, IDS, ROOT, PI, PJ, KSC, KPAR, KTOK, SBUF, NODE, OTOK, OPAR, ODEP, OLP, K, B,
+                 D: tl.constexpr, C: tl.constexpr, BP: tl.constexpr, G: tl.constexpr):
+    low = -9223372036854775807 - 1
+    c = tl.arange(0, C)
+    pi = tl.load(PI + c)  # [C] pair: kept-prefix rank, token rank (padding: rank B, never valid)
+    pj = tl.load(PJ + c)
+    r = tl.arange(0, BP)
+    n_prev = 1  # the root
+    for d in tl.static_range(D):
+        n_cur = tl.minimum(B, n_prev * K)
+        ok = (pi < n_prev) & (pj < K)
+        sc = tl.load(LOGP + d * K + pj, mask=ok, other=0.0)
+        if d > 0:
+            sc += tl.load(KSC + (d - 1) * BP + pi, mask=ok, other=0.0)
+        key = tl.where(ok, _key(sc, c, C), low)
+        tl.store(SBUF + c, tl.sort(key, descending=True))
+        tl.debug_barrier()
+        keep = r < n_cur
+        idx = _index(tl.load(SBUF + r, mask=keep & (r < C), other=low), C)
+        ci = tl.load(PI + idx, mask=keep, other=0)
+        cj = tl.load(PJ + idx, mask=keep, other=0)
+        s = tl.load(LOGP + d * K + cj, mask=keep, other=0.0)
+        if d > 0:
+            s += tl.load(KSC + (d - 1) * BP + ci, mask=keep, other=0.0)
+        tl.debug_barrier()  # NOTE: every lane has read SBUF and the previous depth before they change
+        tl.store(KSC + d * BP + r, s)
+        tl.store(KPAR + d * BP + r, tl.where(keep, ci, -1))
+        tl.store(KTOK + d * BP + r, tl.load(IDS + d * K + cj, mask=keep, other=0))
+        tl.debug_barrier()
+        n_prev = n_cur
+    # the best B prefixes over all depths; candidate g = depth * BP + rank
+    g = tl.arange(0, G)
+    have = g < D * BP
+    live = have & (tl.load(KPAR + g, mask=have, other=-1) >= 0)
+    key = tl.where(live, _key(tl.load(KSC + g, mask=have, other=0.0), g, G), low)
+    tl.store(SBUF + g, tl.sort(key, descending=True))
+    tl.debug_barrier()
+    t = r
+    take = t < B
+    gi = tl.where(take, _index(tl.load(SBUF + t, mask=take, other=low), G), 0)
+    tl.store(NODE + gi, t + 1, mask=take)
+    tl.debug_barrier()
+    dd = gi // BP
+    deep = take & (dd > 0)
+    pg = (dd - 1) * BP + tl.load(KPAR + gi, mask=deep, other=0)
+    s = tl.load(KSC + gi, mask=take, other=0.0)
+    ps = tl.load(KSC + pg, mask=deep, other=0.0)
+    tl.store(OTOK + 1 + t, tl.load(KTOK + gi, mask=take, other=0), mask=take)
+    tl.store(OPAR + 1 + t, tl.where(deep, tl.load(NODE + pg, mask=deep, other=0), 0).to(tl.int64), mask=take)
+    tl.store(ODEP + 1 + t, (dd + 1).to(tl.int64), mask=take)
+    tl.store(OLP + 1 + t, s - ps, mask=take)
+    tl.store(OTOK, tl.load(ROOT))
+    tl.store(OPAR, -1)
+    tl.store(ODEP, 0)
+    tl.store(OLP, 0.0)
+
+
+def _pairs(budget: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (prefix rank, token rank) pairs that can make a depth's best `budget`, padded to a power of two."""
+    key = (budget, k, str(device))
+    if key not in _PAIRS:
+        pairs = [(i, j) for i in range(budget) for j in range(min(k, budget)) if (i + 1) * (j + 1) <= budget]
+        size = max(16, triton.next_power_of_2(len(pairs)))
+        pad = [(budget, k)] * (size - len(pairs))
+        t = torch.tensor(pairs + pad, dtype=torch.int32)
+        _PAIRS[key] = (t[:, 0].contiguous().to(device), t[:, 1].contiguous().to(device))
+    return _PAIRS[key]
+
+
+def fits(top_logp: torch.Tensor, budget: int) -> bool:
+    """Whether the depths hold at least `budget` candidates (else the tree is smaller: the reference)."""
+    depth, k = top_logp.shape
+    total, kept = 0, 1
+    for _ in range(depth):
+        kept = min(budget, kept * k)
+        total += kept
+    return total >= budget and budget >= 1
+
+
+def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int):
+    """root [1] or [] int64 (device), top_logp [D, K] float32 (rows sorted descending), top_ids [D, K]
+    -> (tokens, parents, depth, logprobs) [budget + 1] as build_tree_topk_ref builds them; None when the
+    depths hold fewer than `budget` candidates (the reference then builds a smaller tree)."""
+    if not fits(top_logp, budget):
+        return None
+    dev = top_logp.device
+    d, k = top_logp.shape
+    pi, pj = _pairs(budget, k, dev)
+    bp = max(16, triton.next_power_of_2(budget))
+    g = triton.next_power_of_2(d * bp)
+    n = budget + 1
+    long = dict(dtype=torch.long, device=dev)
+    out = (torch.empty(n, **long), torch.empty(n, **long), torch.empty(n, **long),
+           torch.empty(n, dtype=torch.float32, device=dev))
+    ksc = torch.empty(d * bp, dtype=torch.float32, device=dev)
+    kpar = torch.empty(d * bp, dtype=torch.int32, device=dev)
+    ktok = torch.empty(d * bp, **long)
+    sbuf = torch.empty(max(g, pi.numel(), bp), **long)
+    node = torch.empty(g, dtype=torch.int32, device=dev)
+    root = torch.as_tensor(root, device=dev, dtype=torch.long).reshape(1)
+    _tree_kernel[(1,)](top_logp.float().contiguous(), top_ids.contiguous(), root, pi, pj, ksc, kpar, ktok, sbuf,
+                       node, *out, k, budget, D=d, C=pi.numel(), BP=bp, G=g, num_warps=4 if g <= 1024 else 8)
+    return out
