@@ -79,6 +79,27 @@ def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
         del dec._launch
 
 
+def test_auto_budget_runs_ahead_between_exploring_rounds(pair):
+    """--budget auto on the graph path: exploring rounds choose (a fresh launch each), the rounds between
+    verify the last choice whole and run one ahead; the ids stay ar's."""
+    eager, static = pair
+    dec = static.decoder
+    launches = []
+    launch = dec._launch
+    dec._launch = lambda *a, fresh: launches.append((fresh, a[5] is not None)) or launch(*a, fresh=fresh)
+    try:
+        prompt = eager.tokenizer.encode(LONG)
+        want = run(eager, prompt, mode="ar", max_new_tokens=60)["token_ids"]
+        got = run(static, prompt, mode="ddtree", budget="auto", max_new_tokens=60)
+        assert got["token_ids"] == want
+        ahead = [c for fresh, c in launches if not fresh]
+        assert ahead and not any(ahead)  # some rounds ran ahead, never a choosing one
+        assert all(fresh for fresh, c in launches if c)  # every choosing round was launched fresh
+        assert sum(c for _, c in launches) <= got["rounds"] // 8 + 2  # about one round in EXPLORE chose
+    finally:
+        del dec._launch
+
+
 @pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 16), (0.6, 64)])
 def test_static_round_commits_partial_paths_exactly(pair, noise, budget):
     eager, static = pair

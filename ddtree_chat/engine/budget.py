@@ -42,10 +42,17 @@ class AutoBudget:
         of that next size's (a flat cost curve, as on a GPU, reaches the large trees at once; one that
         climbs, as on a CPU, steps). NOTE: drafting large every round would cost more than it finds."""
         self.drafted = self.tp.broadcast(self._max_budget())  # NOTE: costs are timed per rank; rank 0 decides
+        self.predicted = 0.0  # set again by choose(); a round that does not choose calibrates nothing
         return self.drafted
 
+    @property
+    def exploring(self) -> bool:
+        """Whether this round drafts past the last choice (then choose() must cut it). Other rounds may
+        verify the last choice whole: a fixed-size round, which the graph path runs one ahead."""
+        return not self.last or self.rounds % EXPLORE == 0
+
     def _max_budget(self) -> int:
-        if self.last and self.rounds % EXPLORE:
+        if not self.exploring:
             return self.last
         sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
         above = [b for b in sizes if b > self.last]

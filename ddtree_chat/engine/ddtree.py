@@ -179,7 +179,7 @@ class Decoder:
         accept leaves on the device) before this one's result is read, so the GPU works while the host
         reads; a round launched past a stop or the limit is simply never read (it wrote scratch only)."""
         key, sr = (mode, budget), self.graphs
-        ahead = self.run_ahead and not choose and temperature <= 0
+        ahead = self.runs_ahead(temperature) and not choose
         flight, self._ahead = self._ahead, None
         if flight is not None and (flight.key != key or not ahead):
             flight = None  # launched for another kind of round: never read
@@ -207,6 +207,10 @@ class Decoder:
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
             self._ahead = None
         return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target)
+
+    def runs_ahead(self, temperature: float) -> bool:
+        """Whether fixed-size rounds at this temperature run one ahead (graph path, greedy)."""
+        return self.graphs is not None and self.run_ahead and temperature <= 0
 
     def _room_ahead(self, n: int) -> bool:
         """Whether a round launched now, before this one's path is known, surely fits both caches."""

@@ -166,7 +166,9 @@ class Engine:
         dec.graphs = StaticRound(dec, capture)
         rounds = [("ar", 0, False)]
         if self.drafter is not None:
-            rounds += [("dflash", self.dcfg.block_size - 1, False)] + [("ddtree", c, True) for c in CANDIDATES]
+            # NOTE: auto drafts each candidate both choosing (exploring rounds) and whole (the rest)
+            rounds += [("dflash", self.dcfg.block_size - 1, False)] + [("ddtree", c, x) for c in CANDIDATES
+                                                                       for x in (True, False)]
         try:
             with torch.no_grad():
                 seconds = dec.graphs.warm(rounds)
@@ -324,14 +326,18 @@ class Engine:
             if halt:
                 reason = "stopped"
                 break
+            choose = None
             if auto:
                 budget = self._auto.max_budget  # NOTE: re-read every round: the search moves it
+                # NOTE: between exploring rounds the graph path verifies the last choice whole, so the
+                # round is a fixed-size one and runs ahead; eager rounds still cut it (a climbing CPU cost)
+                if self._auto.exploring or not dec.runs_ahead(cfg.temperature):
+                    choose = self._auto.choose
             if dec.cache.length + dec.round_room(mode, budget) > dec.max_len:
                 reason = "context"
                 break
             t0 = time.perf_counter()
-            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out),
-                          self._auto.choose if auto else None)
+            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out), choose)
             if auto:
                 self._auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target)
             out.extend(r.emitted)
