@@ -27,32 +27,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import heldout_prompts  # noqa: E402
 
 
-def programs(g, mode: str, budget) -> list[dict]:
-    """Each recorded program of this mode's round (after a reply, at its context length): GPU ms per replay
-    (50 back to back, CUDA events) and kernels per replay (profiler). NOTE: replaying accept writes only
-    scratch rows and the device state, which the next reply's begin() resets."""
+def programs(g, mode: str, budget, reps: int = 50) -> list[dict]:
+    """Each program of this mode's round, recorded (or, uncaptured, run) at the decoder's current context:
+    ms per call (CUDA: `reps` back-to-back graph replays timed with CUDA events; CPU: perf_counter) and, on
+    CUDA, kernels per replay (profiler). NOTE: running accept again writes only scratch rows and the
+    device state, which the next reply's begin() resets."""
     from ddtree_chat.engine.budget import CANDIDATES
 
     choosing = budget == "auto"
     size = CANDIDATES[-1] if choosing else (budget if isinstance(budget, int) else 0)
-    keys = list(g._keys(mode, size, g.plan(mode, size, choosing)[1], choosing, None))
-    g.prepare(mode, size, g.plan(mode, size, choosing)[1], choosing)
+    sizes = g.plan(mode, size, choosing)[1]
+    keys = list(g._keys(mode, size, sizes, choosing, None))
+    g.prepare(mode, size, sizes, choosing)
     rows = []
     for key in keys:
-        graph = g.graphs[key][0]
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(50):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            graph.replay()
+        g.run(key)  # NOTE: uncaptured, this also leaves verify's outputs for accept
+        if g.capture:
+            graph = g.graphs[key][0]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record()
             torch.cuda.synchronize()
-        kernels = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-        rows.append({"program": str(key), "ms": start.elapsed_time(end) / 50, "kernels": kernels})
-        print(f"| {key} | {rows[-1]['ms']:.3f} ms | {kernels} kernels |")
+            ms = start.elapsed_time(end) / reps
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                graph.replay()
+                torch.cuda.synchronize()
+            kernels = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                g.run(key)
+            ms, kernels = (time.perf_counter() - t0) / reps * 1e3, None
+        rows.append({"program": str(key), "key": key, "ms": ms, "kernels": kernels})
+        print(f"| {key} | {ms:.3f} ms | {kernels if kernels is not None else '-'} kernels |")
     return rows
 
 

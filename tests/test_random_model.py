@@ -29,3 +29,33 @@ def test_k26_forward_bytes_match_the_design_numbers():
         assert abs(one[key] / 1e9 - gb) / gb < 0.06, (key, one[key])
     assert abs(forward_bytes(cfg, 64, 0)["experts_touched_per_layer"] - 283) < 1.5
     assert forward_bytes(cfg, 1, 131072)["kv_cache"] > 9e9  # 70 KB/token read in full
+
+
+def test_captured_features_follow_the_capture_order_with_repeats():
+    """A drafter may list a target layer twice (the K2.6-shaped drafter over a 3-layer synthetic target)."""
+    cfg = k26_config(layers=3, **TINY)
+    model = random_target(cfg, "cpu", torch.float32, seed=1)
+    toks, pos, mask = torch.tensor([1, 2, 3]), torch.arange(3), causal_mask(3)
+    _, one = model(toks, pos, mask, capture=(2, 0))
+    _, rep = model(toks, pos, mask, capture=(0, 1, 1, 2))
+    h = cfg.hidden_size
+    assert rep.shape[-1] == 4 * h and torch.equal(rep[..., h:2 * h], rep[..., 2 * h:3 * h])
+    assert torch.equal(rep[..., :h], one[..., h:]) and torch.equal(rep[..., 3 * h:], one[..., :h])
+
+
+def test_k26_round_benchmark_runs_scaled_down_on_cpu(tmp_path):
+    """benchmarks/k26_round.py end to end at tiny dims, uncaptured: every program of every round timed,
+    with the bytes it must read (the real run is on the GPU, BENCHMARKS.md)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import k26_round
+
+    out = tmp_path / "round.json"
+    assert k26_round.main(["--tiny", "--device", "cpu", "--context", "40", "--budgets", "4", "--reps", "1",
+                           "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["ar"] * 2 + ["dflash 7"] * 3 + ["ddtree 4"] * 3
+    assert all(r["ms"] > 0 and r["bytes"] > 0 for r in rows)

@@ -196,8 +196,9 @@ class KimiModel(nn.Module):
             x = layer(x, cos, sin, tree_mask, cache)
             if i in capture:
                 feats.append(x)
-        if capture:
-            feats = [feats[sorted(capture).index(i)] for i in capture]
+        if capture:  # NOTE: in `capture` order, a layer listed twice given twice
+            held = sorted(set(capture))
+            feats = [feats[held.index(i)] for i in capture]
         return x, (torch.cat(feats, dim=-1) if feats else None)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Random-weight targets built directly in device memory (no checkpoint on disk), for timing real K2.6
-shapes on one GPU with fewer layers: `random_target(k26_config(layers=4), "cuda")`.
+"""Random-weight targets (and DFlash drafters) built directly in device memory (no checkpoint on disk), for
+timing real K2.6 shapes on one GPU with fewer layers: `random_target(k26_config(layers=4), "cuda")`,
+`random_drafter(k26_draft_config(target_layers=4), "cuda")`.
 
 Routed experts are made in the compressed-tensors layout (random nibbles, bf16 group scales) and go
 through the same load-time hook as a real checkpoint, so the fast kernels see what they would in use."""
@@ -10,7 +11,8 @@ import math
 
 import torch
 
-from .config import TargetConfig
+from .config import DraftConfig, RopeScaling, TargetConfig
+from .drafter import DFlashDrafter
 from .model import KimiModel, MoE
 from .ops.int4 import Int4Weight
 from .ops.moe import ExpertWeights, prepare_experts
@@ -36,6 +38,44 @@ def k26_config(layers: int = 61, **overrides) -> TargetConfig:
     return TargetConfig.from_json(dict(K26_TEXT_CONFIG, num_hidden_layers=layers, **overrides), name=f"k26-random-{layers}L")
 
 
+def k26_draft_config(target_layers: int, layers: int = 6, **overrides) -> DraftConfig:
+    """The public Kimi DFlash drafter's shape (DESIGN 3.1: 6 layers, hidden 7168, 64/8 heads of 128,
+    MLP 18432, block 8), reading six target layers spread over the `target_layers` a synthetic target has
+    (repeats when it has fewer than six: the fc input keeps its real width)."""
+    ids = tuple(round(j * (target_layers - 1) / 5) for j in range(6))
+    base = dict(hidden_size=7168, num_layers=layers, num_heads=64, num_kv_heads=8, head_dim=128,
+                intermediate_size=18432, vocab_size=163840, block_size=8, target_layer_ids=ids,
+                mask_token_id=163838, rms_norm_eps=1e-6, rope_theta=50000.0,
+                rope_scaling=RopeScaling(type="yarn", factor=64.0), kv_window=4096)
+    return DraftConfig(**dict(base, **overrides))
+
+
+def _random_state(module: torch.nn.Module, device, dtype, gen, embed: str | None = None) -> dict:
+    """Norms 1, other matrices N(0, 1/fan_in) (the embedding N(0, 1)); the router's bias 0 in float32."""
+    state = {}
+    for name, ref in module.state_dict(keep_vars=True).items():
+        if name.endswith("e_score_correction_bias"):
+            state[name] = torch.zeros(ref.shape, device=device, dtype=torch.float32)
+        elif ref.dim() == 1:  # norms
+            state[name] = torch.ones(ref.shape, device=device, dtype=dtype)
+        else:
+            fan_in = ref.shape[1]
+            gain = math.sqrt(fan_in) if name == embed else 1.0
+            state[name] = (torch.randn(ref.shape, device=device, generator=gen) * (gain / math.sqrt(fan_in))).to(dtype)
+    return state
+
+
+@torch.no_grad()
+def random_drafter(cfg: DraftConfig, device, dtype=torch.bfloat16, seed: int = 1) -> DFlashDrafter:
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg)
+    drafter.load_state_dict(_random_state(drafter, device, dtype, gen), assign=True, strict=True)
+    drafter.reset_rope(device)
+    return drafter.eval().requires_grad_(False)
+
+
 def _random_int4(e: int, out: int, inp: int, group: int, device, gen, dtype) -> Int4Weight:
     packed = torch.randint(-2**31, 2**31 - 1, (e, out, inp // 8), dtype=torch.int32, device=device, generator=gen)
     # NOTE: scales ~ 1/(sqrt(in) * E[|q|]) keep activations O(1) through the random stack
@@ -49,17 +89,7 @@ def random_target(cfg: TargetConfig, device, dtype=torch.bfloat16, seed: int = 0
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):
         model = KimiModel(cfg)
-    state = {}
-    for name, ref in model.state_dict(keep_vars=True).items():
-        if name.endswith("e_score_correction_bias"):
-            state[name] = torch.zeros(ref.shape, device=device, dtype=torch.float32)
-        elif ref.dim() == 1:  # norms
-            state[name] = torch.ones(ref.shape, device=device, dtype=dtype)
-        else:
-            fan_in = ref.shape[1]
-            gain = math.sqrt(fan_in) if name == "embed_tokens.weight" else 1.0
-            state[name] = (torch.randn(ref.shape, device=device, generator=gen) * (gain / math.sqrt(fan_in))).to(dtype)
-    model.load_state_dict(state, assign=True, strict=True)
+    model.load_state_dict(_random_state(model, device, dtype, gen, "embed_tokens.weight"), assign=True, strict=True)
     model.reset_rope(device)
     h, i = cfg.hidden_size, cfg.moe_intermediate_size
     g = cfg.quant.group_size if cfg.quant else 32
