@@ -65,14 +65,19 @@ def _random_state(module: torch.nn.Module, device, dtype, gen, embed: str | None
     return state
 
 
-@torch.no_grad()
-def random_drafter(cfg: DraftConfig, device, dtype=torch.bfloat16, seed: int = 1) -> DFlashDrafter:
-    device = torch.device(device)
+def _random_module(make, device: torch.device, dtype, seed: int, embed: str | None = None):
+    """make() built on the meta device, then given random weights on `device`: (module, its generator)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):
-        drafter = DFlashDrafter(cfg)
-    drafter.load_state_dict(_random_state(drafter, device, dtype, gen), assign=True, strict=True)
-    drafter.reset_rope(device)
+        module = make()
+    module.load_state_dict(_random_state(module, device, dtype, gen, embed), assign=True, strict=True)
+    module.reset_rope(device)
+    return module, gen
+
+
+@torch.no_grad()
+def random_drafter(cfg: DraftConfig, device, dtype=torch.bfloat16, seed: int = 1) -> DFlashDrafter:
+    drafter, _ = _random_module(lambda: DFlashDrafter(cfg), torch.device(device), dtype, seed)
     return drafter.eval().requires_grad_(False)
 
 
@@ -86,11 +91,7 @@ def _random_int4(e: int, out: int, inp: int, group: int, device, gen, dtype) -> 
 @torch.no_grad()
 def random_target(cfg: TargetConfig, device, dtype=torch.bfloat16, seed: int = 0) -> KimiModel:
     device = torch.device(device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.device("meta"):
-        model = KimiModel(cfg)
-    model.load_state_dict(_random_state(model, device, dtype, gen, "embed_tokens.weight"), assign=True, strict=True)
-    model.reset_rope(device)
+    model, gen = _random_module(lambda: KimiModel(cfg), device, dtype, seed, "embed_tokens.weight")
     h, i = cfg.hidden_size, cfg.moe_intermediate_size
     g = cfg.quant.group_size if cfg.quant else 32
     for layer in model.layers:
