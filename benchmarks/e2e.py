@@ -8,7 +8,8 @@ ar's in the same run. Prints one markdown table: mean accepted length (tokens pe
 tokens/s (whole reply, prefill included) and decode tokens/s (after the first token: the rounds only),
 speedup vs ar for each, and the round time split into drafter / target. On CUDA rounds run as CUDA
 graphs unless --eager; --idle then profiles one reply per mode and reports the share of its wall time the
-GPU spent idle (1 - summed kernel time / wall time)."""
+GPU spent idle (1 - summed kernel time / wall time) and the idle share of its decode window alone (no
+kernel running between the first token's event and the end; the eager prefill excluded)."""
 
 from __future__ import annotations
 
@@ -33,19 +34,38 @@ def _budget(text: str):
     return text if text == "auto" else int(text)
 
 
-def gpu_idle(eng, ids, cfg) -> float:
-    """1 - (summed GPU kernel and copy time) / wall time of one reply, under the profiler."""
-    from torch.profiler import ProfilerActivity, profile
+def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of [lo, hi] covered by the union of the intervals (overlaps counted once)."""
+    total, end = 0.0, lo
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def gpu_idle(eng, ids, cfg) -> tuple[float, float]:
+    """One reply under the profiler: (1 - summed kernel and copy time / wall time of the whole reply,
+    the share of the decode window - first token's event to the end - with no kernel running)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    mark = record_function("decode")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        for _ in eng.generate(ids, cfg):
-            pass
+        for ev in eng.generate(ids, cfg):
+            if ev.get("prefill"):
+                mark.__enter__()
         torch.cuda.synchronize()
+        mark.__exit__(None, None, None)
         wall = time.perf_counter() - t0
-    busy_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return max(0.0, 1.0 - busy_us / 1e6 / wall)
+    events = prof.events()
+    window = next(e.time_range for e in events if e.name == "decode")
+    kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    whole = sum(b - a for a, b in kernels) / 1e6 / wall
+    span = window.end - window.start
+    return max(0.0, 1.0 - whole), 1.0 - covered(kernels, window.start, window.end) / span if span > 0 else 0.0
 
 
 def main(argv=None) -> int:
@@ -104,13 +124,13 @@ def main(argv=None) -> int:
                 r["mismatch"] += 1
     if a.idle and eng.device.type == "cuda":
         for mode, b in runs:
-            res[f"{mode}-{b}"]["gpu_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
+            res[f"{mode}-{b}"]["gpu_idle"], res[f"{mode}-{b}"]["decode_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
                                                       GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new))
     ar_tps = res["ar-0"]["tokens"] / res["ar-0"]["seconds"]
     ar_decode = (res["ar-0"]["tokens"] - len(prompts)) / res["ar-0"]["decode_s"]
     idle = any("gpu_idle" in r for r in res.values())
     lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | decode tokens/s | decode speedup "
-             "| draft / target s | ids == ar |" + (" GPU idle |" if idle else ""),
+             "| draft / target s | ids == ar |" + (" GPU idle (reply / decode) |" if idle else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
     for mode, b in runs:
         r = res[f"{mode}-{b}"]
@@ -126,7 +146,7 @@ def main(argv=None) -> int:
                      f"{r['speedup']:.2f}x | {r['decode_tokens_per_second']:.1f} | {r['decode_speedup']:.2f}x | "
                      f"{r['draft_s']:.2f} / {r['target_s']:.2f} | "
                      f"{'yes' if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
-                     + (f" {100 * r['gpu_idle']:.0f}% |" if idle else ""))
+                     + (f" {100 * r['gpu_idle']:.0f}% / {100 * r['decode_idle']:.0f}% |" if idle else ""))
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     info = eng.info
