@@ -223,8 +223,8 @@ def test_dispatch_picks_fast_kernels():
 # ---------------------------------------------------------------------------------- small-M products
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 9, 17, 33, 65, 257, 600])
-@pytest.mark.parametrize("k,n", [(256, 128), (128, 256), (256, 8192), (1536, 256), (100, 17)])
+@pytest.mark.parametrize("m", [1, 17, 65, 600])  # NOTE: one autotune per tile height (16 / 32 / 64 rows)
+@pytest.mark.parametrize("k,n", [(256, 128), (256, 8192), (1536, 256), (100, 17)])
 @pytest.mark.parametrize("entry", ["triton", "fast"])
 def test_triton_matmul_nt_matches_float64(m, k, n, entry):
     """float32 x @ w^T against a float64 product: float32-level error (3xTF32, not plain tf32), masked
