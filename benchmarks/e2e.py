@@ -21,14 +21,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def heldout_prompts(n: int, max_user_chars: int = 600) -> list[dict]:
-    """The first n test-split chat prompts shipped with the demo assets."""
-    items = json.loads((ROOT / "assets" / "demo" / "heldout_prompts.json").read_text())
-    return [x for x in items if len(x["user"]) <= max_user_chars][:n]
-
 
 def _budget(text: str):
     return text if text == "auto" else int(text)
@@ -69,6 +61,7 @@ def gpu_idle(eng, ids, cfg) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
+    from ddtree_chat.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import shipped_demo_dirs
 

@@ -179,7 +179,8 @@ def bench_small(ceiling):
 
 def bench_linear(ceiling):
     """float32 small-M products at the demo pair's shapes (tree verify / drafter block rows): the Triton
-    kernel vs torch (cuBLAS / cuBLASLt as the engine sets it), both graph-replayed."""
+    kernel vs torch (cuBLAS / cuBLASLt as the engine sets it), both graph-replayed, and each one's error
+    against a float64 product (relative Frobenius)."""
     from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
 
     torch.backends.cuda.preferred_blas_library("cublaslt")
@@ -188,11 +189,14 @@ def bench_linear(ceiling):
         for k, n in ((256, 128), (128, 256), (256, 80), (256, 2048), (256, 8192), (1536, 256)):
             x = torch.randn(m, k, device="cuda")
             w = torch.randn(n, k, device="cuda")
+            exact = x.double() @ w.double().T
+            err = lambda y: float((y.double() - exact).norm() / exact.norm())  # noqa: E731
             ref = graph_us(lambda: torch.nn.functional.linear(x, w))
             for prec in ("ieee", "tf32x3"):
                 us = graph_us(lambda: matmul_nt_triton(x, w, prec))
-                rows.append(row(f"matmul_nt {prec}", f"M={m} K={k} N={n}", us,
-                                (x.numel() + w.numel() + m * n) * 4, ceiling, ref))
+                rows.append(row(f"matmul_nt {prec}", f"M={m} K={k} N={n}", us, (x.numel() + w.numel() + m * n) * 4,
+                                ceiling, ref, extra={"rel_err": err(matmul_nt_triton(x, w, prec)),
+                                                     "torch_rel_err": err(torch.nn.functional.linear(x, w))}))
                 print(rows[-1], flush=True)
     return rows
 

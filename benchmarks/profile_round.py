@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import heldout_prompts  # noqa: E402
 
 
 def programs(g, mode: str, budget, reps: int = 50) -> list[dict]:
@@ -66,6 +62,7 @@ def programs(g, mode: str, budget, reps: int = 50) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    from ddtree_chat.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import shipped_demo_dirs
 

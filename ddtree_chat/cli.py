@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--raw", action="store_true", help="one-shot: tokenize the prompt as is, without the chat template")
     ap.add_argument("--no-think", dest="thinking", action="store_false", help="open the reply with an empty <think></think>")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                    help="compute precision (default auto: float32 on CPU and for small models on GPU, where tree "
-                         "output equals AR bit for bit; bf16 otherwise: faster kernels, rounding may make long "
+                    help="compute precision (default auto: float32 on CPU and for small models on GPU, where the "
+                         "tree's tokens match --mode ar; bf16 otherwise: faster kernels, rounding may make long "
                          "replies drift from --mode ar)")
     ap.add_argument("--context", type=int, metavar="N", help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
     ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (GPU rounds then launch every kernel from Python)")

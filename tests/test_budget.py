@@ -57,17 +57,17 @@ def test_drafted_size_climbs_by_cost_not_by_one_step():
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
     auto.costs = {4: 1.0, 8: 1.6, 16: 1.7, 32: 1.9, 64: 2.1, 128: 4.0}
     auto.last = 4
-    assert auto.max_budget == 32  # 16 and 32 cost within 25% of 8's
+    assert auto.next_budget() == 32  # 16 and 32 cost within 25% of 8's
     auto.costs = {b: 1.0 for b in auto.costs}  # flat (a GPU): the largest at once
-    assert auto.max_budget == 128
+    assert auto.next_budget() == 128
     auto.costs = {4: 1.0, 8: 2.0, 16: 4.0}  # steep (a CPU): one step
-    assert auto.max_budget == 8
+    assert auto.next_budget() == 8
     auto.last = 16
-    assert auto.max_budget == 16
+    assert auto.next_budget() == 16
     auto.costs, auto.last, auto.rounds = {4: 1.0, 8: 1.0, 16: 1.0}, 4, 3
-    assert auto.max_budget == 4  # between exploring rounds it drafts its last choice
+    assert auto.next_budget() == 4  # between exploring rounds it drafts its last choice
     auto.rounds = 8
-    assert auto.max_budget == 16
+    assert auto.next_budget() == 16
 
 
 def test_choice_counts_the_drafting_cost_of_each_size():

@@ -328,9 +328,14 @@ def test_tree_kernel_with_ties_builds_a_top_budget_tree(b):
 @gpu
 @pytest.mark.gpu
 def test_tree_dispatch_uses_the_kernel_and_falls_back_when_short():
+    from ddtree_chat.engine.ops.registry import fast
+    from ddtree_chat.engine.ops.triton_tree import build_tree_triton
     from ddtree_chat.engine.tree import build_tree_topk
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     vals, ids = drafter_topk(2, 3, 100, gen)
-    assert build_tree_topk(torch.tensor(1, device="cuda"), vals, ids, 9).size == 10  # 3 + 9 candidates: kernel
-    assert build_tree_topk(torch.tensor(1, device="cuda"), vals, ids, 20).size == 13  # only 12: reference, smaller
+    root = torch.tensor(1, device="cuda")
+    assert fast("build_tree", vals) is build_tree_triton and fast("build_tree", vals.cpu()) is None
+    assert build_tree_triton(root, vals, ids, 9) is not None  # 3 + 9 candidates hold 9 nodes
+    assert build_tree_triton(root, vals, ids, 20) is None  # only 12 candidates: the reference builds 12
+    assert build_tree_topk(root, vals, ids, 20).size == 13

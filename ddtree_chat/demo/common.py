@@ -63,3 +63,15 @@ def draft_config(vocab: int, n_ranks: int, **overrides) -> dict:
 
 def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def heldout_prompts(n: int | None = None, max_user_chars: int = 600) -> list[dict]:
+    """The first n test-split chat prompts shipped with the demo pair (assets/demo/heldout_prompts.json),
+    those whose user text fits max_user_chars: the benchmarks' prompts."""
+    from ..engine.default_model import shipped_demo_dirs
+
+    found = shipped_demo_dirs()
+    if found is None:
+        raise FileNotFoundError("the shipped demo pair (assets/demo/) is not in this checkout")
+    items = json.loads((found[0].parent / "heldout_prompts.json").read_text())
+    return [x for x in items if len(x["user"]) <= max_user_chars][:n]

@@ -10,14 +10,10 @@ verify forward at each budget's tree size against one AR step, the walk, and the
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ms(f, n: int = 200) -> float:
@@ -36,6 +32,8 @@ def main(argv=None) -> int:
     from ddtree_chat.engine.model import causal_mask
     from ddtree_chat.engine.tree import target_choice, walk_topk
 
+    from .common import heldout_prompts
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target")
     ap.add_argument("--draft")
@@ -44,8 +42,7 @@ def main(argv=None) -> int:
     target, draft = (a.target, a.draft) if a.target else shipped_demo_dirs()
     eng = Engine.load(target, draft, device="cpu")
     dec = eng.decoder
-    items = json.loads((ROOT / "assets" / "demo" / "heldout_prompts.json").read_text())
-    ids = [x for x in items if len(x["user"]) <= 600][0]["prompt_ids"] + list(range(300, 360))
+    ids = heldout_prompts(1)[0]["prompt_ids"] + list(range(300, 360))
     dec.prefill(ids)
     dec.pending = 5
     n_ctx = dec.cache.length

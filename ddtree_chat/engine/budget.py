@@ -31,17 +31,17 @@ class AutoBudget:
         self.draft_costs: dict[int, float] = {}  # the same per drafted size
         self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
         self.last = 0  # the budget chosen last round
-        self.drafted = 0  # the size drafted this round (max_budget when it was read)
+        self.drafted = 0  # the size drafted this round (what next_budget returned)
         self.rounds = 0
         self.predicted = 0.0  # expected accepted drafted tokens of the last choice (before calibration)
 
-    @property
-    def max_budget(self) -> int:
-        """Tree size to draft this round: the last choice, except every EXPLORE-th round (and the first),
+    def next_budget(self) -> int:
+        """Once per round: the tree size to draft (a collective under TP, and it resets the round's
+        prediction). The size: the last choice, except every EXPLORE-th round (and the first),
         which drafts above it by one candidate or further while the measured verify cost stays within 25%
         of that next size's (a flat cost curve, as on a GPU, reaches the large trees at once; one that
         climbs, as on a CPU, steps). NOTE: drafting large every round would cost more than it finds."""
-        self.drafted = self.tp.broadcast(self._max_budget())  # NOTE: costs are timed per rank; rank 0 decides
+        self.drafted = self.tp.broadcast(self._next_size())  # NOTE: costs are timed per rank; rank 0 decides
         self.predicted = 0.0  # set again by choose(); a round that does not choose calibrates nothing
         return self.drafted
 
@@ -51,7 +51,7 @@ class AutoBudget:
         verify the last choice whole: a fixed-size round, which the graph path runs one ahead."""
         return not self.last or self.rounds % EXPLORE == 0
 
-    def _max_budget(self) -> int:
+    def _next_size(self) -> int:
         if not self.exploring:
             return self.last
         sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
@@ -120,7 +120,7 @@ class AutoBudget:
 
     # -- per round -------------------------------------------------------------------------------
     def choose(self, tree: DraftTree, cum_mass: torch.Tensor | None = None) -> int:
-        """Budget for this round's tree (built at max_budget). cum_mass: [N] cumulative path probability
+        """Budget for this round's tree (built at next_budget()). cum_mass: [N] cumulative path probability
         in node order, if the drafting program computed it already (graphs.py)."""
         drafted = tree.size - 1
         sizes = [b for b in sorted(self.costs) if b <= drafted]

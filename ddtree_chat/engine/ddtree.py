@@ -71,6 +71,11 @@ class Decoder:
     def max_len(self) -> int:
         return self.cache.max_len
 
+    @property
+    def block(self) -> int:
+        """The drafter's block size (query slots per round; 1 without a drafter)."""
+        return self.dcfg.block_size if self.dcfg else 1
+
     # -- target forward over new tokens on top of the committed cache ------------------------------
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None):
         """Target forward over new tokens written after the committed cache (nothing is committed).
@@ -214,7 +219,7 @@ class Decoder:
 
     def _room_ahead(self, n: int) -> bool:
         """Whether a round launched now, before this one's path is known, surely fits both caches."""
-        b = self.dcfg.block_size if self.dcfg else 1
+        b = self.block
         fits = self.cache.length + min(n, b) + n <= self.max_len
         return fits and (self.dcache is None or self.dcache.length + 2 * b <= self.dcache.capacity)
 
@@ -223,7 +228,7 @@ class Decoder:
         previous round's accept left) and start the copy of its result."""
         sr, choosing = self.graphs, choose is not None
         n, sizes = sr.plan(mode, budget, choosing)
-        b = self.dcfg.block_size if self.dcfg else 1
+        b = self.block
         held = None
         if self.dcache is not None:
             if fresh:  # NOTE: room for this round's and a following one's context rows

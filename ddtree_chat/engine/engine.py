@@ -328,7 +328,7 @@ class Engine:
                 break
             choose = None
             if auto:
-                budget = self._auto.max_budget  # NOTE: re-read every round: the search moves it
+                budget = self._auto.next_budget()  # NOTE: every round: the search moves it
                 # NOTE: between exploring rounds the graph path verifies the last choice whole, so the
                 # round is a fixed-size one and runs ahead; eager rounds still cut it (a climbing CPU cost)
                 if self._auto.exploring or not dec.runs_ahead(cfg.temperature):

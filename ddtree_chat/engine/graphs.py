@@ -81,7 +81,7 @@ class StaticRound:
         self.parents = torch.full((n,), -1, **long)  # NOTE: node 0 keeps parent -1, depth 0, log-prob 0
         self.logprobs = torch.zeros(n, dtype=torch.float32, device=dev)
         self.cum_mass = torch.zeros(n, dtype=torch.float32, device=dev)  # the auto budget's gain curve
-        self.block = dec.dcfg.block_size if dec.dcfg else 1
+        self.block = dec.block
         cap = dec.dcache.capacity if dec.dcache is not None else 0
         self.arange = torch.arange(max(n, cap, self.block), **long)
         if dec.dcfg:

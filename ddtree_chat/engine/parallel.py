@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import signal
 import socket
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -130,8 +133,6 @@ class Workers:
     def __init__(self, world: int, backend: str, load_kwargs: dict):
         import torch.multiprocessing as mp
 
-        import threading
-
         self.world, self.port = world, _free_port()
         self.stopping = threading.Event()  # set before an orderly exit, so the watchdog stays quiet
         ctx = mp.get_context("spawn")
@@ -142,9 +143,6 @@ class Workers:
             p.start()
 
     def wait_ready(self, fingerprint: str, timeout: float = 600.0) -> None:
-        import queue
-        import time
-
         pending = set(range(1, self.world))
         deadline = time.monotonic() + timeout
         while pending:
@@ -168,8 +166,6 @@ class Workers:
 
     def failure_nowait(self) -> EngineError | None:
         """A reported error or a dead rank, if any, right now."""
-        import queue
-
         try:
             while True:
                 rank, kind, msg = self.status.get_nowait()
@@ -185,8 +181,6 @@ class Workers:
 
     def failure(self, wait: float = 2.0) -> EngineError | None:
         """After a collective failed: which rank is gone, and why (a dying rank may take a moment)."""
-        import time
-
         deadline = time.monotonic() + wait
         while True:
             err = self.failure_nowait()
@@ -197,9 +191,6 @@ class Workers:
     def watch(self, on_death) -> None:
         """NCCL collectives wait forever on a dead peer (gloo raises at once), so rank 0 watches its
         workers from a thread and calls on_death(error) when one goes."""
-        import threading
-        import time
-
         def loop():
             while not self.stopping.is_set():
                 err = self.failure_nowait()

@@ -41,8 +41,8 @@ def register_all() -> list[str]:
     from .norm import rms_norm_ref
     from .router import route_ref
 
-    # NOTE: the INT4 MoE and the Triton MLA compute in bf16 (tf32 dots): float32 models keep the exact
-    # reference ops, so their tree output equals AR bit for bit.
+    # NOTE: the INT4 MoE computes in bf16: float32 models keep the reference (dense) experts. Their other
+    # GPU ops (below) round at float32 level, so the tree's tokens keep matching AR.
     half = (torch.bfloat16, torch.float16)
     register("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref), half)
     register("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally

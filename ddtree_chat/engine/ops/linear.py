@@ -14,18 +14,24 @@ def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.matmul(x, w.transpose(-1, -2))
 
 
-def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _kernel(x: torch.Tensor, w: torch.Tensor):
+    """The registered kernel when it can serve (<= 3-D operands, no autograd: it has no backward)."""
     fn = fast("matmul_nt", x)
-    if fn is not None and x.dim() <= 3 and w.dim() <= 3 and not (torch.is_grad_enabled() and w.requires_grad):
-        return fn(x, w)
-    return matmul_nt_ref(x, w)
+    if fn is None or x.dim() > 3 or w.dim() > 3 or (torch.is_grad_enabled() and w.requires_grad):
+        return None
+    return fn
+
+
+def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    fn = _kernel(x, w)
+    return fn(x, w) if fn is not None else matmul_nt_ref(x, w)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
-    if fast("matmul_nt", x) is None:
-        return F.linear(x, w)
-    return matmul_nt(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+    x2 = x.reshape(-1, x.shape[-1])
+    fn = _kernel(x2, w)
+    return fn(x2, w).view(*x.shape[:-1], w.shape[0]) if fn is not None else F.linear(x, w)
 
 
 class Linear(nn.Linear):
