@@ -35,7 +35,7 @@ TINY_TARGET = dict(vocab_size=512, hidden_size=64, num_attention_heads=2, q_lora
                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128,
                    moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2)
 TINY_DRAFT = dict(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
-                  mask_token_id=511, kv_window=None)
+                  mask_token_id=511, kv_window=32)
 
 
 def _bytes(params) -> int:
@@ -66,6 +66,7 @@ def fill_context(dec: Decoder, context: int) -> None:
     dec.dcache.v.normal_()
     dec.dcache.length = min(context, dec.dcache.capacity)
     dec.dcache.end_pos = context
+    dec.dcache.make_room(2 * dec.block)  # NOTE: as the engine does before a round: a full window would overflow
 
 
 def main(argv=None) -> int:
