@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -87,9 +88,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     prompts = heldout_prompts(a.prompts)
     runs = [("ar", 0), ("dflash", 7)] + [("ddtree", b) for b in a.budgets]
+    print(f"loaded in {t_load:.1f} s", file=sys.stderr, flush=True)  # NOTE: progress, for runs under a time limit
     for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve
+        t0 = time.perf_counter()
         for _ in eng.generate(prompts[0]["prompt_ids"], GenerationConfig(mode=mode, budget=b, max_new_tokens=16)):
             pass
+        print(f"warm-up {mode} {b}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     res = {f"{m}-{b}": {"tokens": 0, "forwards": 0, "seconds": 0.0, "decode_s": 0.0, "draft_s": 0.0, "target_s": 0.0,
                         "mismatch": 0, "budgets": {}} for m, b in runs}
     ar_ids = []
@@ -115,6 +119,7 @@ def main(argv=None) -> int:
                 ar_ids.append(ev["token_ids"])
             elif ev["token_ids"] != ar_ids[i]:
                 r["mismatch"] += 1
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     if a.idle and eng.device.type == "cuda":
         for mode, b in runs:
             res[f"{mode}-{b}"]["gpu_idle"], res[f"{mode}-{b}"]["decode_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],

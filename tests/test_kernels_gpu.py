@@ -125,6 +125,30 @@ def test_rms_norm_matches_reference(rows, d, wdt):
     assert rel(y, rms_norm_ref(x + r, wt, 1e-6)) < 1e-2
 
 
+# ----------------------------------------------------------------------------------------------- rope
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
+    """K2.6's q_pe (64 heads, 128 + 64 per head) and k_pe (512 + 64) slices, the demo's (4 heads, 32 + 16),
+    the drafter's half layout (GQA heads, d = 128): one launch each, against the reference in float64."""
+    from ddtree_chat.engine.ops import apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref
+
+    dev = torch.device("cuda")
+    for t in (1, 17, 257):
+        ang = torch.rand(t, 32, device=dev, dtype=torch.float64) * 100
+        for width, d, heads, fn, ref in [(192, 64, 64, apply_rope_interleaved, apply_rope_interleaved_ref),
+                                         (576, 64, None, apply_rope_interleaved, apply_rope_interleaved_ref),
+                                         (48, 16, 4, apply_rope_interleaved, apply_rope_interleaved_ref),
+                                         (128, 128, 8, apply_rope_half, apply_rope_half_ref)]:
+            cos, sin = ang[:, : d // 2].cos(), ang[:, : d // 2].sin()
+            x = torch.randn(t, *((heads,) if heads else ()), width, device=dev).to(dtype)[..., width - d:]
+            got = fn(x, cos.to(dtype), sin.to(dtype), heads=heads is not None)
+            want = ref(x.double(), cos.to(dtype).double(), sin.to(dtype).double(), heads=heads is not None)
+            assert got.dtype == dtype and got.is_contiguous()
+            assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (t, width, heads)
+
+
 # ----------------------------------------------------------------------------------------------- MLA
 def ancestor_mask(t, gen, device):
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
@@ -178,9 +202,10 @@ def test_mla_small_latent_shapes(r, p, nh, t):
     # float32 models in CUDA graphs: a device length, IEEE float32 dots, NaN in the unused slots
     ckv32, kpe32 = ckv.float(), kpe.float()
     ckv32[ctx + t :], kpe32[ctx + t :] = float("nan"), float("nan")
-    plen = torch.tensor([ctx], device=dev)
+    plen = torch.tensor([ctx], device=dev)  # NOTE: int64, as the engine's device state holds it
+    q_t = q_lat.float().transpose(0, 1).contiguous().transpose(0, 1)  # [t, nh, r] read through strides (the model's form)
     ref32 = mla_attention_ref(q_lat.float(), q_pe.float(), ckv32, kpe32, ctx, mask, 0.2)
-    out32 = mla_attention(q_lat.float(), q_pe.float(), ckv32, kpe32, plen, mask, 0.2)
+    out32 = mla_attention(q_t, q_pe.float(), ckv32, kpe32, plen, mask, 0.2)
     assert (out32 - ref32).abs().max() < 1e-5
     assert torch.equal(mla_attention(q_lat.float(), q_pe.float(), ckv32, kpe32, ctx, mask, 0.2), ref32)  # eager: the reference
 
@@ -215,12 +240,53 @@ def test_dispatch_picks_fast_kernels():
     from ddtree_chat.engine.ops.registry import fast
 
     x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
-    assert {"moe_experts", "route", "rms_norm", "mla_attention"} <= set(g.enabled_ops)
+    assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
     assert fast("moe_experts", x.float()) is None  # fp32 stays exact (mla: see test_mla_small_latent_shapes)
 
 
 # ---------------------------------------------------------------------------------- small-M products
+@gpu
+@pytest.mark.gpu
+def test_glu_product_matches_float64():
+    """silu(x @ wg^T) * (x @ wu^T) in one launch: the demo's MLP (1 row), shared expert (33 tree rows),
+    stacked dense experts (batched), and a K the kernel declines (two cuBLAS products + SiLU)."""
+    from ddtree_chat.engine.ops import matmul_nt_glu
+    from ddtree_chat.engine.ops.triton_linear import matmul_nt_glu_fast
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    cases = [(rnd(1, 256), rnd(768, 256), rnd(768, 256)), (rnd(33, 256), rnd(128, 256), rnd(128, 256)),
+             (rnd(17, 256), rnd(16, 128, 256), rnd(16, 128, 256)), (rnd(8, 1536), rnd(256, 1536), rnd(256, 1536))]
+    for x, wg, wu in cases:
+        xd = x.double()
+        want = torch.nn.functional.silu(xd @ wg.double().transpose(-1, -2)) * (xd @ wu.double().transpose(-1, -2))
+        for fn in (matmul_nt_glu_fast, matmul_nt_glu):
+            got = fn(x, wg, wu)
+            assert got.shape == want.shape and rel(got, want) < 1e-6, (x.shape, wg.shape)
+
+
+@gpu
+@pytest.mark.gpu
+def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
+    from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton
+    from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk, walk_topk_ref
+
+    gen = torch.Generator().manual_seed(3)
+    for d, k, b in [(7, 32, 32), (7, 4, 64), (15, 8, 256), (7, 8, 0)]:
+        lp = torch.log_softmax(torch.randn(d, 200, generator=gen) * 3, -1)
+        vals, ids = lp.topk(k, dim=-1)
+        tree = build_tree_topk_ref(torch.tensor([5]), vals, ids, b)
+        tree.max_depth = d
+        choice = tree.tokens.roll(-1).clone()  # agrees with the first chain (best-first: node i+1 under i, often)
+        choice[torch.randint(0, tree.size, (3,), generator=gen)] = 7
+        cuda = type(tree)(*(t.cuda() for t in (tree.tokens, tree.parents, tree.depth, tree.logprobs)), max_depth=d)
+        assert torch.equal(cuda.mask().cpu(), tree.mask_ref())
+        assert torch.equal(ancestor_mask_triton(cuda.parents, d).cpu(), tree.mask_ref())
+        ok, bonus = walk_topk(cuda, choice.cuda())
+        rok, rbonus = walk_topk_ref(tree, choice)
+        assert torch.equal(ok.cpu(), rok) and int(bonus) == int(rbonus)
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 17, 65, 600])  # NOTE: one autotune per tile height (16 / 32 / 64 rows)

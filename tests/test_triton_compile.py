@@ -13,20 +13,39 @@ TREE_SIGNATURE = {"LOGP": "*fp32", "IDS": "*i64", "ROOT": "*i64", "PI": "*i32", 
                   "KPAR": "*i32", "KTOK": "*i64", "SBUF": "*i64", "NODE": "*i32", "OTOK": "*i64", "OPAR": "*i64",
                   "ODEP": "*i64", "OLP": "*fp32", "K": "i32", "B": "i32", "D": "constexpr", "C": "constexpr",
                   "BP": "constexpr", "G": "constexpr"}
-MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "O": "*fp32"},
+MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32"},
                     **dict.fromkeys(["M", "N", "K", "BATCH", "sxb", "sxm", "sxk", "swb", "swn", "swk", "sob", "som",
                                      "son"], "i32"),
-                    **dict.fromkeys(["PREC", "BLOCK_M", "BLOCK_N", "BLOCK_K"], "constexpr"))
+                    **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K"], "constexpr"))
+
+ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "R": "i32", "H": "i32", "T": "i32",
+                       "sxr": "i32"}, **dict.fromkeys(["HALF", "BLOCK_H", "INTERLEAVED", "BLOCK_R"], "constexpr"))
+
+MASK_SIGNATURE = {"PAR": "*i64", "M": "*i8", "N": "i32", "DEPTH": "constexpr", "BLOCK": "constexpr"}
+WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "BONUS": "*i64", "N": "i32",
+                  "DEPTH": "constexpr", "BLOCK": "constexpr"}
+
+MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf16", "PLEN": "*i64", "MASK": "*u8",
+                      "OP": "*fp32", "LP": "*fp32"},
+                     **dict.fromkeys(["M", "T", "NH", "n_splits", "SCAP"], "i32"), scale_log2="fp32",
+                     **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
+                     **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 
 
 @pytest.mark.parametrize("arch", [90, 120])
 def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
-    from ddtree_chat.engine.ops import triton_linear, triton_tree
+    from ddtree_chat.engine.ops import triton_linear, triton_mla, triton_rope, triton_tree
 
     tree = ASTSource(fn=triton_tree._tree_kernel, signature=TREE_SIGNATURE,
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
     mm = ASTSource(fn=triton_linear._mm_nt_kernel.fn, signature=MM_SIGNATURE,
-                   constexprs={"PREC": "tf32x3", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})
-    for src in (tree, mm):
+                   constexprs={"PREC": "tf32x3", "GLU": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})
+    rope = ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,
+                     constexprs={"HALF": 32, "BLOCK_H": 32, "INTERLEAVED": True, "BLOCK_R": 64})
+    mask = ASTSource(fn=triton_tree._ancestor_kernel, signature=MASK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
+    walk = ASTSource(fn=triton_tree._walk_kernel, signature=WALK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
+    mla = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
+                    constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": 16, "BLOCK_N": 16})
+    for src in (tree, mm, rope, mask, walk, mla):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
         assert len(kernel.asm["cubin"]) > 1000

@@ -1,4 +1,4 @@
-"""The Triton tree-build kernel's logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy
+"""The Triton tree (build, ancestor mask, walk) and rope kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy
 semantics; no GPU). Runs in a subprocess because the interpreter is chosen when kernels are defined.
 Kernels that autotune (MLA, small-M products) need a GPU driver and are checked by the GPU tests only."""
 
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-SCRIPT = r"""
+TREE_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ops.triton_tree import build_tree_triton
 from ddtree_chat.engine.tree import build_tree_topk_ref
@@ -29,10 +29,81 @@ print(json.dumps(bad))
 """
 
 
-def test_tree_kernel_in_the_interpreter_equals_the_reference():
-    cases = [(7, 32, 32), (7, 1, 7), (3, 4, 5), (1, 8, 8), (7, 64, 64), (15, 2, 9), (2, 3, 9)]
+ROPE_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_rope import rope_triton
+from ddtree_chat.engine.ops.rope import apply_rope_interleaved_ref, apply_rope_half_ref
+g = torch.Generator().manual_seed(0)
+bad = []
+for lead, t, h, d, width, inter, dt in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    shape = tuple(lead) + (t,) + ((h,) if h else ()) + (width,)
+    x = torch.randn(*shape, generator=g).to(dtype)[..., width - d:]  # the rope part is a strided slice
+    ang = torch.randn(t, d // 2, generator=g) * 3
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    ref = (apply_rope_interleaved_ref if inter else apply_rope_half_ref)(x.float(), cos.float(), sin.float(), h is not None)
+    got = rope_triton(x, cos, sin, h is not None, inter)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    if got is None or got.shape != ref.shape or not got.is_contiguous() or got.dtype != dtype or \
+            (got.float() - ref).abs().max() > tol * ref.abs().max():
+        bad.append(shape)
+print(json.dumps(bad))
+"""
+
+WALK_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_triton
+from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk_ref
+bad = []
+for d, k, b, follow in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(d * 100 + b + follow)
+    lp = torch.log_softmax(torch.randn(d, 100, generator=g) * 3, -1)
+    vals, ids = lp.topk(k, dim=-1)
+    tree = build_tree_topk_ref(torch.tensor([5]), vals, ids, b)
+    tree.max_depth = d
+    n = tree.size
+    # a target that agrees along a random root-to-node path for `follow` steps, random elsewhere
+    choice = torch.randint(0, 100, (n,), generator=g)
+    node = int(torch.randint(0, n, (1,), generator=g))
+    chain = [node]
+    while tree.parents[chain[-1]] >= 0:
+        chain.append(int(tree.parents[chain[-1]]))
+    for child in reversed(chain[:-1][-follow:] if follow else []):
+        choice[tree.parents[child]] = tree.tokens[child]
+    ok, bonus = walk_triton(tree.parents, tree.tokens, choice, d)
+    rok, rbonus = walk_topk_ref(tree, choice)
+    if not (torch.equal(ancestor_mask_triton(tree.parents, d), tree.mask_ref()) and torch.equal(ok, rok)
+            and int(bonus) == int(rbonus)):
+        bad.append([d, k, b, follow])
+print(json.dumps(bad))
+"""
+
+
+def interpret(script: str, cases) -> list:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_tree_kernel_in_the_interpreter_equals_the_reference():
+    assert interpret(TREE_SCRIPT, [(7, 32, 32), (7, 1, 7), (3, 4, 5), (1, 8, 8), (7, 64, 64), (15, 2, 9), (2, 3, 9)]) == []
+
+
+def test_mask_and_walk_kernels_in_the_interpreter_equal_the_references():
+    """Random best-first trees (chains, bushy, a single root) against a target that agrees with the tree
+    for 0..depth steps along a random path."""
+    cases = [(7, 32, 32, 0), (7, 32, 32, 3), (7, 32, 32, 7), (7, 1, 7, 7), (3, 4, 5, 2), (1, 8, 8, 1),
+             (15, 4, 64, 9), (7, 8, 0, 0), (5, 64, 200, 4)]
+    assert interpret(WALK_SCRIPT, cases) == []
+
+
+def test_rope_kernel_in_the_interpreter_equals_the_reference():
+    """Both layouts, with and without a heads axis, a leading batch axis, a half width that is not a power
+    of two, more rows than one program holds, bf16 (rounded once)."""
+    cases = [((), 5, 4, 16, 48, True, "float32"),  # q's rope slice [T, h, 32 + 16]
+             ((), 7, None, 16, 80, True, "float32"),  # the latent's rope slice [T, 64 + 16]
+             ((), 3, 8, 64, 64, False, "float32"), ((2,), 3, 2, 12, 20, False, "float32"),
+             ((), 1, 64, 64, 192, True, "bfloat16"), ((), 300, None, 8, 8, False, "float32")]
+    assert interpret(ROPE_SCRIPT, cases) == []

@@ -67,8 +67,8 @@ class DraftLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, x = self.post_attention_layernorm.add(self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask), x)
+        return x + self.mlp(h)
 
 
 class DFlashDrafter(nn.Module):

@@ -37,6 +37,10 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         return ops.rms_norm(x, self.weight, self.eps)
 
+    def add(self, x, residual):
+        """(self(x + residual), x + residual) in one pass."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
 
 class MLP(nn.Module):
     """SwiGLU MLP; under TP each rank holds inter/world of the intermediate features (partial sums out)."""
@@ -50,7 +54,7 @@ class MLP(nn.Module):
         self.down_proj = ops.Linear(local, hidden, bias=False)
 
     def forward(self, x):
-        y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        y = self.down_proj(ops.linear_glu(x, self.gate_proj.weight, self.up_proj.weight))
         return self.tp.all_reduce(y) if self.reduce else y
 
 
@@ -159,8 +163,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(cfg, tp) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size, tp, reduce=True)
 
     def forward(self, x, cos, sin, tree_mask, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, tree_mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, x = self.post_attention_layernorm.add(self.self_attn(self.input_layernorm(x), cos, sin, tree_mask, cache), x)
+        return x + self.mlp(h)
 
 
 class KimiModel(nn.Module):

@@ -35,6 +35,10 @@ class DraftTree:
 
     def mask(self) -> torch.Tensor:
         """[N, N] bool: row i sees column j iff j is i or an ancestor of i (on the tree's device, no sync)."""
+        fn = fast("ancestor_mask", self.parents)
+        return fn(self.parents, self.depth_bound) if fn else self.mask_ref()
+
+    def mask_ref(self) -> torch.Tensor:
         n = self.size
         rows = torch.arange(n, device=self.parents.device)
         m = torch.eye(n, dtype=torch.bool, device=self.parents.device)
@@ -153,6 +157,11 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     """walk() with tensor ops: (accepted mask [N], bonus token []) on the tree's device. A node is accepted
     iff its parent is and the target chose its token there; siblings hold distinct tokens, so at most one
     node per depth is accepted and the accepted nodes form the path."""
+    fn = fast("walk", tree.parents)
+    return fn(tree.parents, tree.tokens, choice, tree.depth_bound) if fn else walk_topk_ref(tree, choice)
+
+
+def walk_topk_ref(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     parent = tree.parents.clamp(min=0)
     hit = (choice[parent] == tree.tokens) | (tree.parents < 0)
     ok = hit.clone()

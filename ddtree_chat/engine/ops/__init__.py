@@ -3,21 +3,23 @@ and a dispatching entry that picks a CUDA/Triton kernel when one is registered f
 
 The model calls only the dispatching names exported here."""
 
-from .linear import Linear, linear, matmul_nt, matmul_nt_ref
+from .linear import Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmul_nt_glu_ref, matmul_nt_ref
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
-from .norm import rms_norm, rms_norm_ref
-from .rope import apply_rope_interleaved, apply_rope_half, rope_cos_sin, yarn_inv_freq
+from .norm import add_rms_norm, rms_norm, rms_norm_ref
+from .rope import (apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
+                   rope_cos_sin, yarn_inv_freq)
 from .router import route, route_ref
 from . import gpu as _gpu
 
 _gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is available
 
 __all__ = [
-    "Linear", "linear", "matmul_nt", "matmul_nt_ref",
+    "Linear", "linear", "linear_glu", "matmul_nt", "matmul_nt_glu", "matmul_nt_glu_ref", "matmul_nt_ref",
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",
-    "rms_norm", "rms_norm_ref",
-    "apply_rope_interleaved", "apply_rope_half", "rope_cos_sin", "yarn_inv_freq",
+    "add_rms_norm", "rms_norm", "rms_norm_ref",
+    "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half", "apply_rope_half_ref",
+    "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref",
 ]

@@ -49,11 +49,13 @@ def register_all() -> list[str]:
     register("route", _guard("route", cuda_small.route_fast,
                              lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
     register("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
-    enabled_ops.extend(["moe_experts", "prepare_experts", "route", "rms_norm"])
+    register("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast,
+                                    lambda x, r, w, eps: (rms_norm_ref(x + r, w, eps), x + r)))
+    enabled_ops.extend(["moe_experts", "prepare_experts", "route", "rms_norm", "add_rms_norm"])
     try:
-        from . import triton_linear, triton_mla, triton_tree
+        from . import triton_linear, triton_mla, triton_rope, triton_tree
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
-        log.info("Triton kernels (MLA attention, small-M products, tree build) unavailable: %s", e)
+        log.info("Triton kernels (MLA attention, small-M products, rope, tree build) unavailable: %s", e)
     else:
         from .mla_attention import mla_attention_ref
 
@@ -67,6 +69,10 @@ def register_all() -> list[str]:
         register("mla_attention", mla, half + (torch.float32,))
         # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
         register("matmul_nt", triton_linear.matmul_nt_fast, (torch.float32,))
+        register("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,))
         register("build_tree", triton_tree.build_tree_triton, (torch.float32,))
-        enabled_ops.extend(["mla_attention", "matmul_nt", "build_tree"])
+        register("ancestor_mask", triton_tree.ancestor_mask_triton)
+        register("walk", triton_tree.walk_triton)
+        register("rope", triton_rope.rope_triton, half + (torch.float32,))
+        enabled_ops.extend(["mla_attention", "matmul_nt", "matmul_nt_glu", "build_tree", "ancestor_mask", "walk", "rope"])
     return enabled_ops

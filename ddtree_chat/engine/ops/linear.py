@@ -14,9 +14,14 @@ def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.matmul(x, w.transpose(-1, -2))
 
 
-def _kernel(x: torch.Tensor, w: torch.Tensor):
+def matmul_nt_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
+    """silu(x @ wg^T) * (x @ wu^T): a SwiGLU MLP's gate/up half (shapes as matmul_nt_ref)."""
+    return F.silu(matmul_nt_ref(x, wg)) * matmul_nt_ref(x, wu)
+
+
+def _kernel(x: torch.Tensor, w: torch.Tensor, name: str = "matmul_nt"):
     """The registered kernel when it can serve (<= 3-D operands, no autograd: it has no backward)."""
-    fn = fast("matmul_nt", x)
+    fn = fast(name, x)
     if fn is None or x.dim() > 3 or w.dim() > 3 or (torch.is_grad_enabled() and w.requires_grad):
         return None
     return fn
@@ -32,6 +37,20 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     fn = _kernel(x2, w)
     return fn(x2, w).view(*x.shape[:-1], w.shape[0]) if fn is not None else F.linear(x, w)
+
+
+def matmul_nt_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
+    fn = _kernel(x, wg, "matmul_nt_glu")
+    return fn(x, wg, wu) if fn is not None else matmul_nt_glu_ref(x, wg, wu)
+
+
+def linear_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
+    """silu(F.linear(x, wg)) * F.linear(x, wu): x [..., K], wg/wu [N, K] -> [..., N]."""
+    x2 = x.reshape(-1, x.shape[-1])
+    fn = _kernel(x2, wg, "matmul_nt_glu")
+    if fn is None:
+        return F.silu(linear(x, wg)) * linear(x, wu)
+    return fn(x2, wg, wu).view(*x.shape[:-1], wg.shape[0])
 
 
 class Linear(nn.Linear):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .int4 import Int4Weight
-from .linear import matmul_nt
+from .linear import matmul_nt, matmul_nt_glu
 from .registry import fast
 
 
@@ -57,7 +57,7 @@ def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     e = experts.num_experts
     dense = torch.zeros(x.shape[0], e + 1, dtype=torch.float32, device=x.device)  # column 0: other ranks' ids
     dense.scatter_add_(1, ids.long() + 1, weights.float())
-    h = F.silu(matmul_nt(x, experts.gate)) * matmul_nt(x, experts.up)  # [E, T, I]
+    h = matmul_nt_glu(x, experts.gate, experts.up)  # [E, T, I]
     y = matmul_nt(h, experts.down)  # [E, T, H]
     # per token the routing-weighted sum over experts: [T, 1, E] x [T, E, H]
     return matmul_nt(dense[:, None, 1:], y.float().permute(1, 2, 0))[:, 0].to(x.dtype)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..config import RopeScaling
+from .registry import fast
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
@@ -35,7 +36,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_fact
     return (ang.cos() * attention_factor).to(dtype), (ang.sin() * attention_factor).to(dtype)
 
 
-def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+def apply_rope_interleaved_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
     """x [..., T, d] (or [..., T, h, d] with heads=True) with pairs (x[2i], x[2i+1]); cos/sin [T, d/2]."""
     if heads:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
@@ -43,10 +44,26 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+def apply_rope_half_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
     """NeoX rotate_half layout: pairs (x[i], x[i + d/2]); shapes as apply_rope_interleaved."""
     if heads:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _rope(x, cos, sin, heads, interleaved):
+    fn = fast("rope", x)
+    out = fn(x, cos, sin, heads, interleaved) if fn else None
+    if out is not None:
+        return out
+    return (apply_rope_interleaved_ref if interleaved else apply_rope_half_ref)(x, cos, sin, heads)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+    return _rope(x, cos, sin, heads, True)
+
+
+def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+    return _rope(x, cos, sin, heads, False)

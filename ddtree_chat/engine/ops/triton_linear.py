@@ -5,7 +5,10 @@ Why: for the 16-257 row products of a tree verify (K, N of a few hundred), cuBLA
 (a memset, a 'largek' GEMM and a scaling pass: ~12-15 us for [33, 256] x [256, 128] on an H200), a
 launch-latency-bound cost repeated ~100 times per round; this kernel takes 4-6 us there. Batched (one
 batch per grid row) with arbitrary strides, so the MLA absorption and the dense experts use it too.
-Where cuBLAS wins (measured: benchmarks/kernels.py --only linear) matmul_nt_fast keeps it."""
+Where cuBLAS wins (measured: benchmarks/kernels.py --only linear) matmul_nt_fast keeps it.
+
+GLU=True computes silu(x @ wg^T) * (x @ wu^T) in one launch (a SwiGLU MLP's gate/up half: four kernels
+under cuBLAS - two products, the SiLU, the product - for any row count)."""
 
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ _CONFIGS = [
 ]
 
 
-@triton.autotune(configs=_CONFIGS, key=["BLOCK_M", "N", "K", "BATCH", "PREC"], warmup=3, rep=10)
+@triton.autotune(configs=_CONFIGS, key=["BLOCK_M", "N", "K", "BATCH", "PREC", "GLU"], warmup=3, rep=10)
 @triton.jit(do_not_specialize=["M"])
-def _mm_nt_kernel(X, W, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
-                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _mm_nt_kernel(X, W, W2, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
+                  PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -37,15 +41,20 @@ def _mm_nt_kernel(X, W, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, so
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     xp = X + b * sxb + offs_m[:, None] * sxm + offs_k[None, :] * sxk  # [BM, BK]
-    wp = W + b * swb + offs_n[None, :] * swn + offs_k[:, None] * swk  # [BK, BN]
+    w_off = b * swb + offs_n[None, :] * swn + offs_k[:, None] * swk  # [BK, BN]; W2 shares W's strides
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k + k0 < K
         x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(wp, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=PREC)
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = tl.dot(x, tl.load(W + w_off, mask=w_ok, other=0.0), acc, input_precision=PREC)
+        if GLU:
+            acc2 = tl.dot(x, tl.load(W2 + w_off, mask=w_ok, other=0.0), acc2, input_precision=PREC)
         xp += BLOCK_K * sxk
-        wp += BLOCK_K * swk
+        w_off += BLOCK_K * swk
+    if GLU:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc2  # silu(gate) * up
     op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
     tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
 
@@ -57,20 +66,32 @@ def _as3(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
     return t, t.stride(0)
 
 
+def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    k = x.shape[-1]
+    return (w.dtype == x.dtype and w.shape[-1] == k and x.shape[-2] <= MAX_M and k <= MAX_K
+            and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]))
+
+
 def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The registered op: this kernel where it measured faster than cuBLAS, else torch.matmul."""
-    m, k = x.shape[-2:]
-    n = w.shape[-2]
-    ok = (MIN_M <= m or (m >= 2 and n >= WIDE_N)) and m <= MAX_M and k <= MAX_K
-    same = w.dtype == x.dtype and w.shape[-1] == k and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0])
-    if ok and same:
+    m = x.shape[-2]
+    if _fits(x, w) and (MIN_M <= m or (m >= 2 and w.shape[-2] >= WIDE_N)):
         return matmul_nt_triton(x, w)
     return torch.matmul(x, w.transpose(-1, -2))  # also words shape errors as torch does
 
 
-def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3") -> torch.Tensor:
+def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
+    """The registered GLU op: one launch at any row count this kernel serves, else two products + SiLU."""
+    if _fits(x, wg) and wu.shape == wg.shape and wu.stride() == wg.stride() and wu.dtype == wg.dtype:
+        return matmul_nt_triton(x, wg, w2=wu)
+    return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
+
+
+def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
+                     w2: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
-    precision: tl.dot's input_precision ("ieee": FFMA dots, slower)."""
+    precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
+    output is silu(x @ w^T) * (x @ w2^T)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
@@ -79,6 +100,8 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
     block_m = min(64, max(16, triton.next_power_of_2(m)))
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m), batch)  # noqa: E731
-    _mm_nt_kernel[grid](x3, w3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
-                        w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision, BLOCK_M=block_m)
+    w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
+                        w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
+                        GLU=w2 is not None, BLOCK_M=block_m)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]

@@ -26,7 +26,7 @@ _CONFIGS = [
 @triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], warmup=5, rep=20)
 @triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "SCAP"])
 def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, SCAP, scale_log2, s_ckv, s_kpe,
-                      R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
+                      sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     sid = tl.program_id(1)
@@ -36,18 +36,19 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
     # needs the whole [*, 512] tile in registers at once (the unchunked form spilled heavily).
     offs_c = tl.arange(0, RC)
     offs_p = tl.arange(0, P)
-    qbase = QL + offs_m[:, None] * R + offs_c[None, :]
+    t_row = offs_m // NH
+    h_row = offs_m % NH
+    qbase = QL + t_row[:, None] * sql_t + h_row[:, None] * sql_h + offs_c[None, :]
     q0 = tl.load(qbase, mask=m_ok[:, None], other=0.0)
     q1 = tl.load(qbase + RC, mask=m_ok[:, None], other=0.0)
     q2 = tl.load(qbase + 2 * RC, mask=m_ok[:, None], other=0.0)
     q3 = tl.load(qbase + 3 * RC, mask=m_ok[:, None], other=0.0)
-    qp = tl.load(QP + offs_m[:, None] * P + offs_p[None, :], mask=m_ok[:, None], other=0.0)
-    L = tl.load(PLEN)
+    qp = tl.load(QP + t_row[:, None] * sqp_t + h_row[:, None] * sqp_h + offs_p[None, :], mask=m_ok[:, None], other=0.0)
+    L = tl.load(PLEN).to(tl.int32)  # NOTE: int32 or the engine's int64 device length
     is_tree = sid == n_splits
     chunk = tl.cdiv(tl.cdiv(L, n_splits), BLOCK_N) * BLOCK_N
     start = tl.where(is_tree, L, sid * chunk)
     end = tl.where(is_tree, L + T, tl.minimum(sid * chunk + chunk, L))
-    t_row = offs_m // NH
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc0 = tl.zeros([BLOCK_M, RC], tl.float32)
@@ -136,7 +137,9 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     m = t * nh
     dev = q_lat.device
     if torch.is_tensor(prefix_len):
-        plen = prefix_len.to(device=dev, dtype=torch.int32).reshape(1)
+        plen = prefix_len.reshape(1)
+        if plen.device != dev or plen.dtype not in (torch.int32, torch.int64):
+            plen = plen.to(device=dev, dtype=torch.int32)
         bound = max_prefix if max_prefix is not None else ckv.shape[0] - t
     else:
         plen = torch.full((1,), int(prefix_len), dtype=torch.int32, device=dev)
@@ -145,16 +148,21 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
         ckv = ckv.contiguous()
     if kpe.stride(-1) != 1:
         kpe = kpe.contiguous()
-    ql = q_lat.contiguous()
-    qp = q_pe.to(ql.dtype).contiguous()
-    mask = tree_mask.to(device=dev, dtype=torch.uint8).contiguous()
+    # NOTE: q rows are read through their (token, head) strides: the absorbed product leaves q_lat transposed
+    ql = q_lat if q_lat.stride(-1) == 1 else q_lat.contiguous()
+    qp = q_pe.to(ql.dtype)
+    qp = qp if qp.stride(-1) == 1 else qp.contiguous()
+    mask = tree_mask.to(device=dev)
+    mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)  # NOTE: a view, no kernel
+    mask = mask.contiguous()
     ns = plan_splits(m, bound, dev)
     op = torch.empty(ns + 1, m, r, dtype=torch.float32, device=dev)
     lp = torch.empty(ns + 1, m, dtype=torch.float32, device=dev)
     out = torch.empty(t, nh, r, dtype=q_lat.dtype, device=dev)
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + 1)  # noqa: E731
     _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, triton.next_power_of_2(bound + 1),
-                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), R=r, P=p, RC=r // 4,
+                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
+                            qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32")  # NOTE: fp32 models stay fp32
     block_s = max(2, triton.next_power_of_2(ns + 1))
     block_r = min(r, 128)

@@ -1,5 +1,7 @@
 """The draft tree's best-first build (tree.build_tree_topk_ref) as one Triton program: no host sync, one
-launch instead of ~10 small kernels per depth (top-k, index maths, gathers) and a final sort.
+launch instead of ~10 small kernels per depth (top-k, index maths, gathers) and a final sort. Also the
+tree's ancestor mask and the verify walk, one launch each (the references loop over depth, ~5 kernels
+per step).
 
 Per depth the kept prefixes and the drafter's top-K at that depth are both sorted (descending), so the
 pair (i, j) of the i-th kept prefix and the j-th token has at least (i+1)(j+1) candidates scoring as
@@ -133,3 +135,58 @@ def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budge
     _tree_kernel[(1,)](top_logp.float().contiguous(), top_ids.contiguous(), root, pi, pj, ksc, kpar, ktok, sbuf,
                        node, *out, k, budget, D=d, C=pi.numel(), BP=bp, G=g, num_warps=4 if g <= 1024 else 8)
     return out
+
+
+@triton.jit
+def _ancestor_kernel(PAR, M, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Row i of the ancestor mask: i itself and every node on its way up (DEPTH steps bound the climb)."""
+    i = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    row = cols == i
+    a = tl.load(PAR + i)
+    for _ in tl.static_range(DEPTH):
+        row = row | ((cols == a) & (a >= 0))
+        a = tl.where(a >= 0, tl.load(PAR + tl.maximum(a, 0)), a)
+    tl.store(M + i * N + cols, row.to(tl.int8), mask=cols < N)
+
+
+@triton.jit
+def _walk_kernel(PAR, TOK, CHOICE, OK, BONUS, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
+    """A node is accepted iff the target chose its token at its parent and every ancestor is accepted:
+    each node climbs its own chain (no cross-thread gathers), then the deepest accepted node's choice
+    is the bonus token."""
+    nodes = tl.arange(0, BLOCK)
+    live = nodes < N
+    a = nodes
+    ok = live
+    depth = tl.zeros([BLOCK], tl.int32)
+    for _ in tl.static_range(DEPTH + 1):
+        p = tl.load(PAR + a, mask=live, other=-1)
+        up = p >= 0
+        hit = tl.load(CHOICE + tl.maximum(p, 0), mask=live & up, other=0) == tl.load(TOK + a, mask=live & up, other=0)
+        ok = ok & (hit | ~up)
+        depth += up.to(tl.int32)
+        a = tl.where(up, p, a)
+    tl.store(OK + nodes, ok.to(tl.int8), mask=live)
+    deepest = tl.argmax(tl.where(ok, depth, -1), 0)
+    tl.store(BONUS, tl.load(CHOICE + deepest))
+
+
+def ancestor_mask_triton(parents: torch.Tensor, depth_bound: int) -> torch.Tensor:
+    """parents [N] int64 (device) -> [N, N] bool, as DraftTree.mask builds it, in one launch."""
+    n = parents.numel()
+    out = torch.empty(n, n, dtype=torch.uint8, device=parents.device)
+    _ancestor_kernel[(n,)](parents.contiguous(), out, n, DEPTH=depth_bound if n > 1 else 0,
+                           BLOCK=max(16, triton.next_power_of_2(n)))
+    return out.view(torch.bool)
+
+
+def walk_triton(parents: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor, depth_bound: int):
+    """(accepted mask [N] bool, bonus token [] int64) as tree.walk_topk computes them, in one launch."""
+    n = parents.numel()
+    ok = torch.empty(n, dtype=torch.uint8, device=parents.device)
+    bonus = torch.empty((), dtype=torch.long, device=parents.device)
+    _walk_kernel[(1,)](parents.contiguous(), tokens.contiguous(), choice.contiguous(), ok, bonus, n,
+                       DEPTH=depth_bound if n > 1 else 0, BLOCK=max(16, triton.next_power_of_2(n)),
+                       num_warps=4 if n <= 1024 else 8)
+    return ok.view(torch.bool), bonus
