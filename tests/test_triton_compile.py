@@ -38,7 +38,7 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
 
     tree = ASTSource(fn=triton_tree._tree_kernel, signature=TREE_SIGNATURE,
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
-    mm = ASTSource(fn=triton_linear._mm_nt_kernel.fn, signature=MM_SIGNATURE,
+    mm = ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
                    constexprs={"PREC": "tf32x3", "GLU": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})
     rope = ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,
                      constexprs={"HALF": 32, "BLOCK_H": 32, "INTERLEAVED": True, "BLOCK_R": 64})

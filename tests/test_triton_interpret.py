@@ -1,6 +1,7 @@
-"""The Triton tree (build, ancestor mask, walk) and rope kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy
-semantics; no GPU). Runs in a subprocess because the interpreter is chosen when kernels are defined.
-Kernels that autotune (MLA, small-M products) need a GPU driver and are checked by the GPU tests only."""
+"""The Triton tree (build, ancestor mask, walk) and rope kernels' logic on CPU, in Triton's interpreter
+(TRITON_INTERPRET=1, numpy semantics; no GPU). Runs in a subprocess because the interpreter is chosen
+when kernels are defined. The MLA (autotuned) and small-M product (runtime-length loop) kernels do not
+run in the interpreter: the GPU tests check them."""
 
 import json
 import os

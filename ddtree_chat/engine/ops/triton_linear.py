@@ -21,14 +21,15 @@ MIN_M = 16  # below, cuBLAS's small-M kernels are as fast or faster (except agai
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
-_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-    for bn, bk, w, s in [(16, 64, 2, 3), (16, 128, 4, 2), (32, 32, 2, 3), (32, 64, 4, 3), (32, 128, 4, 2),
-                         (64, 32, 4, 3), (64, 64, 4, 2), (64, 128, 4, 2), (128, 32, 4, 2), (128, 64, 8, 2)]
-]
 
 
-@triton.autotune(configs=_CONFIGS, key=["BLOCK_M", "N", "K", "BATCH", "PREC", "GLU"], warmup=3, rep=10)
+def _tile(n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: every autotune config is one more
+    compile per tile height, GLU flag and argument specialisation (~150 binaries at ~1-2 s each made the
+    first start on a GPU take minutes). Chosen by hand; benchmarks/kernels.py --only linear measures them."""
+    return (64, 64, 4, 2) if n >= 2048 else (32, 64, 4, 3)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _mm_nt_kernel(X, W, W2, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
                   PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -99,9 +100,11 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     w3, swb = _as3(w, batch)
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
     block_m = min(64, max(16, triton.next_power_of_2(m)))
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m), batch)  # noqa: E731
+    block_n, block_k, warps, stages = _tile(n)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     _mm_nt_kernel[grid](x3, w3, w2_3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
                         w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
-                        GLU=w2 is not None, BLOCK_M=block_m)
+                        GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                        num_stages=stages)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]

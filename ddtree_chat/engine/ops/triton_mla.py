@@ -23,7 +23,7 @@ _CONFIGS = [
 ]
 
 
-@triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], warmup=5, rep=20)
+@triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], warmup=5, rep=20, cache_results=True)
 @triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "SCAP"])
 def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, SCAP, scale_log2, s_ckv, s_kpe,
                       sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
