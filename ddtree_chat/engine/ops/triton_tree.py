@@ -39,13 +39,14 @@ def _tree_kernel(LOGP, IDS, ROOT, PI, PJ, KSC, KPAR, KTOK, SBUF, NODE, OTOK, OPA
     pi = tl.load(PI + c)  # [C] pair: kept-prefix rank, token rank (padding: rank B, never valid)
     pj = tl.load(PJ + c)
     r = tl.arange(0, BP)
-    n_prev = 1  # the root
-    for d in tl.static_range(D):
+    n_prev = B * 0 + 1  # the root (an int32 scalar: the loop carries it)
+    # NOTE: a loop, not tl.static_range: unrolled, the D copies of the sort took ~7x longer to compile
+    # (87 s for budget 256 on a CPU core, paid at the first start for every candidate budget)
+    for d in range(D):
         n_cur = tl.minimum(B, n_prev * K)
         ok = (pi < n_prev) & (pj < K)
         sc = tl.load(LOGP + d * K + pj, mask=ok, other=0.0)
-        if d > 0:
-            sc += tl.load(KSC + (d - 1) * BP + pi, mask=ok, other=0.0)
+        sc += tl.load(KSC + (d - 1) * BP + pi, mask=ok & (d > 0), other=0.0)
         key = tl.where(ok, _key(sc, c, C), low)
         tl.store(SBUF + c, tl.sort(key, descending=True))
         tl.debug_barrier()
@@ -54,8 +55,7 @@ def _tree_kernel(LOGP, IDS, ROOT, PI, PJ, KSC, KPAR, KTOK, SBUF, NODE, OTOK, OPA
         ci = tl.load(PI + idx, mask=keep, other=0)
         cj = tl.load(PJ + idx, mask=keep, other=0)
         s = tl.load(LOGP + d * K + cj, mask=keep, other=0.0)
-        if d > 0:
-            s += tl.load(KSC + (d - 1) * BP + ci, mask=keep, other=0.0)
+        s += tl.load(KSC + (d - 1) * BP + ci, mask=keep & (d > 0), other=0.0)
         tl.debug_barrier()  # NOTE: every lane has read SBUF and the previous depth before they change
         tl.store(KSC + d * BP + r, s)
         tl.store(KPAR + d * BP + r, tl.where(keep, ci, -1))
@@ -137,7 +137,7 @@ def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budge
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _ancestor_kernel(PAR, M, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
     """Row i of the ancestor mask: i itself and every node on its way up (DEPTH steps bound the climb)."""
     i = tl.program_id(0)
@@ -150,7 +150,7 @@ def _ancestor_kernel(PAR, M, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(M + i * N + cols, row.to(tl.int8), mask=cols < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _walk_kernel(PAR, TOK, CHOICE, OK, BONUS, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
     """A node is accepted iff the target chose its token at its parent and every ancestor is accepted:
     each node climbs its own chain (no cross-thread gathers), then the deepest accepted node's choice
@@ -172,12 +172,16 @@ def _walk_kernel(PAR, TOK, CHOICE, OK, BONUS, N, DEPTH: tl.constexpr, BLOCK: tl.
     tl.store(BONUS, tl.load(CHOICE + deepest))
 
 
+def _block(n: int) -> int:
+    """One block width for every tree the graphs serve (<= 257 nodes): one compile per kernel, not per size."""
+    return 512 if n <= 512 else triton.next_power_of_2(n)
+
+
 def ancestor_mask_triton(parents: torch.Tensor, depth_bound: int) -> torch.Tensor:
     """parents [N] int64 (device) -> [N, N] bool, as DraftTree.mask builds it, in one launch."""
     n = parents.numel()
     out = torch.empty(n, n, dtype=torch.uint8, device=parents.device)
-    _ancestor_kernel[(n,)](parents.contiguous(), out, n, DEPTH=depth_bound if n > 1 else 0,
-                           BLOCK=max(16, triton.next_power_of_2(n)))
+    _ancestor_kernel[(n,)](parents.contiguous(), out, n, DEPTH=depth_bound, BLOCK=_block(n))
     return out.view(torch.bool)
 
 
@@ -187,6 +191,5 @@ def walk_triton(parents: torch.Tensor, tokens: torch.Tensor, choice: torch.Tenso
     ok = torch.empty(n, dtype=torch.uint8, device=parents.device)
     bonus = torch.empty((), dtype=torch.long, device=parents.device)
     _walk_kernel[(1,)](parents.contiguous(), tokens.contiguous(), choice.contiguous(), ok, bonus, n,
-                       DEPTH=depth_bound if n > 1 else 0, BLOCK=max(16, triton.next_power_of_2(n)),
-                       num_warps=4 if n <= 1024 else 8)
+                       DEPTH=depth_bound, BLOCK=_block(n), num_warps=4 if n <= 1024 else 8)
     return ok.view(torch.bool), bonus
