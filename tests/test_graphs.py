@@ -23,8 +23,13 @@ def run(engine, prompt, **kw):
 def pair(synthetic_pair):
     eager = Engine.load(*synthetic_pair, device="cpu")
     static = Engine.load(*synthetic_pair, device="cpu")
-    static.use_graphs(capture=False)
+    calls = []
+    static.use_graphs(capture=False, progress=lambda *a: calls.append(a))
     assert static.decoder.graphs is not None
+    # the loading screen's second step: one call per recorded round kind, counting up to a fixed total
+    from ddtree_chat.engine.graphs import RECORDING
+    total = calls[-1][1]
+    assert total >= 3 and calls == [(i + 1, total, RECORDING) for i in range(total)]
     return eager, static
 
 

@@ -146,3 +146,12 @@ def test_device_label_says_where_and_how_rounds_run():
     assert device_label({"device": "cpu", "tp": 1}) == "cpu"
     assert device_label({"device": "cuda:0", "tp": 1, "cuda_graphs": 29}) == "cuda:0 graphs"
     assert device_label({"device": "cuda:0", "tp": 8, "cuda_graphs": 0}) == "cuda:0 ×8"
+
+
+def test_loading_label_names_the_step():
+    from ddtree_chat.engine.graphs import RECORDING
+    from ddtree_chat.ui.loading import EngineProgress, loading_label
+
+    assert loading_label(EngineProgress(3, 10, "layers.0.mlp.gate.weight")) == "Loading the model… 3/10 tensors"
+    label = loading_label(EngineProgress(2, 18, RECORDING))
+    assert label.startswith("Recording CUDA graphs… 2/18") and "compiles GPU kernels" in label

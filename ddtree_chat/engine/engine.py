@@ -105,7 +105,7 @@ class Engine:
         if tp == 1:
             engine = cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
             if graphs and dev.type == "cuda":
-                engine.use_graphs()
+                engine.use_graphs(progress=progress)
             return engine
         workers = Workers(tp, "nccl" if dev.type == "cuda" else "gloo", dict(kwargs, expert_parallel=expert_parallel))
         try:
@@ -156,9 +156,10 @@ class Engine:
         ctx = max_context or min(tcfg.max_position_embeddings, 4096 if dev.type == "cpu" else 32768)
         return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx, tp, checkpoint_fingerprint(model_dir, draft_dir))
 
-    def use_graphs(self, capture: bool = True) -> None:
+    def use_graphs(self, capture: bool = True, progress: Progress = None) -> None:
         """Rounds on static buffers (graphs.StaticRound), recorded as CUDA graphs when `capture`; records
-        the AR, dflash and auto-budget rounds now. NOTE: one GPU only (collectives are not captured)."""
+        the AR, dflash and auto-budget rounds now (reported through `progress`). NOTE: one GPU only
+        (collectives are not captured)."""
         from .budget import CANDIDATES
         from .graphs import StaticRound
 
@@ -171,7 +172,7 @@ class Engine:
                                                                        for x in (True, False)]
         try:
             with torch.no_grad():
-                seconds = dec.graphs.warm(rounds)
+                seconds = dec.graphs.warm(rounds, progress)
         except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: an op that cannot be captured, or OOM
             log.warning("CUDA graphs unavailable, rounds run eagerly: %s", str(e).splitlines()[0][:200])
             dec.graphs = None

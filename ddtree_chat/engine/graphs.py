@@ -19,6 +19,7 @@ from .tree import DraftTree, path_scores, walk_topk
 log = logging.getLogger(__name__)
 MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
 MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
+RECORDING = "recording CUDA graphs"  # the `what` of Engine.load's progress calls while warm() records
 
 
 class SlotView:
@@ -152,13 +153,16 @@ class StaticRound:
                 raise RuntimeError(f"recording {key}: {e}") from e
             self.outputs[key] = self.graphs[key][1]
 
-    def warm(self, modes: list[tuple[str, int, bool]]) -> float:
-        """Record every program of these (mode, budget, choosing) rounds now; returns the seconds spent."""
+    def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
+        """Record every program of these (mode, budget, choosing) rounds now; returns the seconds spent.
+        progress(done, total, RECORDING) after each round's programs (the first start compiles kernels here)."""
         before = self.capture_s
-        for mode, budget, choosing in modes:
-            if self.serves(mode, budget):
-                self.begin(self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0)
-                self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
+        todo = [m for m in modes if self.serves(m[0], m[1])]
+        for i, (mode, budget, choosing) in enumerate(todo):
+            self.begin(self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0)
+            self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
+            if progress:
+                progress(i + 1, len(todo), RECORDING)
         return self.capture_s - before
 
     def _record(self, fn):

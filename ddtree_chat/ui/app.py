@@ -24,8 +24,8 @@ from ddtree_chat.ui.chat_view import AssistantMessage, ChatInput, Note, UserMess
 from ddtree_chat.ui.conversations import ConversationDeleted, ConversationsScreen
 from ddtree_chat.ui.debug_pane import DebugPane
 from ddtree_chat.ui.generation import UPDATE_INTERVAL, GenerationDone, GenerationFailed, GenerationUpdate, run_generation
-from ddtree_chat.ui.loading import (EngineFailed, EngineProgress, EngineReady, ErrorScreen, describe_error, setup_logging,
-                                    start_loading)
+from ddtree_chat.ui.loading import (EngineFailed, EngineProgress, EngineReady, ErrorScreen, describe_error, loading_label,
+                                    setup_logging, start_loading)
 from ddtree_chat.ui.replies import footer_for, meta_for
 from ddtree_chat.ui.tree_panel import TreePanel
 
@@ -105,7 +105,7 @@ class DDTreeChatApp(App):
 
     def on_engine_progress(self, msg: EngineProgress) -> None:
         self.query_one("#loading-bar", ProgressBar).update(total=max(msg.total, 1), progress=msg.done)
-        self.query_one("#loading-label", Label).update(f"Loading the model… {msg.done}/{msg.total} tensors")
+        self.query_one("#loading-label", Label).update(loading_label(msg))
 
     def on_engine_ready(self, msg: EngineReady) -> None:
         self.engine = msg.engine

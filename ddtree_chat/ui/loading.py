@@ -68,6 +68,14 @@ class EngineFailed(Message):
         self.message = message
 
 
+def loading_label(msg: EngineProgress) -> str:
+    from ddtree_chat.engine.graphs import RECORDING  # NOTE: torch is imported by now (the engine is loading)
+
+    if msg.what == RECORDING:  # NOTE: a first start compiles the GPU kernels inside this step
+        return f"Recording CUDA graphs… {msg.done}/{msg.total} rounds (the first start also compiles GPU kernels)"
+    return f"Loading the model… {msg.done}/{msg.total} tensors"
+
+
 def start_loading(factory: Callable, post: Callable[[Message], object]) -> threading.Thread:
     """Run factory(progress) in a daemon thread.
 

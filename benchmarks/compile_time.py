@@ -1,0 +1,81 @@
+"""Triton compile time of the kernels a first GPU start of the demo pair builds (float32), without a GPU:
+triton.compile for an explicit target with Triton's bundled ptxas, one compile per constexpr set the
+engine uses (tree build per auto candidate budget, each small-M product tile height with and without
+the GLU epilogue, every MLA autotune config, rope, ancestor mask, walk). A lower bound on the first
+start's compile work: one argument specialisation each (the engine may meet a few per kernel).
+
+    python benchmarks/compile_time.py [--arch 90] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def jobs(block: int = 8, r: int = 64, p: int = 16):
+    """(name, kernel, signature, constexprs) for the demo pair's first start."""
+    import torch
+    import triton
+
+    from ddtree_chat.engine.budget import CANDIDATES
+    from ddtree_chat.engine.ops import triton_linear, triton_mla, triton_rope, triton_tree
+    from test_triton_compile import MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE, ROPE_SIGNATURE, TREE_SIGNATURE, WALK_SIGNATURE
+
+    for b in CANDIDATES:
+        d = min(block - 1, b)
+        c = triton_tree._pairs(b, b, torch.device("cpu"))[0].numel()
+        bp = max(16, triton.next_power_of_2(b))
+        yield f"tree b={b}", triton_tree._tree_kernel, TREE_SIGNATURE, {"D": d, "C": c, "BP": bp,
+                                                                        "G": triton.next_power_of_2(d * bp)}
+    bn, bk, _, _ = triton_linear._tile(256)
+    for bm in (16, 32, 64):
+        for glu in (False, True):
+            yield f"mm BLOCK_M={bm} GLU={glu}", triton_linear._mm_nt_kernel, MM_SIGNATURE, {
+                "PREC": "tf32x3", "GLU": glu, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    fp32 = dict(MLA_SIGNATURE, QL="*fp32", QP="*fp32", CKV="*fp32", KPE="*fp32")
+    for cfg in triton_mla._CONFIGS:
+        yield f"mla {cfg.kwargs}", triton_mla._mla_split_kernel.fn, fp32, dict(
+            cfg.kwargs, R=r, P=p, RC=r // 4, PREC="ieee")
+    rope = dict(ROPE_SIGNATURE, X="*fp32", COS="*fp32", SIN="*fp32", O="*fp32")
+    for half, inter in ((p // 2, True), (64, False)):
+        yield f"rope half={half} interleaved={inter}", triton_rope._rope_kernel, rope, {
+            "HALF": half, "BLOCK_H": half, "INTERLEAVED": inter, "BLOCK_R": max(1, min(64, 2048 // half))}
+    yield "ancestor mask", triton_tree._ancestor_kernel, MASK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
+    yield "walk", triton_tree._walk_kernel, WALK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
+
+
+def main(argv=None) -> int:
+    import os
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # NOTE: cold, as a first start
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    rows = []
+    print("| kernel | compile s |\n|---|---|")
+    for name, fn, sig, cx in jobs():
+        t0 = time.perf_counter()
+        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", a.arch, 32))
+        rows.append({"kernel": name, "seconds": time.perf_counter() - t0})
+        print(f"| {name} | {rows[-1]['seconds']:.2f} |", flush=True)
+    print(f"total {sum(r['seconds'] for r in rows):.1f} s for {len(rows)} compiles (sm_{a.arch}, one process)")
+    if a.json:
+        a.json.write_text(json.dumps({"arch": a.arch, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
