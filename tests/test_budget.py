@@ -77,3 +77,24 @@ def test_choice_counts_the_drafting_cost_of_each_size():
     assert auto.choose(tree) == 8  # the size that holds the confident chain
     auto.draft_costs = {4: 0.0, 8: 5.0, 16: 5.0}  # ... unless drafting it costs more than it gains
     assert auto.choose(tree) == 4
+
+
+def test_explorations_come_rarer_while_they_confirm_the_choice():
+    """Exploring rounds choose on the host (no run-ahead): each one that keeps the choice doubles the
+    interval (8, 16, 32, 64 rounds), a changed choice goes back to every 8th round."""
+    from ddtree_chat.engine.budget import EXPLORE, EXPLORE_MAX
+
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {4: 1.0, 8: 1.0, 16: 1.05}
+    tree = _tree(True)
+    seen = []
+    for r in range(400):
+        auto.rounds = r
+        if auto.exploring:
+            auto.choose(tree)
+            seen.append((r, auto.interval))
+    assert [r for r, _ in seen][:7] == [0, 8, 16, 32, 64, 128, 192]  # 8 -> 16 -> 32 -> 64 (capped)
+    assert max(i for _, i in seen) == EXPLORE_MAX
+    auto.draft_costs = {4: 0.0, 8: 5.0, 16: 5.0}  # the best size changes ...
+    auto.rounds = 256
+    assert auto.choose(tree) == 4 and auto.interval == EXPLORE  # ... so it explores every 8th round again

@@ -19,7 +19,8 @@ from .parallel import TPGroup
 from .tree import DraftTree, path_scores
 
 CANDIDATES = (2, 4, 8, 16, 32, 64, 128, 256)
-EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays
+EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays ...
+EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles that interval, up to this
 log = logging.getLogger(__name__)
 
 
@@ -33,11 +34,12 @@ class AutoBudget:
         self.last = 0  # the budget chosen last round
         self.drafted = 0  # the size drafted this round (what next_budget returned)
         self.rounds = 0
+        self.interval = EXPLORE  # rounds between explorations (exploring rounds choose and cannot run ahead)
         self.predicted = 0.0  # expected accepted drafted tokens of the last choice (before calibration)
 
     def next_budget(self) -> int:
         """Once per round: the tree size to draft (a collective under TP, and it resets the round's
-        prediction). The size: the last choice, except every EXPLORE-th round (and the first),
+        prediction). The size: the last choice, except every `interval`-th round (and the first),
         which drafts above it by one candidate or further while the measured verify cost stays within 25%
         of that next size's (a flat cost curve, as on a GPU, reaches the large trees at once; one that
         climbs, as on a CPU, steps). NOTE: drafting large every round would cost more than it finds."""
@@ -49,7 +51,7 @@ class AutoBudget:
     def exploring(self) -> bool:
         """Whether this round drafts past the last choice (then choose() must cut it). Other rounds may
         verify the last choice whole: a fixed-size round, which the graph path runs one ahead."""
-        return not self.last or self.rounds % EXPLORE == 0
+        return not self.last or self.rounds % self.interval == 0
 
     def _next_size(self) -> int:
         if not self.exploring:
@@ -134,8 +136,11 @@ class AutoBudget:
             rate = (1.0 + self.calib * m) / (self.costs[b] + self.draft_costs.get(b, self.draft_s))
             if rate > best_rate:
                 best, best_rate, self.predicted = b, rate, m
-        self.last = self.tp.broadcast(best or min(self.costs))
-        return self.last
+        best = self.tp.broadcast(best or min(self.costs))
+        if self.exploring:  # NOTE: a stable choice needs ever fewer checks; a change goes back to EXPLORE
+            self.interval = min(2 * self.interval, EXPLORE_MAX) if best == self.last else EXPLORE
+        self.last = best
+        return best
 
     def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float) -> None:
         """Learn from a finished round: calibration of the gain (against what choose() predicted for the
