@@ -22,11 +22,10 @@ MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than c
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
 
-
 def _tile(n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: every autotune config is one more
-    compile per tile height, GLU flag and argument specialisation (~150 binaries at ~1-2 s each made the
-    first start on a GPU take minutes). Chosen by hand; benchmarks/kernels.py --only linear measures them."""
+    """(BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more compile
+    per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU run's
+    cache, a large part of a first start's compiles). Chosen by hand; kernels.py --only linear times them."""
     return (64, 64, 4, 2) if n >= 2048 else (32, 64, 4, 3)
 
 
