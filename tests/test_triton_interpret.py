@@ -71,9 +71,9 @@ for d, k, b, follow in json.loads(sys.argv[1]):
         chain.append(int(tree.parents[chain[-1]]))
     for child in reversed(chain[:-1][-follow:] if follow else []):
         choice[tree.parents[child]] = tree.tokens[child]
-    ok, bonus = walk_triton(tree.parents, tree.tokens, choice, d)
+    ok, bonus = walk_triton(tree, choice)
     rok, rbonus = walk_topk_ref(tree, choice)
-    if not (torch.equal(ancestor_mask_triton(tree.parents, d), tree.mask_ref()) and torch.equal(ok, rok)
+    if not (torch.equal(ancestor_mask_triton(tree), tree.mask_ref()) and torch.equal(ok, rok)
             and int(bonus) == int(rbonus)):
         bad.append([d, k, b, follow])
 print(json.dumps(bad))

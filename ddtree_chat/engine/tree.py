@@ -36,7 +36,7 @@ class DraftTree:
     def mask(self) -> torch.Tensor:
         """[N, N] bool: row i sees column j iff j is i or an ancestor of i (on the tree's device, no sync)."""
         fn = fast("ancestor_mask", self.parents)
-        return fn(self.parents, self.depth_bound) if fn else self.mask_ref()
+        return fn(self) if fn else self.mask_ref()
 
     def mask_ref(self) -> torch.Tensor:
         n = self.size
@@ -158,7 +158,7 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     iff its parent is and the target chose its token there; siblings hold distinct tokens, so at most one
     node per depth is accepted and the accepted nodes form the path."""
     fn = fast("walk", tree.parents)
-    return fn(tree.parents, tree.tokens, choice, tree.depth_bound) if fn else walk_topk_ref(tree, choice)
+    return fn(tree, choice) if fn else walk_topk_ref(tree, choice)
 
 
 def walk_topk_ref(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

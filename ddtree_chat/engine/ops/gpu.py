@@ -1,7 +1,8 @@
 """Registers the CUDA / Triton kernels when CUDA is usable. Imported by ops/__init__.py; a no-op on CPU.
 
 The CUDA library is built on first use (ops/build.py); if that fails (no nvcc, compile error), each op
-logs one warning and keeps using its reference. DDTREE_KERNELS=0 disables every fast kernel."""
+logs one warning and keeps using its reference; so does a Triton kernel that does not compile or fit on
+this GPU. DDTREE_KERNELS=0 disables every fast kernel."""
 
 from __future__ import annotations
 
@@ -13,21 +14,24 @@ import torch
 from .registry import register
 
 log = logging.getLogger(__name__)
-_WARNED: set[str] = set()
 enabled_ops: list[str] = []
 
 
-def _guard(name, fast_fn, ref_fn):
-    from .build import KernelBuildError
+def _guard(name, fast_fn, ref_fn, errors=None):
+    """fast_fn, or ref_fn from its first failure on: a CUDA library that does not build, or (Triton) a
+    kernel that does not compile or fit on this GPU (e.g. shared memory on sm_120); logged once."""
+    if errors is None:
+        from .build import KernelBuildError as errors
+    broken = []
 
     def fn(*args, **kw):
-        try:
-            return fast_fn(*args, **kw)
-        except KernelBuildError as e:
-            if name not in _WARNED:
-                _WARNED.add(name)
-                log.warning("%s: fast kernel unavailable (%s); using the reference", name, e)
-            return ref_fn(*args, **kw)
+        if not broken:
+            try:
+                return fast_fn(*args, **kw)
+            except errors as e:
+                broken.append(e)
+                log.warning("%s: fast kernel unavailable (%s); using the reference", name, str(e).splitlines()[0][:200])
+        return ref_fn(*args, **kw)
 
     fn.__name__ = f"{name}_fast"
     return fn
@@ -57,22 +61,36 @@ def register_all() -> list[str]:
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton kernels (MLA attention, small-M products, rope, tree build) unavailable: %s", e)
     else:
+        from triton.runtime.errors import TritonError
+
+        from .linear import matmul_nt_glu_ref, matmul_nt_ref
         from .mla_attention import mla_attention_ref
+
+        def triton_op(name, fast_fn, ref_fn, dtypes=None):
+            register(name, _guard(name, fast_fn, ref_fn, TritonError), dtypes)
+
+        mla_kernel = _guard("mla_attention", triton_mla.mla_attention_triton, mla_attention_ref, TritonError)
 
         def mla(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
             # NOTE: float32 eager forwards keep the exact reference; a device length (static shapes, CUDA
             # graphs) needs the kernel, which then computes with IEEE float32 dots.
             if q_lat.dtype == torch.float32 and not torch.is_tensor(prefix_len):
                 return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
-            return triton_mla.mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+            return mla_kernel(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+
+        def walk_ref(tree, choice):
+            from ..tree import walk_topk_ref  # NOTE: at call time: engine.tree imports this package
+
+            return walk_topk_ref(tree, choice)
 
         register("mla_attention", mla, half + (torch.float32,))
         # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
-        register("matmul_nt", triton_linear.matmul_nt_fast, (torch.float32,))
-        register("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,))
-        register("build_tree", triton_tree.build_tree_triton, (torch.float32,))
-        register("ancestor_mask", triton_tree.ancestor_mask_triton)
-        register("walk", triton_tree.walk_triton)
-        register("rope", triton_rope.rope_triton, half + (torch.float32,))
+        triton_op("matmul_nt", triton_linear.matmul_nt_fast, matmul_nt_ref, (torch.float32,))
+        triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, matmul_nt_glu_ref, (torch.float32,))
+        # NOTE: a None from these means "use the reference" to their callers
+        triton_op("build_tree", triton_tree.build_tree_triton, lambda *a: None, (torch.float32,))
+        triton_op("rope", triton_rope.rope_triton, lambda *a: None, half + (torch.float32,))
+        triton_op("ancestor_mask", triton_tree.ancestor_mask_triton, lambda tree: tree.mask_ref())
+        triton_op("walk", triton_tree.walk_triton, walk_ref)
         enabled_ops.extend(["mla_attention", "matmul_nt", "matmul_nt_glu", "build_tree", "ancestor_mask", "walk", "rope"])
     return enabled_ops

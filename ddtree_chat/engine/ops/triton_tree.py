@@ -177,16 +177,18 @@ def _block(n: int) -> int:
     return 512 if n <= 512 else triton.next_power_of_2(n)
 
 
-def ancestor_mask_triton(parents: torch.Tensor, depth_bound: int) -> torch.Tensor:
-    """parents [N] int64 (device) -> [N, N] bool, as DraftTree.mask builds it, in one launch."""
+def ancestor_mask_triton(tree) -> torch.Tensor:
+    """A DraftTree on the device -> its [N, N] bool ancestor mask (DraftTree.mask_ref), in one launch."""
+    parents, depth_bound = tree.parents, tree.depth_bound
     n = parents.numel()
     out = torch.empty(n, n, dtype=torch.uint8, device=parents.device)
     _ancestor_kernel[(n,)](parents.contiguous(), out, n, DEPTH=depth_bound, BLOCK=_block(n))
     return out.view(torch.bool)
 
 
-def walk_triton(parents: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor, depth_bound: int):
-    """(accepted mask [N] bool, bonus token [] int64) as tree.walk_topk computes them, in one launch."""
+def walk_triton(tree, choice: torch.Tensor):
+    """(accepted mask [N] bool, bonus token [] int64) as tree.walk_topk_ref computes them, in one launch."""
+    parents, tokens, depth_bound = tree.parents, tree.tokens, tree.depth_bound
     n = parents.numel()
     ok = torch.empty(n, dtype=torch.uint8, device=parents.device)
     bonus = torch.empty((), dtype=torch.long, device=parents.device)
