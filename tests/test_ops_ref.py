@@ -109,3 +109,33 @@ def test_dense_moe_equals_the_grouped_reference():
     ids[0, 1] = -1  # an expert held by another rank (expert parallel)
     w = torch.rand(t, k, generator=g)
     assert torch.allclose(moe_experts_dense(x, ids, w, experts), moe_experts_ref(x, ids, w, experts), atol=1e-4)
+
+
+def test_rope_table_serves_the_computed_values_bit_for_bit():
+    """A reserved RopeTable gathers what rope_cos_sin computes (same float64 maths, one cast), so the
+    engine's outputs do not change; without a reservation it computes per call."""
+    from ddtree_chat.engine.config import RopeScaling
+    from ddtree_chat.engine.ops import RopeTable, rope_cos_sin, yarn_inv_freq
+
+    rs = RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=1024)
+    inv = yarn_inv_freq(16, 50000.0, rs)
+    pos = torch.tensor([0, 1, 7, 4095, 4100, 30000, 32767])
+    for dtype in (torch.float32, torch.bfloat16):
+        want = rope_cos_sin(pos, inv, rs.attention_factor, dtype)
+        table = RopeTable()
+        assert all(torch.equal(a, b) for a, b in zip(table.cos_sin(pos, inv, rs.attention_factor, dtype), want))
+        assert not table.tables  # not reserved: computed
+        table.reserve(32768)
+        got = table.cos_sin(pos, inv, rs.attention_factor, dtype)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) and dtype in table.tables
+        table.reset()
+        assert table.n == 32768 and not table.tables
+
+
+def test_decoder_reserves_rope_positions_for_its_context(synthetic_pair):
+    from ddtree_chat.engine import Engine
+    from ddtree_chat.engine.ddtree import MAX_TREE_POSITIONS
+
+    eng = Engine.load(*synthetic_pair, device="cpu", max_context=64)
+    assert eng.target.rope_table.n == 64 + MAX_TREE_POSITIONS == eng.drafter.rope_table.n
+    assert eng.target.rope_table.tables and eng.drafter.rope_table.tables  # built at load, before any capture

@@ -21,6 +21,8 @@ from .kv_cache import DraftCache, KVCache
 from .model import KimiModel, causal_mask
 from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
 
+MAX_TREE_POSITIONS = 1024  # positions a round may use past max_len's committed context (a tree, a block)
+
 log = logging.getLogger(__name__)
 
 
@@ -61,6 +63,12 @@ class Decoder:
             self.draft_head = target.lm_head.weight.to(self.draft_dtype)
         self.dcache = DraftCache(dcfg.num_layers, max_len, dcfg.num_kv_heads, dcfg.head_dim, self.draft_dtype,
                                  self.device, dcfg.kv_window) if dcfg else None
+        # NOTE: positions stay below max_len + one tree (the context refuses rounds past max_len); the
+        # tables are built now, outside any CUDA-graph capture
+        for model, dtype in ((target, self.dtype), (drafter, self.draft_dtype)):
+            if model is not None:
+                model.rope_table.reserve(max_len + MAX_TREE_POSITIONS)
+                model.rope(torch.zeros(1, dtype=torch.long, device=self.device), dtype)
         self.tokens: list[int] = []  # committed (in the cache)
         self.pending: int | None = None
         self.graphs = None  # a graphs.StaticRound when rounds run on static buffers (set by the engine)

@@ -80,15 +80,17 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+        self.rope_table = ops.RopeTable()  # Decoder reserves its positions
 
     def _inv_freq(self):
         return ops.yarn_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
 
     def reset_rope(self, device) -> None:
         self.inv_freq = self._inv_freq().to(device)
+        self.rope_table.reset()
 
     def rope(self, positions, dtype):
-        return ops.rope_cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+        return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
 
     def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """feats [..., n, len(ids) * H] target features at `positions` [n] -> per layer (k, v) [..., n, kv, d]."""

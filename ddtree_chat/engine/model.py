@@ -178,6 +178,7 @@ class KimiModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ops.Linear(cfg.hidden_size, cfg.vocab_size // tp.world, bias=False)  # vocab-parallel
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+        self.rope_table = ops.RopeTable()  # Decoder reserves its positions
 
     def _inv_freq(self) -> torch.Tensor:
         return ops.yarn_inv_freq(self.cfg.qk_rope_head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
@@ -185,9 +186,10 @@ class KimiModel(nn.Module):
     def reset_rope(self, device) -> None:
         """Recompute the rope table on `device` (a model built on the meta device has none)."""
         self.inv_freq = self._inv_freq().to(device)
+        self.rope_table.reset()
 
     def rope(self, positions: torch.Tensor, dtype):
-        return ops.rope_cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+        return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
 
     def forward(self, tokens, positions, tree_mask, cache: LatentCache | None = None, capture: tuple[int, ...] = ()):
         """tokens [..., T], positions [T], tree_mask [T, T] bool (row i sees column j).

@@ -7,7 +7,7 @@ from .linear import Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmul
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
 from .norm import add_rms_norm, rms_norm, rms_norm_ref
-from .rope import (apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
+from .rope import (RopeTable, apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
                    rope_cos_sin, yarn_inv_freq)
 from .router import route, route_ref
 from . import gpu as _gpu
@@ -20,6 +20,6 @@ __all__ = [
     "moe_experts", "moe_experts_dense", "moe_experts_ref",
     "add_rms_norm", "rms_norm", "rms_norm_ref",
     "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half", "apply_rope_half_ref",
-    "rope_cos_sin", "yarn_inv_freq",
+    "RopeTable", "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref",
 ]

@@ -36,6 +36,34 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_fact
     return (ang.cos() * attention_factor).to(dtype), (ang.sin() * attention_factor).to(dtype)
 
 
+class RopeTable:
+    """rope_cos_sin's values for positions 0..n-1, computed once per dtype after reserve(n): a forward then
+    gathers its rows (2 kernels) instead of computing them (~8 small kernels per forward, x3 per round).
+    Without a reservation (training, direct forwards) the values are computed per call."""
+
+    def __init__(self):
+        self.n = 0
+        self.tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def reserve(self, n: int) -> None:
+        """Serve positions < n from tables (NOTE: the caller bounds its positions: no check on the device)."""
+        if n > self.n:
+            self.n, self.tables = n, {}
+
+    def reset(self) -> None:
+        """inv_freq changed (or moved): drop the tables, keep the reservation."""
+        self.tables = {}
+
+    def cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype):
+        if not self.n:
+            return rope_cos_sin(positions, inv_freq, attention_factor, dtype)
+        if dtype not in self.tables:
+            self.tables[dtype] = rope_cos_sin(torch.arange(self.n, device=inv_freq.device), inv_freq,
+                                              attention_factor, dtype)
+        cos, sin = self.tables[dtype]
+        return cos[positions], sin[positions]
+
+
 def apply_rope_interleaved_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
     """x [..., T, d] (or [..., T, h, d] with heads=True) with pairs (x[2i], x[2i+1]); cos/sin [T, d/2]."""
     if heads:
