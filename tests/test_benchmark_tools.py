@@ -1,6 +1,7 @@
 """The benchmark scripts' own logic on CPU (their figures come from the GPU runs in BENCHMARKS.md)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,3 +27,25 @@ def test_k26_round_benchmark_runs_scaled_down_on_cpu(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["mode"] for r in rows] == ["ar"] * 2 + ["dflash 7"] * 3 + ["ddtree 4"] * 3
     assert all(r["ms"] > 0 and r["bytes"] > 0 for r in rows)
+
+
+def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
+    """benchmarks/gpu_session.sh (run on the GPU machine): an unknown step is logged, not fatal, and the
+    cache folder comes back as archive parts that restore it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    out.mkdir()
+    (cache / "triton").mkdir(parents=True)
+    (cache / "triton" / "kernel.cubin").write_bytes(b"\x01" * 1000)
+    env = dict(os.environ, OUT=str(out), CACHE_ROOT=str(cache))
+    subprocess.run(["bash", str(root / "benchmarks" / "gpu_session.sh"), "nosuchstep"], cwd=tmp_path, env=env,
+                   check=True, timeout=60)
+    assert "unknown step nosuchstep" in (out / "log.txt").read_text()
+    parts = sorted(out.glob("cache.tgz.part-*"))
+    assert parts
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    subprocess.run(f"cat {' '.join(map(str, parts))} | tar xzf - -C {restored}", shell=True, check=True)
+    assert (restored / "triton" / "kernel.cubin").read_bytes() == b"\x01" * 1000

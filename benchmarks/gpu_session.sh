@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: the standard checks and benchmarks of issues 5 and 9, each step under its
+# own time limit, so one slow step cannot eat the call; everything lands in $OUT (one log, the JSON
+# files, the cache archive in 15 MB parts: at most 8 files).
+#
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests e2e programs k26 kernels compile
+#
+# A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
+# Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
+# $OUT/cache.tgz.part-* at the end: copy those into .tc/ (a folder git ignores: add /.tc/ to
+# .git/info/exclude) and carry .tc on the next call.
+set -u
+: "${OUT:?set OUT to the folder that comes back}"
+cache_root=${CACHE_ROOT:-/tmp/ddtree-gpu-cache}
+export PYTHONPATH=. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME="$cache_root/home" TRITON_CACHE_DIR="$cache_root/triton"
+mkdir -p "$cache_root"
+ls .tc/cache.tgz.part-* > /dev/null 2>&1 && cat .tc/cache.tgz.part-* | tar xzf - -C "$cache_root"
+log="$OUT/log.txt"
+
+step() {  # name, seconds, command...
+    local name=$1 limit=$2 t0 rc
+    shift 2
+    t0=$(date +%s)
+    echo "=== $name (limit ${limit}s): $*" >> "$log"
+    timeout "$limit" "$@" >> "$log" 2>&1
+    rc=$?
+    echo "=== $name rc=$rc in $(( $(date +%s) - t0 ))s" >> "$log"
+}
+
+for s in "$@"; do
+    case $s in
+        tests) step tests 150 python -m pytest -q tests/test_kernels_gpu.py tests/test_graphs.py \
+                   -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise" ;;
+        e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 32 64 auto \
+                 --json "$OUT/e2e.json" ;;
+        programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
+                      --json "$OUT/programs.json" ;;
+        k26) step k26 150 python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 \
+                 --json "$OUT/k26_round.json" ;;
+        kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
+        compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
+        *) echo "unknown step $s" >> "$log" ;;
+    esac
+done
+tar czf - -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-"
+grep "^=== .* rc=" "$log"
