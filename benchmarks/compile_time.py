@@ -1,7 +1,7 @@
 """Triton compile time of the kernels a first GPU start of the demo pair builds (float32), without a GPU:
 triton.compile for an explicit target with Triton's bundled ptxas, one compile per constexpr set the
 engine uses (tree build per auto candidate budget, each small-M product tile height with and without
-the GLU epilogue, every MLA autotune config, rope, ancestor mask, walk). A lower bound on the first
+the GLU epilogue, every MLA autotune config, rope, drafter attention, ancestor mask, walk). A lower bound on the first
 start's compile work: one argument specialisation each (the engine may meet a few per kernel).
 
     python benchmarks/compile_time.py [--arch 90] [--json OUT]
@@ -26,8 +26,9 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     import triton
 
     from ddtree_chat.engine.budget import CANDIDATES
-    from ddtree_chat.engine.ops import triton_linear, triton_mla, triton_rope, triton_tree
-    from test_triton_compile import MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE, ROPE_SIGNATURE, TREE_SIGNATURE, WALK_SIGNATURE
+    from ddtree_chat.engine.ops import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
+    from test_triton_compile import (DRAFT_ATTN_SIGNATURE, MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE, ROPE_SIGNATURE,
+                                     TREE_SIGNATURE, WALK_SIGNATURE)
 
     for b in CANDIDATES:
         d = min(block - 1, b)
@@ -48,6 +49,9 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     for half, inter in ((p // 2, True), (64, False)):
         yield f"rope half={half} interleaved={inter}", triton_rope._rope_kernel, rope, {
             "HALF": half, "BLOCK_H": half, "INTERLEAVED": inter, "BLOCK_R": max(1, min(64, 2048 // half))}
+    for has_mask in (True, False):
+        yield f"drafter attention mask={has_mask}", triton_draft_attention._draft_attn_kernel, DRAFT_ATTN_SIGNATURE, {
+            "NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": has_mask, "PREC": "ieee"}
     yield "ancestor mask", triton_tree._ancestor_kernel, MASK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
     yield "walk", triton_tree._walk_kernel, WALK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
 

@@ -174,6 +174,28 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
             assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (t, width, heads)
 
 
+# ------------------------------------------------------------------------------------ drafter attention
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_attention_dispatch_matches_reference(dtype):
+    """The demo drafter (8 slots, 4 heads / 2 kv, d = 64) and the K2.6 DFlash drafter (64 / 8, d = 128)
+    over 0..5000 context entries, with the graph path's mask and without one."""
+    from ddtree_chat.engine.ops import draft_attention, draft_attention_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen).to(dtype)  # noqa: E731
+    for b, nh, nkv, d in [(8, 4, 2, 64), (8, 64, 8, 128)]:
+        for n in (0, 1, 300, 5000):
+            q, kb, vb = rnd(b, nh, d), rnd(b, nkv, d), rnd(b, nkv, d)
+            kc, vc = rnd(n + 9, nkv, d)[:n], rnd(n + 9, nkv, d)[:n]
+            visible = (torch.arange(n, device="cuda") < n - 3).expand(b, n)
+            for mask in (None, torch.cat([visible, torch.ones(b, b, dtype=torch.bool, device="cuda")], -1)):
+                want = draft_attention_ref(q.double(), kc.double(), vc.double(), kb.double(), vb.double(), mask, d**-0.5)
+                got = draft_attention(q, kc, vc, kb, vb, mask, d**-0.5)
+                assert got.dtype == dtype and rel(got, want) < (1e-5 if dtype == torch.float32 else 2e-2), (b, nh, n)
+
+
 # ----------------------------------------------------------------------------------------------- MLA
 def ancestor_mask(t, gen, device):
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
@@ -265,7 +287,7 @@ def test_dispatch_picks_fast_kernels():
     from ddtree_chat.engine.ops.registry import fast
 
     x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
-    assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt"} <= set(g.enabled_ops)
+    assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt", "draft_attention"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
     assert fast("moe_experts", x.float()) is None  # fp32 stays exact (mla: see test_mla_small_latent_shapes)
 

@@ -31,10 +31,17 @@ MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf1
                      **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
                      **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 
+DRAFT_ATTN_SIGNATURE = dict({"Q": "*fp32", "KC": "*fp32", "VC": "*fp32", "KB": "*fp32", "VB": "*fp32", "MASK": "*u8",
+                             "OP": "*fp32", "LP": "*fp32", "N": "i32", "B": "i32", "n_splits": "i32",
+                             "scale_log2": "fp32"},
+                            **dict.fromkeys(["sq_b", "sq_h", "skc_n", "skc_g", "svc_n", "svc_g", "skb_n", "skb_g",
+                                             "svb_n", "svb_g", "sm_b"], "i32"),
+                            **dict.fromkeys(["NH", "REP", "D", "BLOCK_M", "BLOCK_N", "HAS_MASK", "PREC"], "constexpr"))
+
 
 @pytest.mark.parametrize("arch", [90, 120])
 def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
-    from ddtree_chat.engine.ops import triton_linear, triton_mla, triton_rope, triton_tree
+    from ddtree_chat.engine.ops import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
 
     tree = ASTSource(fn=triton_tree._tree_kernel, signature=TREE_SIGNATURE,
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
@@ -46,6 +53,9 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     walk = ASTSource(fn=triton_tree._walk_kernel, signature=WALK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
     mla = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
                     constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": 16, "BLOCK_N": 16})
-    for src in (tree, mm, rope, mask, walk, mla):
+    draft = ASTSource(fn=triton_draft_attention._draft_attn_kernel, signature=DRAFT_ATTN_SIGNATURE,
+                      constexprs={"NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": True,
+                                  "PREC": "ieee"})
+    for src in (tree, mm, rope, mask, walk, mla, draft):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
         assert len(kernel.asm["cubin"]) > 1000

@@ -80,6 +80,46 @@ print(json.dumps(bad))
 """
 
 
+DRAFT_ATTENTION_SCRIPT = r"""
+import json, sys, torch
+from unittest import mock
+from ddtree_chat.engine.ops import triton_draft_attention as tda
+from ddtree_chat.engine.ops.draft_attention import draft_attention_ref
+bad = []
+with mock.patch.object(tda, "_sm_count", lambda dev: 4):  # NOTE: no GPU: a small SM count, several splits
+    for b, nh, nkv, d, n, masking in json.loads(sys.argv[1]):
+        g = torch.Generator().manual_seed(n + nh)
+        r = lambda *s: torch.randn(*s, generator=g)
+        q, kb, vb = r(b, nh, d), r(b, nkv, d), r(b, nkv, d)
+        kc, vc = r(n + 5, nkv, d)[:n], r(n + 5, nkv, d)[:n]  # views of a longer buffer, as the cache hands them
+        mask = None
+        if masking:  # the graph path's form: the held entries, then the block (causal: to test its columns)
+            block = torch.ones(b, b, dtype=torch.bool)
+            block = block.tril() if masking == "causal" else block
+            mask = torch.cat([(torch.arange(n) < max(n - 7, 0)).expand(b, n), block], -1)
+        want = draft_attention_ref(q, kc, vc, kb, vb, mask, d ** -0.5)
+        got = tda.draft_attention_triton(q, kc, vc, kb, vb, mask, d ** -0.5)
+        if got is None or got.shape != want.shape or (got - want).abs().max() > 1e-4:
+            bad.append([b, nh, nkv, d, n, masking])
+print(json.dumps(bad))
+"""
+
+LOOP_PROBE = r"""
+import torch, triton, triton.language as tl
+@triton.jit
+def k(X, N, B: tl.constexpr):
+    for i in range(0, N, B):
+        tl.store(X + i + tl.arange(0, B), tl.arange(0, B))
+k[(1,)](torch.zeros(32, dtype=torch.int32), 32, B=16)
+"""
+
+
+def interpreter_runs_loops() -> bool:
+    """Whether this Triton's interpreter runs loops over runtime bounds (3.9's, CI's, does; 3.6's does not)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.run([sys.executable, "-c", LOOP_PROBE], env=env, capture_output=True, timeout=120).returncode == 0
+
+
 def interpret(script: str, cases) -> list:
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True, text=True,
@@ -98,6 +138,17 @@ def test_mask_and_walk_kernels_in_the_interpreter_equal_the_references():
     cases = [(7, 32, 32, 0), (7, 32, 32, 3), (7, 32, 32, 7), (7, 1, 7, 7), (3, 4, 5, 2), (1, 8, 8, 1),
              (15, 4, 64, 9), (7, 8, 0, 0), (5, 64, 200, 4)]
     assert interpret(WALK_SCRIPT, cases) == []
+
+
+def test_draft_attention_kernel_in_the_interpreter_equals_the_reference():
+    """The demo drafter's shapes (8 slots, 4 heads on 2 kv heads, d = 64) with no, one and 1000 context
+    entries over several splits, with and without the graph path's mask (and a causal block), fewer
+    slots than a tile, one kv head per query head."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    cases = [(8, 4, 2, 64, 300, "entries"), (8, 4, 2, 64, 0, None), (8, 4, 2, 64, 1, "causal"),
+             (8, 4, 2, 64, 1000, None), (3, 16, 2, 32, 70, "causal"), (8, 8, 8, 16, 17, "entries")]
+    assert interpret(DRAFT_ATTENTION_SCRIPT, cases) == []
 
 
 def test_rope_kernel_in_the_interpreter_equals_the_reference():

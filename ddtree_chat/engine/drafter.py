@@ -45,17 +45,8 @@ class DraftAttention(nn.Module):
             k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
             o = F.scaled_dot_product_attention(q.transpose(-3, -2), k, v, attn_mask=mask)
             return self.o_proj(o.transpose(-3, -2).flatten(-2))
-        # NOTE: one block over a cached context (the engine): context and block keys are scored separately
-        # and softmaxed together, so the context (a static-size buffer under graphs) is read once and
-        # never concatenated or repeated per query head.
-        q = q.unflatten(-2, (self.nkv, self.nh // self.nkv)) * self.d**-0.5  # [B, kv, rep, d]
-        s = torch.cat([torch.einsum("bgrd,ngd->grbn", q, k_ctx), torch.einsum("bgrd,mgd->grbm", q, k_blk)], -1)
-        if mask is not None:  # [B, n + B]
-            s = s.masked_fill(~mask, float("-inf"))
-        p = s.softmax(-1)  # [kv, rep, B, n + B]
-        n = k_ctx.shape[0]
-        o = torch.einsum("grbn,ngd->bgrd", p[..., :n], v_ctx) + torch.einsum("grbm,mgd->bgrd", p[..., n:], v_blk)
-        return self.o_proj(o.flatten(-3))
+        # NOTE: one block over a cached context (the engine)
+        return self.o_proj(ops.draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, self.d**-0.5).flatten(-2))
 
 
 class DraftLayer(nn.Module):

@@ -3,6 +3,7 @@ and a dispatching entry that picks a CUDA/Triton kernel when one is registered f
 
 The model calls only the dispatching names exported here."""
 
+from .draft_attention import draft_attention, draft_attention_ref
 from .linear import Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmul_nt_glu_ref, matmul_nt_ref
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
@@ -15,6 +16,7 @@ from . import gpu as _gpu
 _gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is available
 
 __all__ = [
+    "draft_attention", "draft_attention_ref",
     "Linear", "linear", "linear_glu", "matmul_nt", "matmul_nt_glu", "matmul_nt_glu_ref", "matmul_nt_ref",
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",

@@ -57,9 +57,9 @@ def register_all() -> list[str]:
                                     lambda x, r, w, eps: (rms_norm_ref(x + r, w, eps), x + r)))
     enabled_ops.extend(["moe_experts", "prepare_experts", "route", "rms_norm", "add_rms_norm"])
     try:
-        from . import triton_linear, triton_mla, triton_rope, triton_tree
+        from . import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
-        log.info("Triton kernels (MLA attention, small-M products, rope, tree build) unavailable: %s", e)
+        log.info("Triton kernels (MLA and drafter attention, small-M products, rope, tree) unavailable: %s", e)
     else:
         from triton.runtime.errors import TritonError
 
@@ -90,7 +90,10 @@ def register_all() -> list[str]:
         # NOTE: a None from these means "use the reference" to their callers
         triton_op("build_tree", triton_tree.build_tree_triton, lambda *a: None, (torch.float32,))
         triton_op("rope", triton_rope.rope_triton, lambda *a: None, half + (torch.float32,))
+        triton_op("draft_attention", triton_draft_attention.draft_attention_triton, lambda *a: None,
+                  half + (torch.float32,))
         triton_op("ancestor_mask", triton_tree.ancestor_mask_triton, lambda tree: tree.mask_ref())
         triton_op("walk", triton_tree.walk_triton, walk_ref)
-        enabled_ops.extend(["mla_attention", "matmul_nt", "matmul_nt_glu", "build_tree", "ancestor_mask", "walk", "rope"])
+        enabled_ops.extend(["mla_attention", "matmul_nt", "matmul_nt_glu", "build_tree", "ancestor_mask", "walk", "rope",
+                            "draft_attention"])
     return enabled_ops

@@ -116,13 +116,17 @@ def _mla_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, 
 _SM_COUNT: dict[int, int] = {}
 
 
-def plan_splits(m_rows: int, max_prefix: int, device) -> int:
-    """Prefix splits: about two waves of programs, each split >= 256 keys."""
+def _sm_count(device) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def plan_splits(m_rows: int, max_prefix: int, device) -> int:
+    """Prefix splits: about two waves of programs, each split >= 256 keys."""
     m_blocks = triton.cdiv(m_rows, 64)
-    return max(1, min(triton.cdiv(2 * _SM_COUNT[idx], m_blocks), triton.cdiv(max(max_prefix, 1), 256)))
+    return max(1, min(triton.cdiv(2 * _sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), 256)))
 
 
 def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):

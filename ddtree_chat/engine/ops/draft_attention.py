@@ -1,0 +1,30 @@
+"""The drafter's attention (DESIGN 3.1): one block of B queries (GQA) over its cached context and the block
+itself, softmaxed together. Context and block keys are scored separately, so the context (a static-size
+buffer under graphs) is read once and never concatenated or repeated per query head."""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import fast
+
+
+def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
+                        v_blk: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """q [B, nh, d]; k_ctx/v_ctx [n, kv, d]; k_blk/v_blk [B, kv, d]; mask [B, n + B] bool or None
+    (everything visible) -> [B, nh, d]. Query head h reads kv head h // (nh / kv)."""
+    nkv = k_ctx.shape[-2]
+    q = q.unflatten(-2, (nkv, q.shape[-2] // nkv)) * scale  # [B, kv, rep, d]
+    s = torch.cat([torch.einsum("bgrd,ngd->grbn", q, k_ctx), torch.einsum("bgrd,mgd->grbm", q, k_blk)], -1)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = s.softmax(-1)  # [kv, rep, B, n + B]
+    n = k_ctx.shape[0]
+    o = torch.einsum("grbn,ngd->bgrd", p[..., :n], v_ctx) + torch.einsum("grbm,mgd->bgrd", p[..., n:], v_blk)
+    return o.flatten(-3, -2)
+
+
+def draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
+    fn = fast("draft_attention", q)
+    out = fn(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale) if fn else None  # NOTE: None: a shape it declines
+    return out if out is not None else draft_attention_ref(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)
