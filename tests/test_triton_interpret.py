@@ -1,7 +1,7 @@
-"""The Triton tree (build, ancestor mask, walk) and rope kernels' logic on CPU, in Triton's interpreter
-(TRITON_INTERPRET=1, numpy semantics; no GPU). Runs in a subprocess because the interpreter is chosen
-when kernels are defined. The MLA (autotuned) and small-M product (runtime-length loop) kernels do not
-run in the interpreter: the GPU tests check them."""
+"""The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
+GPU): tree build, ancestor mask, walk, rope; and, where the interpreter runs loops over runtime bounds
+(Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
+interpreter is chosen when kernels are defined. The MLA kernel (autotuned) is left to the GPU tests."""
 
 import json
 import os
@@ -104,6 +104,24 @@ with mock.patch.object(tda, "_sm_count", lambda dev: 4):  # NOTE: no GPU: a smal
 print(json.dumps(bad))
 """
 
+MM_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+bad = []
+for shape_x, shape_w, glu in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(len(shape_x) * 100 + shape_x[-2])
+    x = torch.randn(*shape_x, generator=g)
+    w, w2 = torch.randn(*shape_w, generator=g), torch.randn(*shape_w, generator=g)
+    ref = x.double() @ w.double().transpose(-1, -2)
+    if glu:
+        ref = torch.nn.functional.silu(ref) * (x.double() @ w2.double().transpose(-1, -2))
+    got = matmul_nt_triton(x.transpose(-1, -2).contiguous().transpose(-1, -2), w, precision="ieee", w2=w2 if glu else None)
+    if got.shape != ref.shape or (got.double() - ref).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
+        bad.append([shape_x, shape_w, glu])
+print(json.dumps(bad))
+"""
+
+
 LOOP_PROBE = r"""
 import torch, triton, triton.language as tl
 @triton.jit
@@ -149,6 +167,16 @@ def test_draft_attention_kernel_in_the_interpreter_equals_the_reference():
     cases = [(8, 4, 2, 64, 300, "entries"), (8, 4, 2, 64, 0, None), (8, 4, 2, 64, 1, "causal"),
              (8, 4, 2, 64, 1000, None), (3, 16, 2, 32, 70, "causal"), (8, 8, 8, 16, 17, "entries")]
     assert interpret(DRAFT_ATTENTION_SCRIPT, cases) == []
+
+
+def test_small_m_product_kernel_in_the_interpreter_equals_float64():
+    """x @ w^T and the GLU epilogue: masked edges (no dimension a tile multiple), a column-major x, a
+    shared 2-D x against stacked experts, batched both sides."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    cases = [([5, 70], [40, 70], False), ([5, 70], [40, 70], True), ([33, 64], [3, 24, 64], True),
+             ([2, 17, 32], [2, 9, 32], False), ([1, 256], [130, 256], True)]
+    assert interpret(MM_SCRIPT, cases) == []
 
 
 def test_rope_kernel_in_the_interpreter_equals_the_reference():
