@@ -98,3 +98,14 @@ def test_explorations_come_rarer_while_they_confirm_the_choice():
     auto.draft_costs = {4: 0.0, 8: 5.0, 16: 5.0}  # the best size changes ...
     auto.rounds = 256
     assert auto.choose(tree) == 4 and auto.interval == EXPLORE  # ... so it explores every 8th round again
+
+
+def test_kernel_fingerprint_follows_the_kernel_sources(tmp_path, monkeypatch):
+    """--budget auto's cached verify costs are keyed by the GPU and this fingerprint (the kernel set and
+    the kernel sources): another kernel set measures afresh."""
+    from ddtree_chat.engine.ops import gpu
+
+    before = gpu.fingerprint()
+    assert before == gpu.fingerprint() and len(before) == 10
+    monkeypatch.setattr(gpu, "enabled_ops", gpu.enabled_ops + ["probe"])
+    assert gpu.fingerprint() != before

@@ -63,6 +63,16 @@ def _pick_device(device: str | None) -> torch.device:
     return dev
 
 
+def _machine(device: torch.device) -> str:
+    """What the verify cost curve depends on besides the model: the GPU model and the kernels in use (a
+    cached curve from another GPU, or from before a kernel landed, would mislead --budget auto)."""
+    if device.type != "cuda":
+        return str(device)
+    from .ops import gpu
+
+    return f"{torch.cuda.get_device_name(device).replace(' ', '_')}-k{gpu.fingerprint()}"
+
+
 class Engine:
     def __init__(self, target, tcfg, tokenizer, drafter=None, dcfg=None, device=None, max_context: int = 4096,
                  tp: TPGroup = SINGLE, fingerprint: str = ""):
@@ -303,7 +313,7 @@ class Engine:
         if auto:
             if self._auto is None:
                 how = "graphs" if dec.graphs is not None and dec.graphs.capture else "eager"
-                self._auto = AutoBudget(dec, self.tp, f"v3-{self.fingerprint[:16]}-{self.device}-{dec.dtype}-"
+                self._auto = AutoBudget(dec, self.tp, f"v4-{self.fingerprint[:16]}-{_machine(self.device)}-{dec.dtype}-"
                                                       f"tp{self.tp.world}-{how}")
             self._auto.ensure_costs()
         first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])

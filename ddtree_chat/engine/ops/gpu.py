@@ -17,6 +17,19 @@ log = logging.getLogger(__name__)
 enabled_ops: list[str] = []
 
 
+def fingerprint() -> str:
+    """The registered kernels and the sources they come from (ops/*.py, csrc/*.cu), hashed: what a cached
+    measurement of their speed is valid for."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha1(",".join(sorted(enabled_ops)).encode())
+    here = Path(__file__).resolve().parent
+    for f in sorted(here.glob("*.py")) + sorted((here.parents[1] / "csrc").glob("*.cu")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:10]
+
+
 def _guard(name, fast_fn, ref_fn, errors=None):
     """fast_fn, or ref_fn from its first failure on: a CUDA library that does not build, or (Triton) a
     kernel that does not compile or fit on this GPU (e.g. shared memory on sm_120); logged once."""
