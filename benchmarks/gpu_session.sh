@@ -3,7 +3,7 @@
 # own time limit, so one slow step cannot eat the call; everything lands in $OUT (one log, the JSON
 # files, the cache archive in 15 MB parts: at most 8 files).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests e2e programs k26 kernels compile
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests e2e programs k26 layer kernels compile
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
@@ -37,6 +37,8 @@ for s in "$@"; do
                       --json "$OUT/programs.json" ;;
         k26) step k26 150 python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 \
                  --json "$OUT/k26_round.json" ;;
+        layer) step layer 150 python benchmarks/k26_forward.py --synthetic-layers 2 --layer 1 --context 8192 \
+                   --tokens 1 16 64 --json "$OUT/layer.json" ;;
         kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
         *) echo "unknown step $s" >> "$log" ;;

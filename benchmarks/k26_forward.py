@@ -4,26 +4,31 @@ tree tokens over a committed context, against the bytes it must read and the cop
 same process (eager SM copy, CUDA events).
 
     PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 4 --context 8192 --tokens 1 16 64 [--json OUT]
+    PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 2 --layer 1 ...   # one MoE layer alone
+    python benchmarks/k26_forward.py --tiny --device cpu                                # CPU smoke run
 
 Times are eager (as the engine runs today) and, when capture works, one CUDA-graph replay of the same
 forward. Bytes: ddtree_chat.engine.memory.forward_bytes (distinct experts touched under uniform
-routing, DESIGN 4)."""
+routing, DESIGN 4); with --layer, one decoder layer (attention + MLP + norms) on random hidden states
+against memory.layer_bytes."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from k26_round import TINY_TARGET  # noqa: E402
 from kernels import copy_ceiling, events_ms  # noqa: E402
 
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
-from ddtree_chat.engine.memory import forward_bytes  # noqa: E402
+from ddtree_chat.engine.memory import forward_bytes, layer_bytes  # noqa: E402
 from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
 from ddtree_chat.engine.tree import build_tree_topk  # noqa: E402
 
@@ -37,19 +42,31 @@ def _tree(t: int, depth: int, gen: torch.Generator, dev):
     return tree.mask(), tree.depth
 
 
+def _host_ms(fn, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic-layers", type=int, default=4)
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--layer", type=int, default=None, help="time this decoder layer alone")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="scaled-down dimensions (CPU smoke run)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    dev = torch.device("cuda")
-    ceiling = copy_ceiling()
-    cfg = k26_config(layers=a.synthetic_layers)
-    model = random_target(cfg, dev, torch.bfloat16)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    ceiling = copy_ceiling() if cuda else None
+    cfg = k26_config(layers=a.synthetic_layers, **(TINY_TARGET if a.tiny else {}))
+    model = random_target(cfg, dev, dtype)
     cache = KVCache(cfg.num_layers, a.context + max(a.tokens) + 1, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                    torch.bfloat16, dev)
+                    dtype, dev)
     cache.ckv.normal_()
     cache.kpe.normal_()
     cache.length = a.context  # a committed context of random latents; forwards write after it, never commit
@@ -60,37 +77,51 @@ def main(argv=None) -> int:
         toks = torch.randint(0, cfg.vocab_size, (t,), generator=gen).to(dev)
         pos = depth + a.context
 
-        def fwd():
-            return model.logits(model(toks, pos, mask, cache)[0])
+        if a.layer is None:
+            def fwd():
+                return model.logits(model(toks, pos, mask, cache)[0])
+        else:
+            x = torch.randn(t, cfg.hidden_size, generator=gen).to(dev, dtype)
+            cos, sin = model.rope(pos, dtype)
+            layer = model.layers[a.layer]
+
+            def fwd():
+                return layer(x, cos, sin, mask, cache)
 
         with torch.no_grad():
             for _ in range(2):
                 fwd()
-            eager_ms = events_ms(fwd, 5)
+            eager_ms = events_ms(fwd, 5) if cuda else _host_ms(fwd, 3)
             graph_ms = None
             try:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    fwd()
-                graph_ms = events_ms(g.replay, 5)
+                if cuda:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        fwd()
+                    graph_ms = events_ms(g.replay, 5)
             except Exception as e:  # report, keep the eager figure
                 print(f"T={t}: CUDA-graph capture failed ({type(e).__name__}: {str(e)[:120]})")
         need = forward_bytes(cfg, t, a.context)
-        bound_ms = need["total"] / ceiling * 1e3
+        nbytes = need["total"] if a.layer is None else layer_bytes(cfg, a.layer, t, a.context)
+        bound_ms = nbytes / ceiling * 1e3 if ceiling else None
         best = graph_ms or eager_ms
         rows.append({"tokens": t, "eager_ms": eager_ms, "graph_ms": graph_ms, "bound_ms": bound_ms,
-                     "bytes": need["total"], "experts_touched": need["experts_touched_per_layer"],
-                     "ratio_to_bound": best / bound_ms})
-    print(f"K2.6-shaped target, {cfg.num_layers} layers, context {a.context}, bf16, copy ceiling {ceiling / 1e9:.0f} GB/s")
+                     "bytes": nbytes, "experts_touched": need["experts_touched_per_layer"],
+                     "ratio_to_bound": best / bound_ms if bound_ms else None})
+    what = f"layer {a.layer} of {cfg.num_layers}" if a.layer is not None else f"{cfg.num_layers} layers"
+    where = f"copy ceiling {ceiling / 1e9:.0f} GB/s" if ceiling else "CPU (no bound)"
+    print(f"K2.6-shaped target, {what}, context {a.context}, {dtype}, {where}")
     print("| tokens | experts/layer | bytes (GB) | bound ms | eager ms | graph ms | best / bound |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         gm = f"{r['graph_ms']:.2f}" if r["graph_ms"] else "-"
-        print(f"| {r['tokens']} | {r['experts_touched']:.0f} | {r['bytes'] / 1e9:.2f} | {r['bound_ms']:.2f} | "
-              f"{r['eager_ms']:.2f} | {gm} | {r['ratio_to_bound']:.2f}x |")
+        bound = f"{r['bound_ms']:.2f} | " if r["bound_ms"] else "- | "
+        ratio = f"{r['ratio_to_bound']:.2f}x" if r["ratio_to_bound"] else "-"
+        print(f"| {r['tokens']} | {r['experts_touched']:.0f} | {r['bytes'] / 1e9:.3f} | {bound}"
+              f"{r['eager_ms']:.2f} | {gm} | {ratio} |")
     if a.json:
-        a.json.write_text(json.dumps({"layers": cfg.num_layers, "context": a.context, "ceiling": ceiling,
-                                      "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"layers": cfg.num_layers, "layer": a.layer, "context": a.context,
+                                      "ceiling": ceiling, "rows": rows}, indent=1))
     return 0
 
 

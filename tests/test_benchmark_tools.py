@@ -49,3 +49,33 @@ def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     restored.mkdir()
     subprocess.run(f"cat {' '.join(map(str, parts))} | tar xzf - -C {restored}", shell=True, check=True)
     assert (restored / "triton" / "kernel.cubin").read_bytes() == b"\x01" * 1000
+
+
+def test_k26_forward_one_layer_mode_runs_scaled_down_on_cpu(tmp_path):
+    """benchmarks/k26_forward.py --layer (issue 9's one-layer benchmark) at tiny dims: one row per token
+    count, a layer's bytes from memory.layer_bytes (less than the whole forward's)."""
+    import k26_forward
+
+    from ddtree_chat.engine.memory import forward_bytes, layer_bytes
+    from ddtree_chat.engine.random_model import k26_config
+
+    out = tmp_path / "layer.json"
+    assert k26_forward.main(["--tiny", "--device", "cpu", "--synthetic-layers", "2", "--layer", "1", "--context", "50",
+                             "--tokens", "1", "3", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["layer"] == 1 and [r["tokens"] for r in got["rows"]] == [1, 3]
+    assert all(r["eager_ms"] > 0 and r["bound_ms"] is None for r in got["rows"])
+    cfg = k26_config(layers=2, **k26_round.TINY_TARGET)
+    assert got["rows"][1]["bytes"] == layer_bytes(cfg, 1, 3, 50) < forward_bytes(cfg, 3, 50)["total"]
+
+
+def test_layer_bytes_add_up_to_the_forward():
+    from ddtree_chat.engine.memory import forward_bytes, layer_bytes
+    from ddtree_chat.engine.random_model import k26_config
+
+    cfg = k26_config(layers=3)  # one dense layer, two MoE layers
+    for t in (1, 16, 64):
+        whole = forward_bytes(cfg, t, 4096)
+        layers = sum(layer_bytes(cfg, i, t, 4096) for i in range(3))
+        assert abs(layers + whole["lm_head"] - whole["total"]) < 1e-6 * whole["total"]
+    assert layer_bytes(cfg, 1, 64, 4096) > 2 * layer_bytes(cfg, 1, 1, 4096)  # a MoE layer: more experts touched

@@ -72,6 +72,18 @@ def forward_bytes(cfg: TargetConfig, tokens: int, context: int) -> dict[str, flo
     return out
 
 
+def layer_bytes(cfg: TargetConfig, layer: int, tokens: int, context: int) -> float:
+    """What one decoder layer of forward_bytes reads: its attention weights and latent cache, then its
+    MLP (dense, or router + shared + the distinct routed experts touched)."""
+    parts = forward_bytes(cfg, tokens, context)
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    dense_layers = cfg.num_layers - moe_layers
+    own = (parts["attention"] + parts["kv_cache"]) / cfg.num_layers
+    if cfg.is_moe_layer(layer):
+        return own + (parts["shared_experts"] + parts["router"] + parts["routed_experts"]) / moe_layers
+    return own + parts["dense_mlp"] / dense_layers
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     cfg: TargetConfig
