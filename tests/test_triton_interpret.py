@@ -86,7 +86,7 @@ from unittest import mock
 from ddtree_chat.engine.ops import triton_draft_attention as tda
 from ddtree_chat.engine.ops.draft_attention import draft_attention_ref
 bad = []
-with mock.patch.object(tda, "_sm_count", lambda dev: 4):  # NOTE: no GPU: a small SM count, several splits
+with mock.patch.object(tda, "sm_count", lambda dev: 4):  # NOTE: no GPU: a small SM count, several splits
     for b, nh, nkv, d, n, masking in json.loads(sys.argv[1]):
         g = torch.Generator().manual_seed(n + nh)
         r = lambda *s: torch.randn(*s, generator=g)

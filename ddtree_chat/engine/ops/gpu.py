@@ -50,6 +50,11 @@ def _guard(name, fast_fn, ref_fn, errors=None):
     return fn
 
 
+def _enable(name: str, fn, dtypes=None) -> None:
+    register(name, fn, dtypes)
+    enabled_ops.append(name)
+
+
 def register_all() -> list[str]:
     if enabled_ops or os.environ.get("DDTREE_KERNELS", "1") == "0" or not torch.cuda.is_available():
         return enabled_ops
@@ -61,52 +66,47 @@ def register_all() -> list[str]:
     # NOTE: the INT4 MoE computes in bf16: float32 models keep the reference (dense) experts. Their other
     # GPU ops (below) round at float32 level, so the tree's tokens keep matching AR.
     half = (torch.bfloat16, torch.float16)
-    register("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref), half)
-    register("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally
-    register("route", _guard("route", cuda_small.route_fast,
-                             lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
-    register("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
-    register("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast,
-                                    lambda x, r, w, eps: (rms_norm_ref(x + r, w, eps), x + r)))
-    enabled_ops.extend(["moe_experts", "prepare_experts", "route", "rms_norm", "add_rms_norm"])
+    _enable("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref), half)
+    _enable("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally
+    _enable("route", _guard("route", cuda_small.route_fast, lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
+    _enable("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
+    _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast,
+                                   lambda x, r, w, eps: (rms_norm_ref(x + r, w, eps), x + r)))
     try:
         from . import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton kernels (MLA and drafter attention, small-M products, rope, tree) unavailable: %s", e)
-    else:
-        from triton.runtime.errors import TritonError
+        return enabled_ops
+    from triton.runtime.errors import TritonError
 
-        from .linear import matmul_nt_glu_ref, matmul_nt_ref
-        from .mla_attention import mla_attention_ref
+    from .linear import matmul_nt_glu_ref, matmul_nt_ref
+    from .mla_attention import mla_attention_ref
 
-        def triton_op(name, fast_fn, ref_fn, dtypes=None):
-            register(name, _guard(name, fast_fn, ref_fn, TritonError), dtypes)
+    def triton_op(name, fast_fn, ref_fn, dtypes=None):
+        _enable(name, _guard(name, fast_fn, ref_fn, TritonError), dtypes)
 
-        mla_kernel = _guard("mla_attention", triton_mla.mla_attention_triton, mla_attention_ref, TritonError)
+    mla_kernel = _guard("mla_attention", triton_mla.mla_attention_triton, mla_attention_ref, TritonError)
 
-        def mla(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
-            # NOTE: float32 eager forwards keep the exact reference; a device length (static shapes, CUDA
-            # graphs) needs the kernel, which then computes with IEEE float32 dots.
-            if q_lat.dtype == torch.float32 and not torch.is_tensor(prefix_len):
-                return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
-            return mla_kernel(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+    def mla(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
+        # NOTE: float32 eager forwards keep the exact reference; a device length (static shapes, CUDA
+        # graphs) needs the kernel, which then computes with IEEE float32 dots.
+        if q_lat.dtype == torch.float32 and not torch.is_tensor(prefix_len):
+            return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+        return mla_kernel(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
 
-        def walk_ref(tree, choice):
-            from ..tree import walk_topk_ref  # NOTE: at call time: engine.tree imports this package
+    def walk_ref(tree, choice):
+        from ..tree import walk_topk_ref  # NOTE: at call time: engine.tree imports this package
 
-            return walk_topk_ref(tree, choice)
+        return walk_topk_ref(tree, choice)
 
-        register("mla_attention", mla, half + (torch.float32,))
-        # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
-        triton_op("matmul_nt", triton_linear.matmul_nt_fast, matmul_nt_ref, (torch.float32,))
-        triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, matmul_nt_glu_ref, (torch.float32,))
-        # NOTE: a None from these means "use the reference" to their callers
-        triton_op("build_tree", triton_tree.build_tree_triton, lambda *a: None, (torch.float32,))
-        triton_op("rope", triton_rope.rope_triton, lambda *a: None, half + (torch.float32,))
-        triton_op("draft_attention", triton_draft_attention.draft_attention_triton, lambda *a: None,
-                  half + (torch.float32,))
-        triton_op("ancestor_mask", triton_tree.ancestor_mask_triton, lambda tree: tree.mask_ref())
-        triton_op("walk", triton_tree.walk_triton, walk_ref)
-        enabled_ops.extend(["mla_attention", "matmul_nt", "matmul_nt_glu", "build_tree", "ancestor_mask", "walk", "rope",
-                            "draft_attention"])
+    _enable("mla_attention", mla, half + (torch.float32,))
+    # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
+    triton_op("matmul_nt", triton_linear.matmul_nt_fast, matmul_nt_ref, (torch.float32,))
+    triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, matmul_nt_glu_ref, (torch.float32,))
+    # NOTE: a None from these means "use the reference" to their callers
+    triton_op("build_tree", triton_tree.build_tree_triton, lambda *a: None, (torch.float32,))
+    triton_op("rope", triton_rope.rope_triton, lambda *a: None, half + (torch.float32,))
+    triton_op("draft_attention", triton_draft_attention.draft_attention_triton, lambda *a: None, half + (torch.float32,))
+    triton_op("ancestor_mask", triton_tree.ancestor_mask_triton, lambda tree: tree.mask_ref())
+    triton_op("walk", triton_tree.walk_triton, walk_ref)
     return enabled_ops

@@ -1,7 +1,7 @@
 """The drafter's block attention (ops/draft_attention.py) in Triton: split-KV over the cached context plus
 one split for the block's own keys, merged by log-sum-exp (the MLA kernel's merge). The reference is
-~14 small kernels per drafter layer (two einsums each for scores and values, their copies, the concat,
-mask, softmax, sum); this is two.
+15 torch ops per drafter layer (two einsums each for scores and values, their copies, the concat, mask,
+softmax, sum: benchmarks/op_counts.py); this is two launches.
 
 One program holds every query row of one kv head (B block slots x the heads that share it), so each
 context key is read once per kv head. Only speed depends on the drafter: its numerics need not match
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mla import _mla_merge_kernel, _sm_count
+from .triton_mla import lse_merge_kernel, sm_count
 
 
 @triton.jit
@@ -92,7 +92,7 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
     if block_m > 128:
         return None
     block_n = 64 if d <= 64 else 32
-    ns = max(1, min(triton.cdiv(2 * _sm_count(q.device), nkv), triton.cdiv(max(n, 1), 256)))
+    ns = max(1, min(triton.cdiv(2 * sm_count(q.device), nkv), triton.cdiv(max(n, 1), 256)))
     op = torch.empty(ns + 1, b * nh, d, dtype=torch.float32, device=q.device)
     lp = torch.empty(ns + 1, b * nh, dtype=torch.float32, device=q.device)
     out = torch.empty(b, nh, d, dtype=q.dtype, device=q.device)
@@ -104,6 +104,6 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
         NH=nh, REP=rep, D=d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=mask is not None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
     block_r = min(d, 128)
-    _mla_merge_kernel[(b * nh, d // block_r)](op, lp, out, b * nh, ns + 1, R=d, BLOCK_S=max(2, triton.next_power_of_2(ns + 1)),
-                                              BLOCK_R=block_r)
+    lse_merge_kernel[(b * nh, d // block_r)](op, lp, out, b * nh, ns + 1, R=d,
+                                             BLOCK_S=max(2, triton.next_power_of_2(ns + 1)), BLOCK_R=block_r)
     return out

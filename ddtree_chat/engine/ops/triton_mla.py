@@ -97,7 +97,9 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
 
 
 @triton.jit(do_not_specialize=["M", "NS"])
-def _mla_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+def lse_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Split-KV partials OP [NS, M, R] (each normalised) with their log2-sum-exps LP [NS, M] -> O [M, R].
+    Also the drafter attention's merge (triton_draft_attention)."""
     m = tl.program_id(0)
     rb = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -116,7 +118,7 @@ def _mla_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, 
 _SM_COUNT: dict[int, int] = {}
 
 
-def _sm_count(device) -> int:
+def sm_count(device) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -126,7 +128,7 @@ def _sm_count(device) -> int:
 def plan_splits(m_rows: int, max_prefix: int, device) -> int:
     """Prefix splits: about two waves of programs, each split >= 256 keys."""
     m_blocks = triton.cdiv(m_rows, 64)
-    return max(1, min(triton.cdiv(2 * _sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), 256)))
+    return max(1, min(triton.cdiv(2 * sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), 256)))
 
 
 def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
@@ -170,5 +172,5 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32")  # NOTE: fp32 models stay fp32
     block_s = max(2, triton.next_power_of_2(ns + 1))
     block_r = min(r, 128)
-    _mla_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
+    lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
     return out
