@@ -158,6 +158,7 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
     """K2.6's q_pe (64 heads, 128 + 64 per head) and k_pe (512 + 64) slices, the demo's (4 heads, 32 + 16),
     the drafter's half layout (GQA heads, d = 128): one launch each, against the reference in float64."""
     from ddtree_chat.engine.ops import apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref
+    from ddtree_chat.engine.ops.triton_rope import rope_triton
 
     dev = torch.device("cuda")
     for t in (1, 17, 257):
@@ -170,6 +171,8 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
             x = torch.randn(t, *((heads,) if heads else ()), width, device=dev).to(dtype)[..., width - d:]
             got = fn(x, cos.to(dtype), sin.to(dtype), heads=heads is not None)
             want = ref(x.double(), cos.to(dtype).double(), sin.to(dtype).double(), heads=heads is not None)
+            kernel = rope_triton(x, cos.to(dtype), sin.to(dtype), heads is not None, fn is apply_rope_interleaved)
+            assert kernel is not None and torch.equal(kernel, got)  # the dispatch took the kernel
             assert got.dtype == dtype and got.is_contiguous()
             assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (t, width, heads)
 
@@ -182,6 +185,7 @@ def test_draft_attention_dispatch_matches_reference(dtype):
     """The demo drafter (8 slots, 4 heads / 2 kv, d = 64) and the K2.6 DFlash drafter (64 / 8, d = 128)
     over 0..5000 context entries, with the graph path's mask and without one."""
     from ddtree_chat.engine.ops import draft_attention, draft_attention_ref
+    from ddtree_chat.engine.ops.triton_draft_attention import draft_attention_triton
 
     gen = torch.Generator(device="cuda").manual_seed(4)
     rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen).to(dtype)  # noqa: E731
@@ -193,6 +197,8 @@ def test_draft_attention_dispatch_matches_reference(dtype):
             for mask in (None, torch.cat([visible, torch.ones(b, b, dtype=torch.bool, device="cuda")], -1)):
                 want = draft_attention_ref(q.double(), kc.double(), vc.double(), kb.double(), vb.double(), mask, d**-0.5)
                 got = draft_attention(q, kc, vc, kb, vb, mask, d**-0.5)
+                kernel = draft_attention_triton(q, kc, vc, kb, vb, mask, d**-0.5)
+                assert kernel is not None and torch.equal(kernel, got)  # the dispatch took the kernel
                 assert got.dtype == dtype and rel(got, want) < (1e-5 if dtype == torch.float32 else 2e-2), (b, nh, n)
 
 
@@ -299,7 +305,7 @@ def test_glu_product_matches_float64():
     """silu(x @ wg^T) * (x @ wu^T) in one launch: the demo's MLP (1 row), shared expert (33 tree rows),
     stacked dense experts (batched), and a K the kernel declines (two cuBLAS products + SiLU)."""
     from ddtree_chat.engine.ops import matmul_nt_glu
-    from ddtree_chat.engine.ops.triton_linear import matmul_nt_glu_fast
+    from ddtree_chat.engine.ops.triton_linear import MAX_K, matmul_nt_glu_fast, matmul_nt_triton
 
     gen = torch.Generator(device="cuda").manual_seed(2)
     rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
@@ -308,7 +314,8 @@ def test_glu_product_matches_float64():
     for x, wg, wu in cases:
         xd = x.double()
         want = torch.nn.functional.silu(xd @ wg.double().transpose(-1, -2)) * (xd @ wu.double().transpose(-1, -2))
-        for fn in (matmul_nt_glu_fast, matmul_nt_glu):
+        kernel = (lambda a, g, u: matmul_nt_triton(a, g, w2=u),) if x.shape[-1] <= MAX_K else ()
+        for fn in (matmul_nt_glu_fast, matmul_nt_glu) + kernel:
             got = fn(x, wg, wu)
             assert got.shape == want.shape and rel(got, want) < 1e-6, (x.shape, wg.shape)
 
