@@ -154,6 +154,8 @@ def bench_mla(ceiling, quick):
 def bench_small(ceiling):
     from ddtree_chat.engine.ops.cuda_small import rms_norm_fast, rms_norm_residual_fast, route_fast
     from ddtree_chat.engine.ops.norm import rms_norm_ref
+    from ddtree_chat.engine.ops.rope import apply_rope_interleaved_ref
+    from ddtree_chat.engine.ops.triton_rope import rope_triton
     from ddtree_chat.engine.ops.router import route_ref
 
     rows = []
@@ -172,7 +174,13 @@ def bench_small(ceiling):
         us = graph_us(lambda: rms_norm_residual_fast(x, r, wt, 1e-6))
         ref = graph_us(lambda: rms_norm_ref(x + r, wt, 1e-6))
         rows.append(row("rms_norm+residual", f"T={t} D=7168", us, 4 * x.numel() * 2, ceiling, ref))
-        for rr in rows[-3:]:
+        # rope on q's rope slice at K2.6 shapes ([T, 64 heads, 128 + 64], bf16): the kernel vs the reference
+        q = torch.randn(t, 64, 192, device="cuda").to(torch.bfloat16)[..., 128:]
+        cos, sin = (torch.rand(t, 32, device="cuda").to(torch.bfloat16) for _ in range(2))
+        us = graph_us(lambda: rope_triton(q, cos, sin, True, True))
+        ref = graph_us(lambda: apply_rope_interleaved_ref(q, cos, sin, heads=True))
+        rows.append(row("rope", f"T={t} h=64 d=64", us, 2 * q.numel() * 2 + 2 * cos.numel() * 2, ceiling, ref))
+        for rr in rows[-4:]:
             print(rr, flush=True)
     return rows
 
@@ -197,6 +205,13 @@ def bench_linear(ceiling):
                 rows.append(row(f"matmul_nt {prec}", f"M={m} K={k} N={n}", us, (x.numel() + w.numel() + m * n) * 4,
                                 ceiling, ref, extra={"rel_err": err(matmul_nt_triton(x, w, prec)),
                                                      "torch_rel_err": err(torch.nn.functional.linear(x, w))}))
+                print(rows[-1], flush=True)
+            if k <= 512:  # the GLU form (gate/up of a SwiGLU MLP) against its four cuBLAS-side kernels
+                w2 = torch.randn(n, k, device="cuda")
+                us = graph_us(lambda: matmul_nt_triton(x, w, w2=w2))
+                ref = graph_us(lambda: torch.nn.functional.silu(x @ w.T) * (x @ w2.T))
+                rows.append(row("matmul_nt_glu tf32x3", f"M={m} K={k} N={n}", us,
+                                (x.numel() + 2 * w.numel() + m * n) * 4, ceiling, ref))
                 print(rows[-1], flush=True)
     return rows
 

@@ -79,3 +79,16 @@ def test_layer_bytes_add_up_to_the_forward():
         layers = sum(layer_bytes(cfg, i, t, 4096) for i in range(3))
         assert abs(layers + whole["lm_head"] - whole["total"]) < 1e-6 * whole["total"]
     assert layer_bytes(cfg, 1, 64, 4096) > 2 * layer_bytes(cfg, 1, 1, 4096)  # a MoE layer: more experts touched
+
+
+def test_op_counts_lists_every_reference_a_kernel_replaces(tmp_path):
+    """benchmarks/op_counts.py: the per-call torch op counts the kernels' docstrings quote (each reference
+    issues several ops where its kernel is one launch, and the tree references grow with depth)."""
+    import op_counts
+
+    out = tmp_path / "ops.json"
+    assert op_counts.main(["--json", str(out)]) == 0
+    counts = json.loads(out.read_text())
+    assert len(counts) == 7 and all(n >= 4 for n in counts.values())
+    shallow, deep = op_counts.references(depth=2), op_counts.references(depth=7)
+    assert len(deep["DraftTree.mask_ref (depth 7)"]) > len(shallow["DraftTree.mask_ref (depth 2)"])

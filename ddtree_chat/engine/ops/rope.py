@@ -38,7 +38,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_fact
 
 class RopeTable:
     """rope_cos_sin's values for positions 0..n-1, computed once per dtype after reserve(n): a forward then
-    gathers its rows (2 kernels) instead of computing them (~8 small kernels per forward, x3 per round).
+    gathers its rows (2 kernels) instead of computing them (8 torch ops per forward, x3 per round;
+    benchmarks/op_counts.py counts the references).
     Without a reservation (training, direct forwards) the values are computed per call."""
 
     def __init__(self):

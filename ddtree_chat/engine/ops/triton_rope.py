@@ -1,4 +1,4 @@
-"""Rotary embedding in one Triton launch (the reference, ops/rope.py, is ~7 elementwise kernels per call:
+"""Rotary embedding in one Triton launch (the reference, ops/rope.py, is 7 elementwise torch ops per call:
 two strided halves, four products, a sum, a difference and a stack/cat; x2 per attention layer, so ~15%
 of a small model's verify kernels). Math in float32, one rounding to the output dtype.
 
