@@ -216,6 +216,38 @@ def bench_linear(ceiling):
     return rows
 
 
+# (K, N, batch) of the demo target's products in a verify (q_a, q_b, kv_a, the MLA absorption pair,
+# o_proj, router, lm head) and the SwiGLU gate/up pairs (GLU: shared expert, dense MLP)
+TILE_SHAPES = [(256, 128, 1), (128, 192, 1), (256, 80, 1), (32, 64, 4), (64, 32, 4), (128, 256, 1),
+               (256, 16, 1), (256, 8192, 1)]
+TILE_GLU_SHAPES = [(256, 128), (256, 768)]
+TILES = [None, (16, 16, 64, 2, 3), (16, 16, 128, 4, 2), (16, 32, 64, 4, 3), (16, 32, 128, 4, 2),
+         (16, 64, 64, 4, 3), (32, 16, 64, 2, 3), (32, 32, 64, 4, 3), (64, 16, 64, 4, 3)]
+
+
+def bench_tiles(ceiling):
+    """The small-M product's tile choices at the demo's verify shapes (graph-replayed, float32 tf32x3):
+    None is the shipped rule (triton_linear._tile); the rows say which tile is fastest per shape."""
+    from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+
+    rows = []
+    shapes = [(k, n, b, False) for k, n, b in TILE_SHAPES] + [(k, n, 1, True) for k, n in TILE_GLU_SHAPES]
+    for m in (8, 17, 33, 65):
+        for k, n, b, glu in shapes:
+            x = torch.randn(b, m, k, device="cuda")[0 if b == 1 else slice(None)]
+            w = torch.randn(b, n, k, device="cuda")[0 if b == 1 else slice(None)]
+            w2 = torch.randn_like(w) if glu else None
+            times = {}
+            for tile in TILES:
+                times[str(tile)] = graph_us(lambda: matmul_nt_triton(x, w, w2=w2, tile=tile))
+            best = min(times, key=times.get)
+            rows.append(row(f"tile{' glu' if glu else ''}", f"M={m} K={k} N={n} B={b}", times[best],
+                            (x.numel() + w.numel() * (2 if glu else 1) + b * m * n) * 4, ceiling,
+                            extra={"best": best, "shipped_us": times["None"], "times": times}))
+            print(rows[-1]["shape"], "shipped", f"{times['None']:.1f}", "best", best, f"{times[best]:.1f}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="kernels.json")
@@ -232,7 +264,8 @@ def main():
     rows = []
     only = a.only.split(",")
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
-                     ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling))):
+                     ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
+                     ("tiles", lambda: bench_tiles(ceiling))):
         if name in only:
             try:
                 rows += fn()

@@ -23,10 +23,10 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
-def programs(g, mode: str, budget, reps: int = 50) -> list[dict]:
+def programs(g, mode: str, budget, reps: int = 50, top_n: int = 8) -> list[dict]:
     """Each program of this mode's round, recorded (or, uncaptured, run) at the decoder's current context:
     ms per call (CUDA: `reps` back-to-back graph replays timed with CUDA events; CPU: perf_counter) and, on
-    CUDA, kernels per replay (profiler). NOTE: running accept again writes only scratch rows and the
+    CUDA, kernels per replay and the `top_n` kernels by time in one replay (profiler). NOTE: running accept again writes only scratch rows and the
     device state, which the next reply's begin() resets."""
     from ddtree_chat.engine.budget import CANDIDATES
 
@@ -51,13 +51,17 @@ def programs(g, mode: str, budget, reps: int = 50) -> list[dict]:
                 graph.replay()
                 torch.cuda.synchronize()
             kernels = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+            top = [{"kernel": e.key[:100], "calls": e.count, "us": e.self_device_time_total}
+                   for e in sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:top_n]]
         else:
             t0 = time.perf_counter()
             for _ in range(reps):
                 g.run(key)
-            ms, kernels = (time.perf_counter() - t0) / reps * 1e3, None
-        rows.append({"program": str(key), "key": key, "ms": ms, "kernels": kernels})
+            ms, kernels, top = (time.perf_counter() - t0) / reps * 1e3, None, []
+        rows.append({"program": str(key), "key": key, "ms": ms, "kernels": kernels, "top": top})
         print(f"| {key} | {ms:.3f} ms | {kernels if kernels is not None else '-'} kernels |")
+        for t in top:  # NOTE: one replay under the profiler, whose kernel times run a little long
+            print(f"|   {t['kernel']} | {t['calls']} calls | {t['us']:.1f} us |")
     return rows
 
 

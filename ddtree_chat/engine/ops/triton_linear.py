@@ -88,18 +88,18 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
 
 
 def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
-                     w2: torch.Tensor | None = None) -> torch.Tensor:
+                     w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None) -> torch.Tensor:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
-    output is silu(x @ w^T) * (x @ w2^T)."""
+    output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
+    the shape rule (kernels.py --only tiles sweeps them)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
     x3, sxb = _as3(x, batch)
     w3, swb = _as3(w, batch)
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
-    block_m = min(64, max(16, triton.next_power_of_2(m)))
-    block_n, block_k, warps, stages = _tile(n)
+    block_m, block_n, block_k, warps, stages = tile or (min(64, max(16, triton.next_power_of_2(m))), *_tile(n))
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     _mm_nt_kernel[grid](x3, w3, w2_3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
