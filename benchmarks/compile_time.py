@@ -36,10 +36,10 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
         bp = max(16, triton.next_power_of_2(b))
         yield f"tree b={b}", triton_tree._tree_kernel, TREE_SIGNATURE, {"D": d, "C": c, "BP": bp,
                                                                         "G": triton.next_power_of_2(d * bp)}
-    bn, bk, _, _ = triton_linear._tile(256)
-    for bm in (16, 32, 64):
+    tiles = sorted({triton_linear._tile(m, n)[:3] for m in (16, 17, 33, 65) for n in (256, 8192)})
+    for bm, bn, bk in tiles:
         for glu in (False, True):
-            yield f"mm BLOCK_M={bm} GLU={glu}", triton_linear._mm_nt_kernel, MM_SIGNATURE, {
+            yield f"mm tile {bm}x{bn}x{bk} GLU={glu}", triton_linear._mm_nt_kernel, MM_SIGNATURE, {
                 "PREC": "tf32x3", "GLU": glu, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
     fp32 = dict(MLA_SIGNATURE, QL="*fp32", QP="*fp32", CKV="*fp32", KPE="*fp32")
     for cfg in triton_mla._CONFIGS:

@@ -22,11 +22,15 @@ MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than c
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
 
-def _tile(n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more compile
-    per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU run's
-    cache, a large part of a first start's compiles). Chosen by hand; kernels.py --only linear times them."""
-    return (64, 64, 4, 2) if n >= 2048 else (32, 64, 4, 3)
+def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more
+    compile per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU
+    run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles, H200): 16x32
+    tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency), e.g.
+    [33, 256] x [128, 256] 4.0 us vs 5.8 with 64x32; taller and wider tiles win only for the lm head."""
+    if n >= 2048 and m > 16:
+        return min(64, triton.next_power_of_2(m)), 64, 64, 4, 2
+    return 16, 32, 64, 4, 3
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -99,7 +103,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     x3, sxb = _as3(x, batch)
     w3, swb = _as3(w, batch)
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
-    block_m, block_n, block_k, warps, stages = tile or (min(64, max(16, triton.next_power_of_2(m))), *_tile(n))
+    block_m, block_n, block_k, warps, stages = tile or _tile(m, n)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     _mm_nt_kernel[grid](x3, w3, w2_3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
