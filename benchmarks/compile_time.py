@@ -26,9 +26,10 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     import triton
 
     from ddtree_chat.engine.budget import CANDIDATES
-    from ddtree_chat.engine.ops import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
+    from ddtree_chat.engine.ops import (triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_topk,
+                                        triton_tree)
     from test_triton_compile import (DRAFT_ATTN_SIGNATURE, MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE, ROPE_SIGNATURE,
-                                     TREE_SIGNATURE, WALK_SIGNATURE)
+                                     TOPK_CHUNK_SIGNATURE, TOPK_MERGE_SIGNATURE, TREE_SIGNATURE, WALK_SIGNATURE)
 
     for b in CANDIDATES:
         d = min(block - 1, b)
@@ -52,6 +53,12 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     for has_mask in (True, False):
         yield f"drafter attention mask={has_mask}", triton_draft_attention._draft_attn_kernel, DRAFT_ATTN_SIGNATURE, {
             "NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": has_mask, "PREC": "ieee"}
+    # dflash's argmax and each budget's top-k over the demo vocabulary
+    for chunk, kp, c in sorted({triton_topk.plan(8192, k) for k in (1,) + CANDIDATES}):
+        yield f"topk chunk K={kp}", triton_topk._chunk_kernel, dict(TOPK_CHUNK_SIGNATURE, X="*fp32"), {
+            "CHUNK": chunk, "K": kp}
+        yield f"topk merge K={kp}", triton_topk._merge_kernel, TOPK_MERGE_SIGNATURE, {
+            "K": kp, "CB": triton.next_power_of_2(c)}
     yield "ancestor mask", triton_tree._ancestor_kernel, MASK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
     yield "walk", triton_tree._walk_kernel, WALK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
 

@@ -3,7 +3,7 @@
 # own time limit, so one slow step cannot eat the call; everything lands in $OUT (one log, the JSON
 # files, the cache archive in 15 MB parts: at most 8 files).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests e2e programs k26 layer kernels tiles compile
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests e2e programs k26 layer kernels small tiles compile
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
@@ -30,7 +30,7 @@ step() {  # name, seconds, command...
 for s in "$@"; do
     case $s in
         tests) step tests 300 python -m pytest -v --durations=15 tests/test_kernels_gpu.py tests/test_graphs.py \
-                   -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise" ;;
+                   -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise or topk" ;;
         e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 32 64 auto \
                  --json "$OUT/e2e.json" ;;
         programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
@@ -40,6 +40,7 @@ for s in "$@"; do
         layer) step layer 150 python benchmarks/k26_forward.py --synthetic-layers 2 --layer 1 --context 8192 \
                    --tokens 1 16 64 --json "$OUT/layer.json" ;;
         kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
+        small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
         *) echo "unknown step $s" >> "$log" ;;

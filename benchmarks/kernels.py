@@ -157,6 +157,8 @@ def bench_small(ceiling):
     from ddtree_chat.engine.ops.rope import apply_rope_interleaved_ref
     from ddtree_chat.engine.ops.triton_rope import rope_triton
     from ddtree_chat.engine.ops.router import route_ref
+    from ddtree_chat.engine.ops.topk import topk_logprobs_ref
+    from ddtree_chat.engine.ops.triton_topk import topk_logprobs_triton
 
     rows = []
     for t in (1, 64, 256):
@@ -182,6 +184,13 @@ def bench_small(ceiling):
         rows.append(row("rope", f"T={t} h=64 d=64", us, 2 * q.numel() * 2 + 2 * cos.numel() * 2, ceiling, ref))
         for rr in rows[-4:]:
             print(rr, flush=True)
+    # the drafter's candidates: top-k log-softmax over the vocabulary for its 7 block rows (float32 logits)
+    for v, k in ((8192, 1), (8192, 32), (8192, 256), (163840, 1), (163840, 32), (163840, 256)):
+        lg = torch.randn(7, v, device="cuda")
+        us = graph_us(lambda: topk_logprobs_triton(lg, k))
+        ref = graph_us(lambda: topk_logprobs_ref(lg, k))
+        rows.append(row("topk_logprobs", f"R=7 V={v} k={k}", us, lg.numel() * 4, ceiling, ref))
+        print(rows[-1], flush=True)
     return rows
 
 

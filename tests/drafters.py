@@ -9,15 +9,15 @@ import torch
 class TargetDrafter:
     """Puts (almost) all mass on the target's greedy continuation. With `noise`, every depth whose
     (position * 7919 + seed) % 100 < noise*100 ranks a wrong token first instead (so paths get cut and
-    siblings matter). Used as `decoder.draft_logprobs = TargetDrafter(engine, ...)`, or for the static
-    round (graphs.py) as `decoder.block_logprobs = TargetDrafter(engine, ...)` (then the root comes as the
+    siblings matter). Used as `decoder.draft_logits = TargetDrafter(engine, ...)`, or for the static
+    round (graphs.py) as `decoder.block_logits = TargetDrafter(engine, ...)` (then the root comes as the
     block's first token)."""
 
     def __init__(self, engine, noise: float = 0.0, seed: int = 0, useless: bool = False):
         self.engine, self.noise, self.seed, self.useless = engine, noise, seed, useless
 
     def __call__(self, root, *static_args) -> torch.Tensor:
-        if torch.is_tensor(root):  # block_logprobs(block, positions, ctx, mask)
+        if torch.is_tensor(root):  # block_logits(block, positions, ctx, mask)
             root = int(root[0])
         eng = self.engine
         dec = eng.decoder

@@ -36,15 +36,15 @@ def pair(synthetic_pair):
 def with_drafter(engine, drafter):
     dec = engine.decoder
     if dec.graphs is not None:
-        dec.block_logprobs = drafter
+        dec.block_logits = drafter
         dec.run_ahead = False  # NOTE: these drafters read the host's committed tokens
     else:
-        dec.draft_logprobs = drafter
+        dec.draft_logits = drafter
 
 
 def drop_drafter(engine):
-    engine.decoder.__dict__.pop("block_logprobs", None)
-    engine.decoder.__dict__.pop("draft_logprobs", None)
+    engine.decoder.__dict__.pop("block_logits", None)
+    engine.decoder.__dict__.pop("draft_logits", None)
     engine.decoder.run_ahead = True
 
 

@@ -202,6 +202,31 @@ def test_draft_attention_dispatch_matches_reference(dtype):
                 assert got.dtype == dtype and rel(got, want) < (1e-5 if dtype == torch.float32 else 2e-2), (b, nh, n)
 
 
+# ------------------------------------------------------------------------------ top-k log-softmax
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_logprobs_dispatch_matches_reference(dtype):
+    """The demo drafter's rows (7 x 8192) and K2.6's vocabulary (163840) at dflash's k = 1 and the tree
+    budgets up to 256: values within float32 rounding of log_softmax + topk, ids the same tokens (the
+    logits have no ties at these sizes)."""
+    from ddtree_chat.engine.ops import topk_logprobs, topk_logprobs_ref
+    from ddtree_chat.engine.ops.triton_topk import topk_logprobs_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for v in (8192, 163840):
+        x = (torch.randn(7, v, device="cuda", generator=gen) * 4).to(dtype)
+        for k in (1, 7, 32, 64, 256):
+            want, want_ids = topk_logprobs_ref(x, k)
+            got, ids = topk_logprobs(x, k)
+            kernel = topk_logprobs_triton(x, k)
+            assert kernel is not None and torch.equal(kernel[1], ids)  # the dispatch took the kernel
+            assert torch.allclose(got, want, atol=2e-5), (v, k, (got - want).abs().max())
+            # equal values may swap (bf16 logits tie); the set of tokens and their log-probs must agree
+            assert torch.allclose(torch.log_softmax(x.float(), -1).gather(1, ids), got, atol=2e-5)
+            assert torch.equal(ids.sort(-1).values, want_ids.sort(-1).values) or dtype == torch.bfloat16
+
+
 # ----------------------------------------------------------------------------------------------- MLA
 def ancestor_mask(t, gen, device):
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
@@ -293,7 +318,8 @@ def test_dispatch_picks_fast_kernels():
     from ddtree_chat.engine.ops.registry import fast
 
     x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
-    assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt", "draft_attention"} <= set(g.enabled_ops)
+    assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt", "draft_attention",
+            "topk_logprobs"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
     assert fast("moe_experts", x.float()) is None  # fp32 stays exact (mla: see test_mla_small_latent_shapes)
 

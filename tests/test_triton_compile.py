@@ -38,10 +38,16 @@ DRAFT_ATTN_SIGNATURE = dict({"Q": "*fp32", "KC": "*fp32", "VC": "*fp32", "KB": "
                                              "svb_n", "svb_g", "sm_b"], "i32"),
                             **dict.fromkeys(["NH", "REP", "D", "BLOCK_M", "BLOCK_N", "HAS_MASK", "PREC"], "constexpr"))
 
+TOPK_CHUNK_SIGNATURE = {"X": "*bf16", "CAND": "*i64", "STATS": "*fp32", "V": "i32", "sx": "i32", "C": "i32",
+                        "CHUNK": "constexpr", "K": "constexpr"}
+TOPK_MERGE_SIGNATURE = {"CAND": "*i64", "STATS": "*fp32", "VALS": "*fp32", "IDS": "*i64", "C": "i32", "k": "i32",
+                        "K": "constexpr", "CB": "constexpr"}
+
 
 @pytest.mark.parametrize("arch", [90, 120])
 def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
-    from ddtree_chat.engine.ops import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
+    from ddtree_chat.engine.ops import (triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_topk,
+                                        triton_tree)
 
     tree = ASTSource(fn=triton_tree._tree_kernel, signature=TREE_SIGNATURE,
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
@@ -56,6 +62,10 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     draft = ASTSource(fn=triton_draft_attention._draft_attn_kernel, signature=DRAFT_ATTN_SIGNATURE,
                       constexprs={"NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": True,
                                   "PREC": "ieee"})
-    for src in (tree, mm, rope, mask, walk, mla, draft):
+    chunk, k, c = triton_topk.plan(163840, 256)  # K2.6's vocabulary at the largest budget
+    topk = [ASTSource(fn=triton_topk._chunk_kernel, signature=TOPK_CHUNK_SIGNATURE, constexprs={"CHUNK": chunk, "K": k}),
+            ASTSource(fn=triton_topk._merge_kernel, signature=TOPK_MERGE_SIGNATURE,
+                      constexprs={"K": k, "CB": triton.next_power_of_2(c)})]
+    for src in (tree, mm, rope, mask, walk, mla, draft, *topk):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
         assert len(kernel.asm["cubin"]) > 1000

@@ -1,5 +1,5 @@
 """The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
-GPU): tree build, ancestor mask, walk, rope; and, where the interpreter runs loops over runtime bounds
+GPU): tree build, ancestor mask, walk, rope, top-k log-softmax; and, where the interpreter runs loops over runtime bounds
 (Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
 interpreter is chosen when kernels are defined. The MLA kernel (autotuned) is left to the GPU tests."""
 
@@ -121,6 +121,32 @@ for shape_x, shape_w, glu in json.loads(sys.argv[1]):
 print(json.dumps(bad))
 """
 
+TOPK_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.topk import topk_logprobs_ref
+from ddtree_chat.engine.ops.triton_topk import topk_logprobs_triton
+bad = []
+for r, v, k, dtype in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(v + k)
+    x = (torch.randn(r, v, generator=g) * 4).to(getattr(torch, dtype))
+    x[0, : min(v - k, 10)] = float("-inf")  # masked vocabulary entries
+    x[-1, 1::2] = x[-1, 0::2][: v // 2]  # exact ties: the lower id first
+    want, want_ids = topk_logprobs_ref(x, k)
+    got = topk_logprobs_triton(x, k)
+    ok = got is not None and torch.allclose(got[0], want, atol=1e-5)
+    if ok:  # ids agree wherever the value does not tie with a neighbour; ties keep the lower id first
+        lp = torch.log_softmax(x.float(), -1)
+        ok = torch.allclose(lp.gather(1, got[1]), got[0], atol=1e-5)
+        ties = torch.cat([(want[:, 1:] == want[:, :-1]), torch.zeros(r, 1, dtype=torch.bool)], 1)
+        ties = ties | torch.cat([torch.zeros(r, 1, dtype=torch.bool), ties[:, :-1]], 1)
+        ok = ok and bool((got[1] == want_ids)[~ties].all())
+        same = got[0][:, 1:] == got[0][:, :-1]
+        ok = ok and bool((got[1][:, 1:] > got[1][:, :-1])[same].all())
+    if not ok:
+        bad.append([r, v, k, dtype])
+print(json.dumps(bad))
+"""
+
 
 LOOP_PROBE = r"""
 import torch, triton, triton.language as tl
@@ -187,3 +213,11 @@ def test_rope_kernel_in_the_interpreter_equals_the_reference():
              ((), 3, 8, 64, 64, False, "float32"), ((2,), 3, 2, 12, 20, False, "float32"),
              ((), 1, 64, 64, 192, True, "bfloat16"), ((), 300, None, 8, 8, False, "float32")]
     assert interpret(ROPE_SCRIPT, cases) == []
+
+
+def test_topk_logprobs_kernel_in_the_interpreter_equals_the_reference():
+    """The demo drafter's vocabulary (8192) at dflash's k = 1 and a tree budget, vocabularies that are not a
+    chunk multiple, nine chunks, k past one chunk's default size, exact ties, -inf entries, bf16."""
+    cases = [(2, 8192, 32, "float32"), (3, 8192, 1, "float32"), (3, 100, 7, "float32"), (1, 5000, 256, "float32"),
+             (1, 9000, 8, "float32"), (1, 3000, 300, "float32"), (4, 2048, 16, "bfloat16")]
+    assert interpret(TOPK_SCRIPT, cases) == []

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     hidden = dec.drafter(emb, pos, kv)
     print(f"drafter layers over one block of {b}: {_ms(lambda: dec.drafter(emb, pos, kv)):.2f} ms; "
           f"its lm head: {_ms(lambda: hidden[1:] @ head.T):.2f} ms; "
-          f"draft_logprobs in all: {_ms(lambda: dec.draft_logprobs(5)):.2f} ms")
+          f"draft_logits in all: {_ms(lambda: dec.draft_logits(5)):.2f} ms")
     one = (torch.tensor([5]), torch.tensor([n_ctx]), causal_mask(1))
     print(f"AR step (target forward of 1 token + lm head): {_ms(lambda: dec.forward(*one), 100):.2f} ms")
     print("| budget | draft + tree | tree mask | target verify forward | choice + walk | drafter context (4 tokens) |")

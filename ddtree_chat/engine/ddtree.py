@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from . import ops
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
 from .kv_cache import DraftCache, KVCache
@@ -128,39 +129,36 @@ class Decoder:
         return logits[-1]
 
     # -- one speculative round --------------------------------------------------------------------
-    def block_logprobs(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:
+    def block_logits(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:
         """block [B] (root, then mask tokens) at positions [B] over the drafter context `ctx` (per layer
-        (k, v)) -> the drafter's log-probabilities [B-1, V] for the slots after the root."""
+        (k, v)) -> the drafter's logits [B-1, V] for the slots after the root (log-probs serve as well)."""
         if self.draft_head is None:  # shared with the target (the normal case)
-            hidden = self.drafter(self.target.embed_tokens(block), pos, ctx, mask)
-            return torch.log_softmax(self.target.head(hidden[1:]), dim=-1)
+            return self.target.head(self.drafter(self.target.embed_tokens(block), pos, ctx, mask)[1:])
         hidden = self.drafter(F.embedding(block, self.draft_embed), pos, ctx, mask)
-        return torch.log_softmax((hidden[1:] @ self.draft_head.T).float(), dim=-1)
+        return hidden[1:] @ self.draft_head.T
 
-    def draft_logprobs(self, root: int) -> torch.Tensor:
-        """The drafter's log-probabilities [B-1, V] for the block after `root` (at the cache end)."""
+    def draft_logits(self, root: int) -> torch.Tensor:
+        """The drafter's logits [B-1, V] for the block after `root` (at the cache end)."""
         b = self.dcfg.block_size
         start = self.cache.length  # the root's position
         block = torch.full((b,), self.dcfg.mask_token_id, dtype=torch.long, device=self.device)
         block[0] = root  # NOTE: slot 0 must hold the real bonus token
         pos = torch.arange(start, start + b, device=self.device)
-        return self.block_logprobs(block, pos, self.dcache.layers())
+        return self.block_logits(block, pos, self.dcache.layers())
 
     @staticmethod
-    def tree_from_logprobs(root, logp: torch.Tensor, mode: str, budget: int) -> DraftTree:
+    def tree_from_logits(root, logits: torch.Tensor, mode: str, budget: int) -> DraftTree:
         """dflash: the argmax chain; ddtree: the top-`budget` prefixes (both without host syncs)."""
         if mode == "dflash":
-            vals, ids = logp.max(-1, keepdim=True)
-            return build_tree_topk(root, vals, ids, logp.shape[0])
-        depth = min(logp.shape[0], budget)
-        vals, ids = logp[:depth].topk(min(budget, logp.shape[-1]), dim=-1)
-        return build_tree_topk(root, vals, ids, budget)
+            return build_tree_topk(root, *ops.topk_logprobs(logits, 1), logits.shape[0])
+        depth = min(logits.shape[0], budget)
+        return build_tree_topk(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget)
 
     @torch.no_grad()
     def draft(self, root: int, mode: str, budget: int) -> DraftTree:
         if mode == "ar" or self.drafter is None or budget == 0:
             return root_only(root, self.device)
-        return self.tree_from_logprobs(root, self.draft_logprobs(root), mode, budget)
+        return self.tree_from_logits(root, self.draft_logits(root), mode, budget)
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,

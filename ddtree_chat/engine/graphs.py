@@ -244,8 +244,8 @@ class StaticRound:
         visible = (self.arange[:span] < entries).expand(b, span)  # the context entries held
         mask = torch.cat([visible, self.block_visible], dim=-1)  # [B, span + B]
         ctx = [(dec.dcache.k[i, :span], dec.dcache.v[i, :span]) for i in range(dec.dcache.k.shape[0])]
-        logp = dec.block_logprobs(torch.cat([root, self.mask_ids]), length + self.arange[:b], ctx, mask)
-        tree = dec.tree_from_logprobs(root, logp, mode, budget)
+        logits = dec.block_logits(torch.cat([root, self.mask_ids]), length + self.arange[:b], ctx, mask)
+        tree = dec.tree_from_logits(root, logits, mode, budget)
         n = tree.size
         for buf, t in ((self.tokens, tree.tokens), (self.parents, tree.parents), (self.depth, tree.depth),
                        (self.logprobs, tree.logprobs)):

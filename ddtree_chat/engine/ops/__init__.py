@@ -11,6 +11,7 @@ from .norm import add_rms_norm, rms_norm, rms_norm_ref
 from .rope import (RopeTable, apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
                    rope_cos_sin, yarn_inv_freq)
 from .router import route, route_ref
+from .topk import topk_logprobs, topk_logprobs_ref
 from . import gpu as _gpu
 
 _gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is available
@@ -24,4 +25,5 @@ __all__ = [
     "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half", "apply_rope_half_ref",
     "RopeTable", "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref",
+    "topk_logprobs", "topk_logprobs_ref",
 ]

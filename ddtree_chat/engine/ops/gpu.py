@@ -73,7 +73,7 @@ def register_all() -> list[str]:
     _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast,
                                    lambda x, r, w, eps: (rms_norm_ref(x + r, w, eps), x + r)))
     try:
-        from . import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_tree
+        from . import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_topk, triton_tree
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton kernels (MLA and drafter attention, small-M products, rope, tree) unavailable: %s", e)
         return enabled_ops
@@ -109,4 +109,5 @@ def register_all() -> list[str]:
     triton_op("draft_attention", triton_draft_attention.draft_attention_triton, lambda *a: None, half + (torch.float32,))
     triton_op("ancestor_mask", triton_tree.ancestor_mask_triton, lambda tree: tree.mask_ref())
     triton_op("walk", triton_tree.walk_triton, walk_ref)
+    triton_op("topk_logprobs", triton_topk.topk_logprobs_triton, lambda *a: None)
     return enabled_ops
