@@ -208,8 +208,8 @@ def test_draft_attention_dispatch_matches_reference(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_topk_logprobs_dispatch_matches_reference(dtype):
     """The demo drafter's rows (7 x 8192) and K2.6's vocabulary (163840) at dflash's k = 1 and the tree
-    budgets up to 256: values within float32 rounding of log_softmax + topk, ids the same tokens (the
-    logits have no ties at these sizes)."""
+    budgets up to 256 (K2.6 at 256 is declined: slower than torch there): values within float32 rounding
+    of log_softmax + topk, ids the same tokens (float32 logits have no ties at these sizes)."""
     from ddtree_chat.engine.ops import topk_logprobs, topk_logprobs_ref
     from ddtree_chat.engine.ops.triton_topk import topk_logprobs_triton
 
@@ -220,7 +220,10 @@ def test_topk_logprobs_dispatch_matches_reference(dtype):
             want, want_ids = topk_logprobs_ref(x, k)
             got, ids = topk_logprobs(x, k)
             kernel = topk_logprobs_triton(x, k)
-            assert kernel is not None and torch.equal(kernel[1], ids)  # the dispatch took the kernel
+            if (v, k) == (163840, 256):
+                assert kernel is None
+            else:
+                assert kernel is not None and torch.equal(kernel[1], ids)  # the dispatch took the kernel
             assert torch.allclose(got, want, atol=2e-5), (v, k, (got - want).abs().max())
             # equal values may swap (bf16 logits tie); the set of tokens and their log-probs must agree
             assert torch.allclose(torch.log_softmax(x.float(), -1).gather(1, ids), got, atol=2e-5)

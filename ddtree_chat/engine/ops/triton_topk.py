@@ -16,6 +16,9 @@ import triton
 import triton.language as tl
 
 MAX_CANDIDATES = 8192  # stage 2 holds chunks x K keys in one program's registers
+# NOTE: a chunk of 8192 keys (K2.6's vocabulary at k = 256) sorts slower than torch's top-k: 207 vs 120 us
+# for 7 x 163840 on the H200 (kernels.py --only small); those shapes stay on the reference
+MAX_CHUNK = 4096
 _LOW = tl.constexpr(0x7FFFFFFF)
 _NONE = tl.constexpr(-9187343239835811840)  # (-inf's ordered bits << 32) | 0: below every real key
 
@@ -69,10 +72,10 @@ def plan(v: int, k: int) -> tuple[int, int, int] | None:
     """(CHUNK, K, chunks) for a vocabulary v and k, or None when the candidates do not fit one program."""
     kp = max(2, triton.next_power_of_2(k))
     chunk = max(kp, 1024)
-    while triton.next_power_of_2(triton.cdiv(v, chunk)) * kp > MAX_CANDIDATES and chunk < MAX_CANDIDATES:
+    while triton.next_power_of_2(triton.cdiv(v, chunk)) * kp > MAX_CANDIDATES and chunk < MAX_CHUNK:
         chunk *= 2
     c = triton.cdiv(v, chunk)
-    return (chunk, kp, c) if triton.next_power_of_2(c) * kp <= MAX_CANDIDATES else None
+    return (chunk, kp, c) if triton.next_power_of_2(c) * kp <= MAX_CANDIDATES and chunk <= MAX_CHUNK else None
 
 
 def topk_logprobs_triton(x: torch.Tensor, k: int):
