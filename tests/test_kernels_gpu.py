@@ -208,7 +208,7 @@ def test_draft_attention_dispatch_matches_reference(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_topk_logprobs_dispatch_matches_reference(dtype):
     """The demo drafter's rows (7 x 8192) and K2.6's vocabulary (163840) at dflash's k = 1 and the tree
-    budgets up to 256 (K2.6 at 256 is declined: slower than torch there): values within float32 rounding
+    budgets up to 256 (K2.6 from k = 128 is declined: slower than torch there): values within float32 rounding
     of log_softmax + topk, ids the same tokens (float32 logits have no ties at these sizes)."""
     from ddtree_chat.engine.ops import topk_logprobs, topk_logprobs_ref
     from ddtree_chat.engine.ops.triton_topk import topk_logprobs_triton
@@ -220,7 +220,7 @@ def test_topk_logprobs_dispatch_matches_reference(dtype):
             want, want_ids = topk_logprobs_ref(x, k)
             got, ids = topk_logprobs(x, k)
             kernel = topk_logprobs_triton(x, k)
-            if (v, k) == (163840, 256):
+            if v == 163840 and k >= 128:
                 assert kernel is None
             else:
                 assert kernel is not None and torch.equal(kernel[1], ids)  # the dispatch took the kernel
