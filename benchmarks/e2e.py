@@ -7,9 +7,9 @@ Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's 
 ar's in the same run. Prints one markdown table: mean accepted length (tokens per target forward),
 tokens/s (whole reply, prefill included) and decode tokens/s (after the first token: the rounds only),
 speedup vs ar for each, and the round time split into drafter / target. On CUDA rounds run as CUDA
-graphs unless --eager; --idle then profiles one reply per mode and reports the share of its wall time the
-GPU spent idle (1 - summed kernel time / wall time) and the idle share of its decode window alone (no
-kernel running between the first token's event and the end; the eager prefill excluded)."""
+graphs unless --eager; --idle then profiles one reply per mode and reports the share of its wall time in
+which no kernel ran, for the whole reply and for its decode window alone (the first token's event to the
+end; the eager prefill excluded)."""
 
 from __future__ import annotations
 
@@ -38,27 +38,29 @@ def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float
 
 
 def gpu_idle(eng, ids, cfg) -> tuple[float, float]:
-    """One reply under the profiler: (1 - summed kernel and copy time / wall time of the whole reply,
-    the share of the decode window - first token's event to the end - with no kernel running)."""
+    """One reply under the profiler: the share of the whole reply's window, and of its decode window (first
+    token's event to the end), in which no kernel or copy ran (the union of their spans, so overlaps do not
+    count twice)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
     mark = record_function("decode")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for ev in eng.generate(ids, cfg):
-            if ev.get("prefill"):
-                mark.__enter__()
-        torch.cuda.synchronize()
-        mark.__exit__(None, None, None)
-        wall = time.perf_counter() - t0
+        with record_function("reply"):
+            for ev in eng.generate(ids, cfg):
+                if ev.get("prefill"):
+                    mark.__enter__()
+            torch.cuda.synchronize()
+            mark.__exit__(None, None, None)
     events = prof.events()
-    window = next(e.time_range for e in events if e.name == "decode")
     kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
-    whole = sum(b - a for a, b in kernels) / 1e6 / wall
-    span = window.end - window.start
-    return max(0.0, 1.0 - whole), 1.0 - covered(kernels, window.start, window.end) / span if span > 0 else 0.0
+
+    def idle(name: str) -> float:
+        w = next(e.time_range for e in events if e.name == name)
+        return 1.0 - covered(kernels, w.start, w.end) / (w.end - w.start) if w.end > w.start else 0.0
+
+    return idle("reply"), idle("decode")
 
 
 def main(argv=None) -> int:
