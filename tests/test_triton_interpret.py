@@ -1,6 +1,6 @@
 """The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
-GPU): tree build, ancestor mask, walk, rope, top-k log-softmax; and, where the interpreter runs loops over runtime bounds
-(Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
+GPU): tree build, ancestor mask, walk, rope, top-k log-softmax; and, where the interpreter runs loops
+over runtime bounds (Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
 interpreter is chosen when kernels are defined. The MLA kernel (autotuned) is left to the GPU tests."""
 
 import json
@@ -217,7 +217,7 @@ def test_rope_kernel_in_the_interpreter_equals_the_reference():
 
 def test_topk_logprobs_kernel_in_the_interpreter_equals_the_reference():
     """The demo drafter's vocabulary (8192) at dflash's k = 1 and a tree budget, vocabularies that are not a
-    chunk multiple, nine chunks, k past one chunk's default size, exact ties, -inf entries, bf16."""
+    chunk multiple, nine chunks, k up to 300 (512 candidates per chunk), exact ties, -inf entries, bf16."""
     cases = [(2, 8192, 32, "float32"), (3, 8192, 1, "float32"), (3, 100, 7, "float32"), (1, 5000, 256, "float32"),
              (1, 9000, 8, "float32"), (1, 3000, 300, "float32"), (4, 2048, 16, "bfloat16")]
     assert interpret(TOPK_SCRIPT, cases) == []
