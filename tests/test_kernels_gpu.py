@@ -352,7 +352,7 @@ def test_glu_product_matches_float64():
 @gpu
 @pytest.mark.gpu
 def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
-    from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton
+    from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_triton
     from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk, walk_topk_ref
 
     gen = torch.Generator().manual_seed(3)
@@ -369,6 +369,8 @@ def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
         ok, bonus = walk_topk(cuda, choice.cuda())
         rok, rbonus = walk_topk_ref(tree, choice)
         assert torch.equal(ok.cpu(), rok) and int(bonus) == int(rbonus)
+        kok, kbonus = walk_triton(cuda, choice.cuda())  # the kernel itself, in case the dispatch fell back
+        assert torch.equal(kok.cpu(), rok) and int(kbonus) == int(rbonus)
 
 @gpu
 @pytest.mark.gpu

@@ -139,3 +139,21 @@ def test_decoder_reserves_rope_positions_for_its_context(synthetic_pair):
     eng = Engine.load(*synthetic_pair, device="cpu", max_context=64)
     assert eng.target.rope_table.n == 64 + MAX_TREE_POSITIONS == eng.drafter.rope_table.n
     assert eng.target.rope_table.tables and eng.drafter.rope_table.tables  # built at load, before any capture
+
+
+def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
+    """registry.dispatch: the registered kernel's result when it serves the tensor (CUDA, a dtype it
+    lists); the reference when none serves, or when the kernel returns None (a shape it declines)."""
+    from types import SimpleNamespace
+
+    from ddtree_chat.engine.ops import registry
+
+    monkeypatch.setattr(registry, "_FAST", {})
+    ref = lambda a: ("ref", a)  # noqa: E731
+    on_gpu = SimpleNamespace(is_cuda=True, dtype=torch.float32)
+    assert registry.dispatch("probe", on_gpu, ref, 1) == ("ref", 1)  # nothing registered
+    registry.register("probe", lambda a: None if a < 0 else ("kernel", a), dtypes=[torch.float32])
+    assert registry.dispatch("probe", on_gpu, ref, 2) == ("kernel", 2)
+    assert registry.dispatch("probe", on_gpu, ref, -1) == ("ref", -1)  # declined
+    assert registry.dispatch("probe", torch.zeros(1), ref, 3) == ("ref", 3)  # a CPU tensor
+    assert registry.dispatch("probe", SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), ref, 4) == ("ref", 4)

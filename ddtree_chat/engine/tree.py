@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops.registry import fast
+from .ops.registry import dispatch, fast
 
 
 @dataclass
@@ -35,8 +35,7 @@ class DraftTree:
 
     def mask(self) -> torch.Tensor:
         """[N, N] bool: row i sees column j iff j is i or an ancestor of i (on the tree's device, no sync)."""
-        fn = fast("ancestor_mask", self.parents)
-        return fn(self) if fn else self.mask_ref()
+        return dispatch("ancestor_mask", self.parents, DraftTree.mask_ref, self)
 
     def mask_ref(self) -> torch.Tensor:
         n = self.size
@@ -157,8 +156,7 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     """walk() with tensor ops: (accepted mask [N], bonus token []) on the tree's device. A node is accepted
     iff its parent is and the target chose its token there; siblings hold distinct tokens, so at most one
     node per depth is accepted and the accepted nodes form the path."""
-    fn = fast("walk", tree.parents)
-    return fn(tree, choice) if fn else walk_topk_ref(tree, choice)
+    return dispatch("walk", tree.parents, walk_topk_ref, tree, choice)
 
 
 def walk_topk_ref(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

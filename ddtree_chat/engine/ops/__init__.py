@@ -7,7 +7,7 @@ from .draft_attention import draft_attention, draft_attention_ref
 from .linear import Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmul_nt_glu_ref, matmul_nt_ref
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
-from .norm import add_rms_norm, rms_norm, rms_norm_ref
+from .norm import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
 from .rope import (RopeTable, apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
                    rope_cos_sin, yarn_inv_freq)
 from .router import route, route_ref
@@ -21,7 +21,7 @@ __all__ = [
     "Linear", "linear", "linear_glu", "matmul_nt", "matmul_nt_glu", "matmul_nt_glu_ref", "matmul_nt_ref",
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",
-    "add_rms_norm", "rms_norm", "rms_norm_ref",
+    "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",
     "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half", "apply_rope_half_ref",
     "RopeTable", "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .norm import rms_norm_ref
+from .norm import add_rms_norm_ref, rms_norm_ref
 from .router import route_ref
 
 _DT = {torch.float32: 0, torch.bfloat16: 1}
@@ -58,6 +58,5 @@ def rms_norm_fast(x, weight, eps):
 def rms_norm_residual_fast(x, residual, weight, eps):
     """(rms_norm(x + residual), x + residual) in one pass; the sum is rounded to x.dtype first."""
     if not _supported(x, weight) or residual.dtype != x.dtype:
-        s = x + residual
-        return rms_norm_ref(s, weight, eps), s
+        return add_rms_norm_ref(x, residual, weight, eps)
     return _norm(x, residual, weight, eps)

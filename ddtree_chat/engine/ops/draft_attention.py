@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import fast
+from .registry import dispatch
 
 
 def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
@@ -25,6 +25,4 @@ def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tenso
 
 
 def draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
-    fn = fast("draft_attention", q)
-    out = fn(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale) if fn else None  # NOTE: None: a shape it declines
-    return out if out is not None else draft_attention_ref(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)
+    return dispatch("draft_attention", q, draft_attention_ref, q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)

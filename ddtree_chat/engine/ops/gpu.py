@@ -60,7 +60,7 @@ def register_all() -> list[str]:
         return enabled_ops
     from . import cuda_moe, cuda_small
     from .moe import moe_experts_ref
-    from .norm import rms_norm_ref
+    from .norm import add_rms_norm_ref, rms_norm_ref
     from .router import route_ref
 
     # NOTE: the INT4 MoE computes in bf16: float32 models keep the reference (dense) experts. Their other
@@ -70,8 +70,7 @@ def register_all() -> list[str]:
     _enable("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally
     _enable("route", _guard("route", cuda_small.route_fast, lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
     _enable("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
-    _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast,
-                                   lambda x, r, w, eps: (rms_norm_ref(x + r, w, eps), x + r)))
+    _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref))
     try:
         from . import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_topk, triton_tree
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
@@ -82,7 +81,8 @@ def register_all() -> list[str]:
     from .linear import matmul_nt_glu_ref, matmul_nt_ref
     from .mla_attention import mla_attention_ref
 
-    def triton_op(name, fast_fn, ref_fn, dtypes=None):
+    def triton_op(name, fast_fn, dtypes=None, ref_fn=lambda *a: None):
+        """ref_fn after a failure; the default None hands the call to the op's reference (registry.dispatch)."""
         _enable(name, _guard(name, fast_fn, ref_fn, TritonError), dtypes)
 
     mla_kernel = _guard("mla_attention", triton_mla.mla_attention_triton, mla_attention_ref, TritonError)
@@ -94,20 +94,15 @@ def register_all() -> list[str]:
             return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
         return mla_kernel(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
 
-    def walk_ref(tree, choice):
-        from ..tree import walk_topk_ref  # NOTE: at call time: engine.tree imports this package
-
-        return walk_topk_ref(tree, choice)
-
     _enable("mla_attention", mla, half + (torch.float32,))
     # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
-    triton_op("matmul_nt", triton_linear.matmul_nt_fast, matmul_nt_ref, (torch.float32,))
-    triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, matmul_nt_glu_ref, (torch.float32,))
-    # NOTE: a None from these means "use the reference" to their callers
-    triton_op("build_tree", triton_tree.build_tree_triton, lambda *a: None, (torch.float32,))
-    triton_op("rope", triton_rope.rope_triton, lambda *a: None, half + (torch.float32,))
-    triton_op("draft_attention", triton_draft_attention.draft_attention_triton, lambda *a: None, half + (torch.float32,))
-    triton_op("ancestor_mask", triton_tree.ancestor_mask_triton, lambda tree: tree.mask_ref())
-    triton_op("walk", triton_tree.walk_triton, walk_ref)
-    triton_op("topk_logprobs", triton_topk.topk_logprobs_triton, lambda *a: None)
+    # NOTE: linear.py calls these two without a None check
+    triton_op("matmul_nt", triton_linear.matmul_nt_fast, (torch.float32,), matmul_nt_ref)
+    triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,), matmul_nt_glu_ref)
+    triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,))
+    triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))
+    triton_op("draft_attention", triton_draft_attention.draft_attention_triton, half + (torch.float32,))
+    triton_op("ancestor_mask", triton_tree.ancestor_mask_triton)
+    triton_op("walk", triton_tree.walk_triton)
+    triton_op("topk_logprobs", triton_topk.topk_logprobs_triton)
     return enabled_ops

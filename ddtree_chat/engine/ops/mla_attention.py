@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import fast
+from .registry import dispatch
 
 
 def _full_mask(prefix_len: int, tree_mask: torch.Tensor) -> torch.Tensor:
@@ -56,7 +56,4 @@ def mla_attention_naive_ref(q_nope, q_pe, ckv, kpe, w_uk, w_uv, prefix_len, tree
 
 
 def mla_attention(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
-    fn = fast("mla_attention", q_lat)
-    if fn:
-        return fn(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
-    return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+    return dispatch("mla_attention", q_lat, mla_attention_ref, q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import fast
+from .registry import dispatch
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -15,14 +15,14 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    fn = fast("rms_norm", x)
-    return fn(x, weight, eps) if fn else rms_norm_ref(x, weight, eps)
+    return dispatch("rms_norm", x, rms_norm_ref, x, weight, eps)
+
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    s = x + residual
+    return rms_norm_ref(s, weight, eps), s
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """(rms_norm(x + residual), x + residual): a residual add and the next norm in one pass."""
-    fn = fast("add_rms_norm", x)
-    if fn:
-        return fn(x, residual, weight, eps)
-    s = x + residual
-    return rms_norm(s, weight, eps), s
+    return dispatch("add_rms_norm", x, add_rms_norm_ref, x, residual, weight, eps)

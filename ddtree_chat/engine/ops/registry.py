@@ -19,3 +19,11 @@ def fast(name: str, x) -> Callable | None:
         return None
     fn, dtypes = _FAST[name]
     return fn if dtypes is None or x.dtype in dtypes else None
+
+
+def dispatch(name: str, x, ref: Callable, *args):
+    """The registered kernel's result for args when one serves x, else ref(*args). A kernel returns None
+    for the shapes it declines (ops/gpu.py's guard also returns None after a kernel failed for good)."""
+    fn = fast(name, x)
+    out = fn(*args) if fn else None
+    return out if out is not None else ref(*args)

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..config import RopeScaling
-from .registry import fast
+from .registry import dispatch
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
@@ -82,17 +82,13 @@ def apply_rope_half_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def _rope(x, cos, sin, heads, interleaved):
-    fn = fast("rope", x)
-    out = fn(x, cos, sin, heads, interleaved) if fn else None
-    if out is not None:
-        return out
+def _rope_ref(x, cos, sin, heads, interleaved):
     return (apply_rope_interleaved_ref if interleaved else apply_rope_half_ref)(x, cos, sin, heads)
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
-    return _rope(x, cos, sin, heads, True)
+    return dispatch("rope", x, _rope_ref, x, cos, sin, heads, True)
 
 
 def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
-    return _rope(x, cos, sin, heads, False)
+    return dispatch("rope", x, _rope_ref, x, cos, sin, heads, False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import fast
+from .registry import dispatch
 
 
 def topk_logprobs_ref(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -17,6 +17,4 @@ def topk_logprobs_ref(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def topk_logprobs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    fn = fast("topk_logprobs", x)
-    out = fn(x, k) if fn else None  # NOTE: None: a shape it declines
-    return out if out is not None else topk_logprobs_ref(x, k)
+    return dispatch("topk_logprobs", x, topk_logprobs_ref, x, k)
