@@ -8,7 +8,9 @@
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
 # $OUT/cache.tgz.part-* at the end: copy those into .tc/ (a folder git ignores: add /.tc/ to
-# .git/info/exclude) and carry .tc on the next call.
+# .git/info/exclude) and carry .tc on the next call. The archive keeps every kernel version restored or
+# compiled, so it grows: the carry (working tree ~27 MB + .tc) must stay under 64 MiB; when it does not,
+# carry an older, smaller archive or none (a cold call compiles for ~80 s).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 cache_root=${CACHE_ROOT:-/tmp/ddtree-gpu-cache}
