@@ -26,10 +26,11 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     import triton
 
     from ddtree_chat.engine.budget import CANDIDATES
-    from ddtree_chat.engine.ops import (triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_topk,
-                                        triton_tree)
-    from test_triton_compile import (DRAFT_ATTN_SIGNATURE, MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE, ROPE_SIGNATURE,
-                                     TOPK_CHUNK_SIGNATURE, TOPK_MERGE_SIGNATURE, TREE_SIGNATURE, WALK_SIGNATURE)
+    from ddtree_chat.engine.ops import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_rope,
+                                        triton_topk, triton_tree)
+    from test_triton_compile import (DRAFT_ATTN_SIGNATURE, LATENT_SIGNATURE, MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE,
+                                     ROPE_SIGNATURE, TOPK_CHUNK_SIGNATURE, TOPK_MERGE_SIGNATURE, TREE_SIGNATURE,
+                                     WALK_SIGNATURE)
 
     for b in CANDIDATES:
         d = min(block - 1, b)
@@ -50,6 +51,10 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     for half, inter in ((p // 2, True), (64, False)):
         yield f"rope half={half} interleaved={inter}", triton_rope._rope_kernel, rope, {
             "HALF": half, "BLOCK_H": half, "INTERLEAVED": inter, "BLOCK_R": max(1, min(64, 2048 // half))}
+    latent = {k: "*fp32" if v == "*bf16" else v for k, v in LATENT_SIGNATURE.items()}
+    for has_slots in (True, False):  # graphs' slot indices, eager consecutive slots
+        yield f"latent write slots={has_slots}", triton_latent._latent_kernel, latent, {
+            "R": r, "HALF": p // 2, "BLOCK_R": triton.next_power_of_2(r), "BLOCK_H": p // 2, "HAS_SLOTS": has_slots}
     for has_mask in (True, False):
         yield f"drafter attention mask={has_mask}", triton_draft_attention._draft_attn_kernel, DRAFT_ATTN_SIGNATURE, {
             "NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": has_mask, "PREC": "ieee"}

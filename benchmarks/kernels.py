@@ -155,6 +155,8 @@ def bench_small(ceiling):
     from ddtree_chat.engine.ops.cuda_small import rms_norm_fast, rms_norm_residual_fast, route_fast
     from ddtree_chat.engine.ops.norm import rms_norm_ref
     from ddtree_chat.engine.ops.rope import apply_rope_interleaved_ref
+    from ddtree_chat.engine.ops.latent import latent_write_ref
+    from ddtree_chat.engine.ops.triton_latent import latent_write_triton
     from ddtree_chat.engine.ops.triton_rope import rope_triton
     from ddtree_chat.engine.ops.router import route_ref
     from ddtree_chat.engine.ops.topk import topk_logprobs_ref
@@ -182,7 +184,16 @@ def bench_small(ceiling):
         us = graph_us(lambda: rope_triton(q, cos, sin, True, True))
         ref = graph_us(lambda: apply_rope_interleaved_ref(q, cos, sin, heads=True))
         rows.append(row("rope", f"T={t} h=64 d=64", us, 2 * q.numel() * 2 + 2 * cos.numel() * 2, ceiling, ref))
-        for rr in rows[-4:]:
+        # the latent cache write (norm c_kv + rope k_pe + store at graph slots) of K2.6's kv_a slice
+        kv = torch.randn(t, 1536 + 576, device="cuda").to(torch.bfloat16)[:, 1536:]
+        ckv, kpe = (torch.zeros(8192, n, device="cuda", dtype=torch.bfloat16) for n in (512, 64))
+        slots = torch.arange(4096, 4096 + t, device="cuda")
+        w5 = wt[:512]
+        us = graph_us(lambda: latent_write_triton(kv, w5, 1e-6, cos, sin, ckv, kpe, slots))
+        ref = graph_us(lambda: latent_write_ref(kv, w5, 1e-6, cos, sin, ckv, kpe, slots))
+        rows.append(row("latent_write", f"T={t} r=512 p=64", us, 2 * kv.numel() * 2 + 2 * cos.numel() * 2 + 1024,
+                        ceiling, ref))
+        for rr in rows[-5:]:
             print(rr, flush=True)
     # the drafter's candidates: top-k log-softmax over the vocabulary for its 7 block rows (float32 logits)
     for v, k in ((8192, 1), (8192, 32), (8192, 256), (163840, 1), (163840, 32), (163840, 64), (163840, 128)):

@@ -150,6 +150,23 @@ def test_rms_norm_matches_reference(rows, d, wdt):
     assert rel(y, rms_norm_ref(x + r, wt, 1e-6)) < 1e-2
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+def test_rms_norm_reads_slices_of_a_fused_projection(dt):
+    """The q / k / latent parts of one fused product: rows of one stride, and [T, heads, d] inside [T, W]."""
+    from ddtree_chat.engine.ops.cuda_small import rms_norm_fast
+
+    dev = torch.device("cuda")
+    y = torch.randn(2, 17, 1536 + 512 + 64, device=dev).to(dt)
+    wt = (torch.rand(512, device=dev) + 0.5).to(dt)
+    for x in (y[..., 1536:2048], y[..., :1536].unflatten(-1, (3, 512)), y[0, :, 64:].unflatten(-1, (4, 512))):
+        assert not x.is_contiguous()
+        got = rms_norm_fast(x, wt, 1e-6)
+        assert got.shape == x.shape and got.is_contiguous()
+        assert rel(got, rms_norm_ref(x, wt, 1e-6)) < (1e-2 if dt == torch.bfloat16 else 1e-6)
+
+
 # ----------------------------------------------------------------------------------------------- rope
 @gpu
 @pytest.mark.gpu
@@ -175,6 +192,35 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
             assert kernel is not None and torch.equal(kernel, got)  # the dispatch took the kernel
             assert got.dtype == dtype and got.is_contiguous()
             assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (t, width, heads)
+
+
+# -------------------------------------------------------------------------------------- latent write
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_latent_write_dispatch_matches_reference(dtype):
+    """K2.6's latent (512 + 64, the kv_a part of the fused q_a + kv_a product) and the demo's (64 + 16), at
+    consecutive slots (eager) and scattered device slots (graphs), 1..257 tokens; NaN-poisoned buffers: the
+    kernel writes exactly its rows."""
+    from ddtree_chat.engine.ops import latent_write, latent_write_ref
+    from ddtree_chat.engine.ops.triton_latent import latent_write_triton
+
+    dev = torch.device("cuda")
+    for q, r, p in ((1536, 512, 64), (128, 64, 16)):
+        for t in (1, 3, 17, 63, 257):
+            kv = torch.randn(t, q + r + p, device=dev).to(dtype)[:, q:]
+            w = (torch.rand(r, device=dev) + 0.5).to(dtype)
+            ang = torch.rand(t, p // 2, device=dev) * 100
+            cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+            for where in (4096 - t, torch.randperm(4096, device=dev)[:t]):
+                bufs = [torch.full((4096, n), float("nan"), device=dev, dtype=dtype) for n in (r, p)]
+                got = latent_write(kv, w, 1e-6, cos, sin, *[b.clone() for b in bufs], where)
+                assert latent_write_triton(kv, w, 1e-6, cos, sin, *[b.clone() for b in bufs], where) is not None
+                want = latent_write_ref(kv.double(), w.double(), 1e-6, cos.double(), sin.double(),
+                                        *[b.double() for b in bufs], where)
+                for a, b in zip(got, want):
+                    assert torch.equal(a.isnan(), b.isnan())
+                    assert rel(a.double().nan_to_num(), b.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
 # ------------------------------------------------------------------------------------ drafter attention
@@ -322,7 +368,7 @@ def test_dispatch_picks_fast_kernels():
 
     x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
     assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt", "draft_attention",
-            "topk_logprobs"} <= set(g.enabled_ops)
+            "topk_logprobs", "latent_write"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
     assert fast("moe_experts", x.float()) is None  # fp32 stays exact (mla: see test_mla_small_latent_shapes)
 

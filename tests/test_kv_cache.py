@@ -27,10 +27,12 @@ def test_draft_cache_slides_its_window_and_truncates():
 
 def test_target_cache_commit_compacts_and_guards_the_context():
     c = KVCache(1, 8, 2, 1, torch.float32, "cpu")
-    c.write(0, torch.arange(5.0).view(5, 1).expand(5, 2), torch.arange(5.0).view(5, 1))
+    ckv, kpe, at = c.destination(0, 5)
+    assert at == 0 and ckv.shape == (8, 2) and kpe.shape == (8, 1)
+    ckv[:5], kpe[:5] = torch.arange(5.0).view(5, 1), torch.arange(5.0).view(5, 1)
     c.commit([0, 2, 4])  # a tree's accepted nodes move to contiguous slots
     assert c.length == 3 and c.ckv[0, :3, 0].tolist() == [0, 2, 4] and c.kpe[0, :3, 0].tolist() == [0, 2, 4]
     with pytest.raises(ContextLengthError, match="context holds 8"):
-        c.write(0, torch.zeros(6, 2), torch.zeros(6, 1))
+        c.destination(0, 6)
     c.truncate(1)
     assert c.length == 1

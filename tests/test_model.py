@@ -69,3 +69,32 @@ def test_drafter_attention_single_block_form_equals_sdpa(engine):
     tol = 1e-5 if dt == torch.float32 else 3e-2
     assert torch.allclose(single.float(), batched.float(), atol=tol, rtol=tol)
     assert torch.allclose(attn(x, cos, sin, k_ctx[:9], v_ctx[:9]).float(), single.float(), atol=tol, rtol=tol)
+
+
+def test_fused_projections_compute_the_same_and_share_the_weights(synthetic_pair):
+    """Decoder stacks the products that read one input (MLA's q_a + kv_a, the drafter's q + k + v): same
+    outputs, same state dict, the old parameters are views of the stacked weight (no second copy)."""
+    from ddtree_chat.engine.loader import load_drafter, load_target
+
+    tcfg, target = load_target(synthetic_pair[0], torch.device("cpu"), torch.float32)
+    dcfg, drafter = load_drafter(synthetic_pair[1], tcfg, torch.device("cpu"), torch.float32)
+    ids, pos, t = torch.tensor([3, 100, 42, 7, 511]), torch.arange(5), 5
+    block = target.embed_tokens(torch.tensor([9] * dcfg.block_size))
+    bpos = torch.arange(t, t + dcfg.block_size)
+
+    def run():
+        cache = KVCache(tcfg.num_layers, 16, tcfg.kv_lora_rank, tcfg.qk_rope_head_dim, torch.float32, "cpu")
+        h, feats = target(ids, pos, causal_mask(t), cache, tuple(dcfg.target_layer_ids))
+        ctx = drafter.context_kv(feats, pos)
+        return [h, cache.ckv, cache.kpe, drafter(block, bpos, ctx)] + [x for kv in ctx for x in kv]
+
+    before, state = run(), {k: v.clone() for k, v in {**target.state_dict(), **drafter.state_dict()}.items()}
+    target.fuse_projections()
+    drafter.fuse_projections()
+    after = run()
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-5) for a, b in zip(before, after))
+    now = {**target.state_dict(), **drafter.state_dict()}
+    assert now.keys() == state.keys() and all(torch.equal(now[k], v) for k, v in state.items())
+    attn, dattn = target.layers[0].self_attn, drafter.layers[0].self_attn
+    assert attn.kv_a_proj_with_mqa.weight.untyped_storage().data_ptr() == attn.qkv_a_weight.untyped_storage().data_ptr()
+    assert dattn.v_proj.weight.untyped_storage().data_ptr() == dattn.qkv_weight.untyped_storage().data_ptr()

@@ -157,3 +157,23 @@ def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
     assert registry.dispatch("probe", on_gpu, ref, -1) == ("ref", -1)  # declined
     assert registry.dispatch("probe", torch.zeros(1), ref, 3) == ("ref", 3)  # a CPU tensor
     assert registry.dispatch("probe", SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), ref, 4) == ("ref", 4)
+
+
+def test_latent_write_stores_the_normed_latent_and_roped_key_at_its_slots():
+    """ops.latent_write (the cache write of a forward): rms_norm of c_kv and rope of k_pe at consecutive
+    slots or at device slot indices, batched buffers too; nothing else in the buffers changes."""
+    from ddtree_chat.engine.ops import latent_write, rms_norm_ref
+
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(2, 3, 10 + 64 + 16, generator=g)[..., 10:]  # a slice of a fused projection
+    w = torch.rand(64, generator=g) + 0.5
+    ang = torch.randn(3, 8, generator=g)
+    cos, sin = ang.cos(), ang.sin()
+    ckv_want, kpe_want = rms_norm_ref(kv[..., :64], w, 1e-6), apply_rope_interleaved(kv[..., 64:], cos, sin)
+    for where, rows in ((4, [4, 5, 6]), (torch.tensor([7, 0, 2]), [7, 0, 2])):
+        ckv, kpe = torch.full((2, 9, 64), -1.0), torch.full((2, 9, 16), -1.0)
+        out = latent_write(kv, w, 1e-6, cos, sin, ckv, kpe, where)
+        assert out[0] is ckv and out[1] is kpe
+        assert torch.allclose(ckv[:, rows], ckv_want) and torch.allclose(kpe[:, rows], kpe_want)
+        rest = [i for i in range(9) if i not in rows]
+        assert (ckv[:, rest] == -1).all() and (kpe[:, rest] == -1).all()

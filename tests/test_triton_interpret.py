@@ -1,5 +1,5 @@
 """The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
-GPU): tree build, ancestor mask, walk, rope, top-k log-softmax; and, where the interpreter runs loops
+GPU): tree build, ancestor mask, walk, rope, latent cache write, top-k log-softmax; and, where the interpreter runs loops
 over runtime bounds (Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
 interpreter is chosen when kernels are defined. The MLA kernel (autotuned) is left to the GPU tests."""
 
@@ -48,6 +48,29 @@ for lead, t, h, d, width, inter, dt in json.loads(sys.argv[1]):
     if got is None or got.shape != ref.shape or not got.is_contiguous() or got.dtype != dtype or \
             (got.float() - ref).abs().max() > tol * ref.abs().max():
         bad.append(shape)
+print(json.dumps(bad))
+"""
+
+LATENT_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_latent import latent_write_triton
+from ddtree_chat.engine.ops.latent import latent_write_ref
+g = torch.Generator().manual_seed(0)
+bad = []
+for t, q, r, p, s, slots, dt in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    kv = torch.randn(t, q + r + p, generator=g).to(dtype)[:, q:]  # the kv_a part of a fused projection
+    w = (torch.rand(r, generator=g) + 0.5).to(dtype)
+    ang = torch.randn(t, p // 2, generator=g) * 3
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    where = torch.randperm(s, generator=g)[:t] if slots else s - t
+    bufs = [torch.full((s, n), float("nan"), dtype=dtype) for n in (r, p)]  # untouched slots stay NaN
+    got = latent_write_triton(kv, w, 1e-6, cos, sin, *[b.clone() for b in bufs], where)
+    ref = latent_write_ref(kv.float(), w.float(), 1e-6, cos.float(), sin.float(), *[b.float() for b in bufs], where)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, b in zip(got, ref):
+        if not (torch.equal(a.isnan(), b.isnan()) and torch.allclose(a.float().nan_to_num(), b.nan_to_num(), atol=tol, rtol=tol)):
+            bad.append([t, r, p, slots, dt])
 print(json.dumps(bad))
 """
 
@@ -213,6 +236,15 @@ def test_rope_kernel_in_the_interpreter_equals_the_reference():
              ((), 3, 8, 64, 64, False, "float32"), ((2,), 3, 2, 12, 20, False, "float32"),
              ((), 1, 64, 64, 192, True, "bfloat16"), ((), 300, None, 8, 8, False, "float32")]
     assert interpret(ROPE_SCRIPT, cases) == []
+
+
+def test_latent_write_kernel_in_the_interpreter_equals_the_reference():
+    """The demo's latent (64 + 16) and K2.6's (512 + 64), consecutive slots and a graph's scattered slot
+    indices, rank not a power of two, one token, bf16; every slot it should not write stays NaN."""
+    cases = [(5, 128, 64, 16, 12, False, "float32"), (33, 128, 64, 16, 64, True, "float32"),
+             (3, 1536, 512, 64, 9, True, "bfloat16"), (1, 0, 48, 8, 1, False, "float32"),
+             (17, 16, 96, 64, 40, False, "bfloat16")]
+    assert interpret(LATENT_SCRIPT, cases) == []
 
 
 def test_topk_logprobs_kernel_in_the_interpreter_equals_the_reference():

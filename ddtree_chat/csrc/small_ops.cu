@@ -69,16 +69,20 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
 // One CTA per row. If res != nullptr: x = x + res is written to res_out (the new residual) first.
+// x's row r starts at (r / inner) * s_outer + (r % inner) * s_inner (a slice of a fused projection, e.g.
+// [T, heads, d] inside [T, width]); res, y and res_out are contiguous [rows, D].
 // NOTE: like the reference, the sum is rounded to the activation dtype before the norm.
 template <typename TX, typename TW>
 __global__ void rms_norm_kernel(const TX* __restrict__ x, const TX* __restrict__ res, const TW* __restrict__ w,
-                                int D, float eps, TX* __restrict__ y, TX* __restrict__ res_out) {
+                                int D, int inner, int64_t s_outer, int64_t s_inner, float eps, TX* __restrict__ y,
+                                TX* __restrict__ res_out) {
   extern __shared__ float row[];  // [D]
   __shared__ float warp_sum[32];
   const size_t r = blockIdx.x;
+  const TX* xr = x + (int64_t)(r / inner) * s_outer + (int64_t)(r % inner) * s_inner;
   float ss = 0.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    float v = to_f(x[r * D + i]);
+    float v = to_f(xr[i]);
     if (res) {
       const TX sum = from_f<TX>(v + to_f(res[r * D + i]));
       res_out[r * D + i] = sum;
@@ -115,16 +119,16 @@ int ddt_route(const float* logits, const float* bias, int T, int E, int topk, fl
   return (int)cudaGetLastError();
 }
 
-// dtype codes: 0 = float32, 1 = bfloat16 (x/y/res share one; w has its own).
-int ddt_rms_norm(const void* x, const void* res, const void* w, int rows, int D, float eps, int xdt, int wdt,
-                 void* y, void* res_out, void* stream) {
+// dtype codes: 0 = float32, 1 = bfloat16 (x/y/res share one; w has its own). Strides in elements.
+int ddt_rms_norm(const void* x, const void* res, const void* w, int rows, int D, int inner, int64_t s_outer,
+                 int64_t s_inner, float eps, int xdt, int wdt, void* y, void* res_out, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   const int threads = D >= 2048 ? 512 : 256;
   const size_t smem = (size_t)D * sizeof(float);
-  if (smem > 48 * 1024) return (int)cudaErrorInvalidValue;
+  if (smem > 48 * 1024 || inner < 1) return (int)cudaErrorInvalidValue;
 #define DDT_LAUNCH(TX, TW)                                                                                  \
-  rms_norm_kernel<TX, TW><<<rows, threads, smem, st>>>((const TX*)x, (const TX*)res, (const TW*)w, D, eps, \
-                                                       (TX*)y, (TX*)res_out)
+  rms_norm_kernel<TX, TW><<<rows, threads, smem, st>>>((const TX*)x, (const TX*)res, (const TW*)w, D, inner, \
+                                                       s_outer, s_inner, eps, (TX*)y, (TX*)res_out)
   if (xdt == 1 && wdt == 1) DDT_LAUNCH(__nv_bfloat16, __nv_bfloat16);
   else if (xdt == 1 && wdt == 0) DDT_LAUNCH(__nv_bfloat16, float);
   else if (xdt == 0 && wdt == 0) DDT_LAUNCH(float, float);

@@ -85,11 +85,8 @@ class BatchCache:
         self.kpe = torch.zeros(layers, b, s, p, dtype=dtype, device=device)
         self.length = 0
 
-    def write(self, layer, ckv, kpe):
-        t = ckv.shape[-2]
-        self.ckv[layer, :, self.length : self.length + t] = ckv
-        self.kpe[layer, :, self.length : self.length + t] = kpe
-        return self.ckv[layer], self.kpe[layer]
+    def destination(self, layer, t):
+        return self.ckv[layer], self.kpe[layer], self.length
 
 
 @torch.no_grad()

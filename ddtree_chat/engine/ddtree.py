@@ -65,9 +65,10 @@ class Decoder:
         self.dcache = DraftCache(dcfg.num_layers, max_len, dcfg.num_kv_heads, dcfg.head_dim, self.draft_dtype,
                                  self.device, dcfg.kv_window) if dcfg else None
         # NOTE: positions stay below max_len + one tree (the context refuses rounds past max_len); the
-        # tables are built now, outside any CUDA-graph capture
+        # tables are built now, outside any CUDA-graph capture. Products that read one input become one.
         for model, dtype in ((target, self.dtype), (drafter, self.draft_dtype)):
             if model is not None:
+                model.fuse_projections()
                 model.rope_table.reserve(max_len + MAX_TREE_POSITIONS)
                 model.rope(torch.zeros(1, dtype=torch.long, device=self.device), dtype)
         self.tokens: list[int] = []  # committed (in the cache)

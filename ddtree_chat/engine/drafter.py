@@ -25,19 +25,34 @@ class DraftAttention(nn.Module):
         self.o_proj = ops.Linear(self.nh * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.register_buffer("qkv_weight", None, persistent=False)  # fuse_projections() sets it
+
+    def fuse_projections(self) -> None:
+        """One product for q, k and v (and one for the context's k and v: the stacked k/v rows are a
+        contiguous part of it). The three parameters become views of it. For loaded (inference) weights."""
+        if self.qkv_weight is None:
+            self.qkv_weight = ops.stack_weights(self.q_proj, self.k_proj, self.v_proj)
+
+    def _roped(self, k, v, cos, sin):
+        k = self.k_norm(k.unflatten(-1, (self.nkv, self.d)))
+        return ops.apply_rope_half(k, cos, sin, heads=True), v.unflatten(-1, (self.nkv, self.d))
 
     def kv(self, x, cos, sin):
         """x [..., n, H] -> roped k, v [..., n, kv_heads, d] (cacheable for context entries)."""
-        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.nkv, self.d)))
-        v = self.v_proj(x).unflatten(-1, (self.nkv, self.d))
-        return ops.apply_rope_half(k, cos, sin, heads=True), v
+        if self.qkv_weight is None:
+            return self._roped(self.k_proj(x), self.v_proj(x), cos, sin)
+        return self._roped(*ops.linear(x, self.qkv_weight[self.nh * self.d :]).chunk(2, -1), cos, sin)
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
         """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
         (None: everything visible — context fully, the block bidirectionally), or [..., 1, B, n + B] for
         batched rows."""
-        q = ops.apply_rope_half(self.q_norm(self.q_proj(x).unflatten(-1, (self.nh, self.d))), cos, sin, heads=True)
-        k_blk, v_blk = self.kv(x, cos, sin)
+        if self.qkv_weight is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = ops.linear(x, self.qkv_weight).split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], -1)
+        q = ops.apply_rope_half(self.q_norm(q.unflatten(-1, (self.nh, self.d))), cos, sin, heads=True)
+        k_blk, v_blk = self._roped(k, v, cos, sin)
         if mask is not None and mask.dim() > 2:  # batched rows with their own masks (training): SDPA
             k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]
             v = torch.cat([v_ctx, v_blk], dim=-3).transpose(-3, -2)
@@ -82,6 +97,11 @@ class DFlashDrafter(nn.Module):
 
     def rope(self, positions, dtype):
         return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+
+    def fuse_projections(self) -> None:
+        """Every layer's q, k and v products as one (DraftAttention.fuse_projections)."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
 
     def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """feats [..., n, len(ids) * H] target features at `positions` [n] -> per layer (k, v) [..., n, kv, d]."""

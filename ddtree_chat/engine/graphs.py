@@ -28,8 +28,8 @@ class SlotView:
     def __init__(self, cache, length: torch.Tensor, slots: torch.Tensor):
         self.cache, self.length, self.slots = cache, length, slots
 
-    def write(self, layer: int, ckv: torch.Tensor, kpe: torch.Tensor):
-        return self.cache.write_slots(layer, self.slots, ckv, kpe)
+    def destination(self, layer: int, t: int):
+        return self.cache.ckv[layer], self.cache.kpe[layer], self.slots
 
 
 class _Clock:

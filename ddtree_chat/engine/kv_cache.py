@@ -24,12 +24,10 @@ class KVCache:
                 f"the conversation needs {self.length + t} tokens but the context holds {self.max_len}; "
                 "start a new chat or lower --max-new-tokens.")
 
-    def write(self, layer: int, ckv: torch.Tensor, kpe: torch.Tensor):
-        t = ckv.shape[-2]
+    def destination(self, layer: int, t: int):
+        """LatentCache: a forward's t entries go to slots length..length + t - 1."""
         self.ensure_room(t)
-        self.ckv[layer, self.length : self.length + t] = ckv
-        self.kpe[layer, self.length : self.length + t] = kpe
-        return self.ckv[layer], self.kpe[layer]
+        return self.ckv[layer], self.kpe[layer], self.length
 
     def commit(self, nodes: list[int]) -> None:
         """nodes: indices (into the last forward's tokens) that become committed, in order."""
@@ -49,12 +47,6 @@ class KVCache:
         self.length += n
 
     # -- static shapes (graphs.py): slots are device tensors, the host keeps `length` ----------------
-    def write_slots(self, layer: int, slots: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor):
-        """write() at device slot indices [T]; returns the full [max_len, *] buffers."""
-        self.ckv[layer].index_copy_(0, slots, ckv)
-        self.kpe[layer].index_copy_(0, slots, kpe)
-        return self.ckv[layer], self.kpe[layer]
-
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every layer's rows src -> dst (device [n] each; gathered before any is overwritten)."""
         self.ckv.index_copy_(1, dst, self.ckv.index_select(1, src))

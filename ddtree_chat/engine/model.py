@@ -23,8 +23,9 @@ class LatentCache(Protocol):
 
     length: int  # committed entries; this forward's tokens are written right after them
 
-    def write(self, layer: int, ckv: torch.Tensor, kpe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store [T, r] / [T, p] at slots length..length+T-1; return the full [S, r], [S, p] buffers."""
+    def destination(self, layer: int, t: int) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
+        """The layer's full [S, r] / [S, p] buffers and where this forward's t entries go: the first of t
+        consecutive slots, or device slot indices [t]."""
         ...
 
 
@@ -94,27 +95,37 @@ class MLA(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.r, cfg.rms_norm_eps)
         self.kv_b_proj = ops.Linear(self.r, self.h * (self.dn + self.dv), bias=False)
         self.o_proj = ops.Linear(self.h * self.dv, cfg.hidden_size, bias=False)
+        self.register_buffer("qkv_a_weight", None, persistent=False)  # fuse_projections() sets it
 
-    def _q(self, x):
-        if hasattr(self, "q_b_proj"):
-            return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        return self.q_proj(x)
+    def fuse_projections(self) -> None:
+        """q_a (or q) and kv_a both read x: one product over their stacked weights. The two parameters
+        become views of it, so memory stays the same. For loaded (inference) weights."""
+        if self.qkv_a_weight is None:
+            first = self.q_a_proj if hasattr(self, "q_a_proj") else self.q_proj
+            self.qkv_a_weight = ops.stack_weights(first, self.kv_a_proj_with_mqa)
 
-    def latent(self, x, cos, sin):
-        """x [..., T, H] -> normed c_kv [..., T, r] and roped k_pe [..., T, p] (what the cache stores)."""
-        kv = self.kv_a_proj_with_mqa(x)
-        ckv = self.kv_a_layernorm(kv[..., : self.r])
-        kpe = ops.apply_rope_interleaved(kv[..., self.r :], cos, sin)
-        return ckv, kpe
+    def _q_and_kv_a(self, x):
+        """x [..., T, H] -> q [..., T, h * 192], kv_a [..., T, r + p] (possibly slices of one product)."""
+        lora = hasattr(self, "q_a_proj")
+        if self.qkv_a_weight is None:
+            q, kv = (self.q_a_proj if lora else self.q_proj)(x), self.kv_a_proj_with_mqa(x)
+        else:
+            y = ops.linear(x, self.qkv_a_weight)
+            q, kv = y.split([y.shape[-1] - self.r - self.dr, self.r + self.dr], -1)
+        return (self.q_b_proj(self.q_a_layernorm(q)) if lora else q), kv
 
     def forward(self, x, cos, sin, tree_mask, cache: LatentCache | None = None):
-        q = self._q(x).unflatten(-1, (self.h, self.dn + self.dr))  # [..., T, h, 192]
+        q, kv = self._q_and_kv_a(x)
+        q = q.unflatten(-1, (self.h, self.dn + self.dr))  # [..., T, h, 192]
         q_nope, q_pe = q[..., : self.dn], ops.apply_rope_interleaved(q[..., self.dn :], cos, sin, heads=True)
-        ckv, kpe = self.latent(x, cos, sin)
-        prefix = 0
-        if cache is not None:
+        norm = self.kv_a_layernorm
+        if cache is None:  # normed c_kv [..., T, r] and roped k_pe [..., T, p] of these tokens only
+            prefix = 0
+            ckv, kpe = norm(kv[..., : self.r]), ops.apply_rope_interleaved(kv[..., self.r :], cos, sin)
+        else:
             prefix = cache.length
-            ckv, kpe = cache.write(self.layer, ckv, kpe)
+            ckv, kpe = ops.latent_write(kv, norm.weight, norm.eps, cos, sin,
+                                        *cache.destination(self.layer, kv.shape[-2]))
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
         w_uk, w_uv = w[:, : self.dn], w[:, self.dn :]  # [h, dn, r], [h, dv, r]
         # absorbed: queries in latent space, one product per head
@@ -190,6 +201,11 @@ class KimiModel(nn.Module):
 
     def rope(self, positions: torch.Tensor, dtype):
         return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+
+    def fuse_projections(self) -> None:
+        """Every layer's q_a and kv_a products as one (MLA.fuse_projections)."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
 
     def forward(self, tokens, positions, tree_mask, cache: LatentCache | None = None, capture: tuple[int, ...] = ()):
         """tokens [..., T], positions [T], tree_mask [T, T] bool (row i sees column j).

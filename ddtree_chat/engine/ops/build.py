@@ -95,12 +95,12 @@ def _build() -> ctypes.CDLL:
 
 
 def _declare(so: ctypes.CDLL) -> None:
-    P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
     so.ddt_moe_forward.argtypes = [P, P, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P, I, P]
     so.ddt_moe_forward.restype = I
     so.ddt_route.argtypes = [P, P, I, I, I, F, I, P, P, P]
     so.ddt_route.restype = I
-    so.ddt_rms_norm.argtypes = [P, P, P, I, I, F, I, I, P, P, P]
+    so.ddt_rms_norm.argtypes = [P, P, P, I, I, I, L, L, F, I, I, P, P, P]
     so.ddt_rms_norm.restype = I
 
 

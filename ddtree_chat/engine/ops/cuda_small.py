@@ -27,22 +27,45 @@ def route_fast(logits, bias, top_k, scale, normalize=True):
     return ids, w
 
 
+def _rows(x):
+    """(rows, inner, s_outer, s_inner): x's rows of d as the kernel addresses them (row r starts at
+    (r // inner) * s_outer + (r % inner) * s_inner), without a copy when x is a slice of a wider tensor
+    (a fused projection's q, k or latent part); None when no such pair of strides exists."""
+    d = x.shape[-1]
+    if x.stride(-1) != 1:
+        return None
+    try:
+        v = x.view(-1, d)  # NOTE: exists iff the leading axes share one row stride
+        return v.shape[0], 1, v.stride(0), 0
+    except RuntimeError:
+        pass
+    try:
+        v = x.view(-1, x.shape[-2], d)  # [..., heads, d] inside a wider row
+        return v.shape[0] * v.shape[1], v.shape[1], v.stride(0), v.stride(1)
+    except RuntimeError:
+        return None
+
+
 def _norm(x, residual, weight, eps):
     d = x.shape[-1]
-    x2 = x.reshape(-1, d).contiguous()
+    layout = _rows(x)
+    if layout is None:
+        x = x.contiguous()
+        layout = _rows(x)
+    rows, inner, s_outer, s_inner = layout
     res2 = residual.reshape(-1, d).contiguous() if residual is not None else None
     w = weight.contiguous()
-    y = torch.empty_like(x2)
-    res_out = torch.empty_like(x2) if residual is not None else None
-    if x2.shape[0]:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(y) if residual is not None else None
+    if rows:
         from .build import check, library
 
-        rc = library().ddt_rms_norm(x2.data_ptr(), res2.data_ptr() if res2 is not None else None, w.data_ptr(),
-                                    x2.shape[0], d, float(eps), _DT[x.dtype], _DT[weight.dtype], y.data_ptr(),
-                                    res_out.data_ptr() if res_out is not None else None,
+        rc = library().ddt_rms_norm(x.data_ptr(), res2.data_ptr() if res2 is not None else None, w.data_ptr(),
+                                    rows, d, inner, s_outer, s_inner, float(eps), _DT[x.dtype], _DT[weight.dtype],
+                                    y.data_ptr(), res_out.data_ptr() if res_out is not None else None,
                                     torch.cuda.current_stream(x.device).cuda_stream)
         check(rc, "ddt_rms_norm")
-    return y.view(x.shape), (res_out.view(x.shape) if res_out is not None else None)
+    return y, res_out
 
 
 def _supported(x, weight):

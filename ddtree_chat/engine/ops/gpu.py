@@ -72,9 +72,10 @@ def register_all() -> list[str]:
     _enable("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
     _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref))
     try:
-        from . import triton_draft_attention, triton_linear, triton_mla, triton_rope, triton_topk, triton_tree
+        from . import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_rope, triton_topk,
+                       triton_tree)
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
-        log.info("Triton kernels (MLA and drafter attention, small-M products, rope, tree) unavailable: %s", e)
+        log.info("Triton kernels (MLA and drafter attention, small-M products, rope, latent write, tree) unavailable: %s", e)
         return enabled_ops
     from triton.runtime.errors import TritonError
 
@@ -101,6 +102,7 @@ def register_all() -> list[str]:
     triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,), matmul_nt_glu_ref)
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,))
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))
+    triton_op("latent_write", triton_latent.latent_write_triton, half + (torch.float32,))
     triton_op("draft_attention", triton_draft_attention.draft_attention_triton, half + (torch.float32,))
     triton_op("ancestor_mask", triton_tree.ancestor_mask_triton)
     triton_op("walk", triton_tree.walk_triton)

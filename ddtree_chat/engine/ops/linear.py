@@ -51,6 +51,16 @@ def linear_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Ten
     return fn(x2, wg, wu).view(*x.shape[:-1], wg.shape[0]) if fn is not None else matmul_nt_glu_ref(x, wg, wu)
 
 
+def stack_weights(*layers: nn.Linear) -> torch.Tensor:
+    """The weights of bias-free Linears that read the same input, stacked into one [sum N, K] tensor for
+    one product instead of len(layers); each layer's parameter becomes a view of it (no extra memory).
+    NOTE: for inference weights (the views are leaves without gradients)."""
+    w = torch.cat([layer.weight for layer in layers])
+    for layer, part in zip(layers, w.split([layer.weight.shape[0] for layer in layers])):
+        layer.weight = nn.Parameter(part, requires_grad=False)
+    return w
+
+
 class Linear(nn.Linear):
     """nn.Linear (same parameters, same state-dict names) whose product goes through ops.linear."""
 
