@@ -46,7 +46,7 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     fp32 = dict(MLA_SIGNATURE, QL="*fp32", QP="*fp32", CKV="*fp32", KPE="*fp32")
     for cfg in triton_mla._CONFIGS:
         yield f"mla {cfg.kwargs}", triton_mla._mla_split_kernel.fn, fp32, dict(
-            cfg.kwargs, R=r, P=p, RC=r // 4, PREC="ieee")
+            cfg.kwargs, R=r, P=p, RC=r // 4, PREC="tf32x3")
     rope = dict(ROPE_SIGNATURE, X="*fp32", COS="*fp32", SIN="*fp32", O="*fp32")
     for half, inter in ((p // 2, True), (64, False)):
         yield f"rope half={half} interleaved={inter}", triton_rope._rope_kernel, rope, {
@@ -57,7 +57,7 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
             "R": r, "HALF": p // 2, "BLOCK_R": triton.next_power_of_2(r), "BLOCK_H": p // 2, "HAS_SLOTS": has_slots}
     for has_mask in (True, False):
         yield f"drafter attention mask={has_mask}", triton_draft_attention._draft_attn_kernel, DRAFT_ATTN_SIGNATURE, {
-            "NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": has_mask, "PREC": "ieee"}
+            "NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": has_mask, "PREC": "tf32x3"}
     # dflash's argmax and each budget's top-k over the demo vocabulary
     for chunk, kp, c in sorted({triton_topk.plan(8192, k) for k in (1,) + CANDIDATES}):
         yield f"topk chunk K={kp}", triton_topk._chunk_kernel, dict(TOPK_CHUNK_SIGNATURE, X="*fp32"), {

@@ -34,8 +34,8 @@ for s in "$@"; do
         tests) step tests 300 python -m pytest -v --durations=15 tests/test_kernels_gpu.py tests/test_graphs.py \
                    -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise or topk \
                    or rms_norm or latent" ;;
-        e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 32 64 auto \
-                 --json "$OUT/e2e.json" ;;
+        e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 8 16 32 64 128 auto \
+                 --idle --json "$OUT/e2e.json" ;;
         programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
                       --json "$OUT/programs.json" ;;
         k26) step k26 150 python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 \

@@ -67,7 +67,7 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
                     constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": 16, "BLOCK_N": 16})
     draft = ASTSource(fn=triton_draft_attention._draft_attn_kernel, signature=DRAFT_ATTN_SIGNATURE,
                       constexprs={"NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": True,
-                                  "PREC": "ieee"})
+                                  "PREC": "tf32x3"})
     chunk, k, c = triton_topk.plan(163840, 64)  # K2.6's vocabulary at the largest budget the kernel serves
     topk = [ASTSource(fn=triton_topk._chunk_kernel, signature=TOPK_CHUNK_SIGNATURE, constexprs={"CHUNK": chunk, "K": k}),
             ASTSource(fn=triton_topk._merge_kernel, signature=TOPK_MERGE_SIGNATURE,
