@@ -46,7 +46,7 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     fp32 = dict(MLA_SIGNATURE, QL="*fp32", QP="*fp32", CKV="*fp32", KPE="*fp32")
     for cfg in triton_mla._CONFIGS:
         yield f"mla {cfg.kwargs}", triton_mla._mla_split_kernel.fn, fp32, dict(
-            cfg.kwargs, R=r, P=p, RC=r // 4, PREC="tf32x3")
+            cfg.kwargs, R=r, P=p, RC=r // 4, PREC="ieee")
     rope = dict(ROPE_SIGNATURE, X="*fp32", COS="*fp32", SIN="*fp32", O="*fp32")
     for half, inter in ((p // 2, True), (64, False)):
         yield f"rope half={half} interleaved={inter}", triton_rope._rope_kernel, rope, {

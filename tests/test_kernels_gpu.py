@@ -326,7 +326,7 @@ def test_mla_small_latent_shapes(r, p, nh, t):
     mask = ancestor_mask(t, gen, dev)
     ref = mla_attention_ref(q_lat, q_pe, ckv, kpe, ctx, mask, 0.2)
     assert rel(mla_attention_triton(q_lat, q_pe, ckv, kpe, ctx, mask, 0.2), ref) < 1e-2
-    # float32 models in CUDA graphs: a device length, 3xTF32 dots (float32-level error), NaN in the unused slots
+    # float32 models in CUDA graphs: a device length, IEEE float32 dots, NaN in the unused slots
     ckv32, kpe32 = ckv.float(), kpe.float()
     ckv32[ctx + t :], kpe32[ctx + t :] = float("nan"), float("nan")
     plen = torch.tensor([ctx], device=dev)  # NOTE: int64, as the engine's device state holds it

@@ -90,7 +90,7 @@ def register_all() -> list[str]:
 
     def mla(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
         # NOTE: float32 eager forwards keep the exact reference; a device length (static shapes, CUDA
-        # graphs) needs the kernel, which then computes at float32 level (3xTF32 dots).
+        # graphs) needs the kernel, which then computes with IEEE float32 dots.
         if q_lat.dtype == torch.float32 and not torch.is_tensor(prefix_len):
             return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
         return mla_kernel(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)

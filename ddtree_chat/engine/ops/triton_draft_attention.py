@@ -104,6 +104,7 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
         q.stride(0), q.stride(1), k_ctx.stride(0), k_ctx.stride(1), v_ctx.stride(0), v_ctx.stride(1),
         k_blk.stride(0), k_blk.stride(1), v_blk.stride(0), v_blk.stride(1), m8.stride(0) if mask is not None else 0,
         NH=nh, REP=rep, D=d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=mask is not None,
+        # NOTE: 3xTF32 (float32-level error) measured 6.9 -> 5.0 us per call vs IEEE dots (BENCHMARKS.md)
         PREC="tf32x3" if q.dtype == torch.float32 else "tf32", num_warps=4)
     block_r = min(d, 128)
     lse_merge_kernel[(b * nh, d // block_r)](op, lp, out, b * nh, ns + 1, R=d,

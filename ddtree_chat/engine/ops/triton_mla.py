@@ -169,7 +169,9 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, triton.next_power_of_2(bound + 1),
                             scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
                             qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
-                            PREC="tf32x3" if ql.dtype == torch.float32 else "tf32")  # NOTE: fp32-level error
+                            # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (9.7 -> 14 us
+                            # per call at 33 tree rows of the demo, 3.4 -> 4.5 at one; BENCHMARKS.md)
+                            PREC="ieee" if ql.dtype == torch.float32 else "tf32")
     block_s = max(2, triton.next_power_of_2(ns + 1))
     block_r = min(r, 128)
     lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
