@@ -194,6 +194,31 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
             assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (t, width, heads)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_rope_dispatch_matches_reference(dtype):
+    """The drafter's q and k heads read in place from its fused q/k/v product (demo: 4 + 2 + 2 heads of
+    64; a K2.6-sized drafter: 32 + 8 + 8 of 128): per-head RMSNorm then the half rope, one launch."""
+    from ddtree_chat.engine.ops import rms_norm_rope_half, rms_norm_rope_half_ref
+    from ddtree_chat.engine.ops.triton_rope import rope_triton
+
+    dev = torch.device("cuda")
+    for nh, nkv, d in ((4, 2, 64), (32, 8, 128)):
+        for t in (1, 8, 17):
+            y = torch.randn(t, (nh + 2 * nkv) * d, device=dev).to(dtype)
+            ang = torch.rand(t, d // 2, device=dev, dtype=torch.float64) * 100
+            cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+            for x in (y[:, : nh * d].unflatten(-1, (nh, d)), y[:, nh * d : (nh + nkv) * d].unflatten(-1, (nkv, d))):
+                w = (torch.rand(d, device=dev) + 0.5).to(dtype)
+                got = rms_norm_rope_half(x, w, 1e-6, cos, sin)
+                kernel = rope_triton(x, cos, sin, True, False, w, 1e-6)
+                assert kernel is not None and torch.equal(kernel, got)  # the dispatch took the kernel
+                want = rms_norm_rope_half_ref(x.double(), w.double(), 1e-6, cos.double(), sin.double())
+                assert got.dtype == dtype and got.is_contiguous()
+                assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (nh, d, t)
+
+
 # -------------------------------------------------------------------------------------- latent write
 @gpu
 @pytest.mark.gpu

@@ -143,7 +143,8 @@ def test_decoder_reserves_rope_positions_for_its_context(synthetic_pair):
 
 def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
     """registry.dispatch: the registered kernel's result when it serves the tensor (CUDA, a dtype it
-    lists); the reference when none serves, or when the kernel returns None (a shape it declines)."""
+    lists); the reference when none serves, when the kernel returns None (a shape it declines), or when
+    autograd records the call (training: the kernels have no backward)."""
     from types import SimpleNamespace
 
     from ddtree_chat.engine.ops import registry
@@ -157,6 +158,13 @@ def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
     assert registry.dispatch("probe", on_gpu, ref, -1) == ("ref", -1)  # declined
     assert registry.dispatch("probe", torch.zeros(1), ref, 3) == ("ref", 3)  # a CPU tensor
     assert registry.dispatch("probe", SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), ref, 4) == ("ref", 4)
+    grad = torch.ones(1, requires_grad=True)  # autograd records the call: the kernels have no backward
+    ref2 = lambda a, b: ("ref", a)  # noqa: E731
+    registry.register("probe2", lambda a, b: ("kernel", a), dtypes=[torch.float32])
+    assert registry.dispatch("probe2", on_gpu, ref2, 5, grad) == ("ref", 5)
+    assert registry.dispatch("probe2", on_gpu, ref2, 5, grad.detach()) == ("kernel", 5)
+    with torch.no_grad():
+        assert registry.dispatch("probe2", on_gpu, ref2, 6, grad) == ("kernel", 6)
 
 
 def test_latent_write_stores_the_normed_latent_and_roped_key_at_its_slots():

@@ -18,8 +18,9 @@ MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32"},
                                      "son"], "i32"),
                     **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K"], "constexpr"))
 
-ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "R": "i32", "H": "i32", "T": "i32",
-                       "sxr": "i32"}, **dict.fromkeys(["HALF", "BLOCK_H", "INTERLEAVED", "BLOCK_R"], "constexpr"))
+ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "W": "*bf16"},
+                      **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner"], "i32"), eps="fp32",
+                      **dict.fromkeys(["HALF", "BLOCK_H", "INTERLEAVED", "BLOCK_R", "NORM"], "constexpr"))
 
 LATENT_SIGNATURE = dict({"KV": "*bf16", "W": "*bf16", "COS": "*bf16", "SIN": "*bf16", "CKV": "*bf16", "KPE": "*bf16",
                          "SLOTS": "*i64", "slot0": "i32", "skv": "i32", "sc": "i32", "sp": "i32", "eps": "fp32"},
@@ -58,7 +59,7 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     mm = ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
                    constexprs={"PREC": "tf32x3", "GLU": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})
     rope = ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,
-                     constexprs={"HALF": 32, "BLOCK_H": 32, "INTERLEAVED": True, "BLOCK_R": 64})
+                     constexprs={"HALF": 32, "BLOCK_H": 32, "INTERLEAVED": False, "BLOCK_R": 64, "NORM": True})
     latent = ASTSource(fn=triton_latent._latent_kernel, signature=LATENT_SIGNATURE,
                        constexprs={"R": 512, "HALF": 32, "BLOCK_R": 512, "BLOCK_H": 32, "HAS_SLOTS": True})
     mask = ASTSource(fn=triton_tree._ancestor_kernel, signature=MASK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})

@@ -34,16 +34,23 @@ ROPE_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ops.triton_rope import rope_triton
 from ddtree_chat.engine.ops.rope import apply_rope_interleaved_ref, apply_rope_half_ref
+from ddtree_chat.engine.ops.norm import rms_norm_ref
 g = torch.Generator().manual_seed(0)
 bad = []
-for lead, t, h, d, width, inter, dt in json.loads(sys.argv[1]):
+for lead, t, h, d, width, inter, dt, norm in json.loads(sys.argv[1]):
     dtype = getattr(torch, dt)
-    shape = tuple(lead) + (t,) + ((h,) if h else ()) + (width,)
-    x = torch.randn(*shape, generator=g).to(dtype)[..., width - d:]  # the rope part is a strided slice
+    if norm:  # h heads of d inside a wider row (the drafter's q or k inside its fused q/k/v product)
+        shape = tuple(lead) + (t, width)
+        x = torch.randn(*shape, generator=g).to(dtype)[..., d : d + h * d].unflatten(-1, (h, d))
+    else:
+        shape = tuple(lead) + (t,) + ((h,) if h else ()) + (width,)
+        x = torch.randn(*shape, generator=g).to(dtype)[..., width - d:]  # the rope part is a strided slice
     ang = torch.randn(t, d // 2, generator=g) * 3
     cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-    ref = (apply_rope_interleaved_ref if inter else apply_rope_half_ref)(x.float(), cos.float(), sin.float(), h is not None)
-    got = rope_triton(x, cos, sin, h is not None, inter)
+    w = (torch.rand(d, generator=g) + 0.5).to(dtype) if norm else None
+    xin = rms_norm_ref(x.float(), w.float(), 1e-6) if norm else x.float()
+    ref = (apply_rope_interleaved_ref if inter else apply_rope_half_ref)(xin, cos.float(), sin.float(), h is not None)
+    got = rope_triton(x, cos, sin, h is not None, inter, w, 1e-6)
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     if got is None or got.shape != ref.shape or not got.is_contiguous() or got.dtype != dtype or \
             (got.float() - ref).abs().max() > tol * ref.abs().max():
@@ -230,11 +237,14 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
 
 def test_rope_kernel_in_the_interpreter_equals_the_reference():
     """Both layouts, with and without a heads axis, a leading batch axis, a half width that is not a power
-    of two, more rows than one program holds, bf16 (rounded once)."""
-    cases = [((), 5, 4, 16, 48, True, "float32"),  # q's rope slice [T, h, 32 + 16]
-             ((), 7, None, 16, 80, True, "float32"),  # the latent's rope slice [T, 64 + 16]
-             ((), 3, 8, 64, 64, False, "float32"), ((2,), 3, 2, 12, 20, False, "float32"),
-             ((), 1, 64, 64, 192, True, "bfloat16"), ((), 300, None, 8, 8, False, "float32")]
+    of two, more rows than one program holds, bf16 (rounded once); with the per-head RMSNorm first (the
+    drafter's q and k: slices of its fused q/k/v product)."""
+    cases = [((), 5, 4, 16, 48, True, "float32", False),  # q's rope slice [T, h, 32 + 16]
+             ((), 7, None, 16, 80, True, "float32", False),  # the latent's rope slice [T, 64 + 16]
+             ((), 3, 8, 64, 64, False, "float32", False), ((2,), 3, 2, 12, 20, False, "float32", False),
+             ((), 1, 64, 64, 192, True, "bfloat16", False), ((), 300, None, 8, 8, False, "float32", False),
+             ((), 8, 4, 64, 512, False, "float32", True), ((), 9, 2, 12, 60, False, "float32", True),
+             ((2,), 3, 8, 128, 2048, False, "bfloat16", True)]
     assert interpret(ROPE_SCRIPT, cases) == []
 
 

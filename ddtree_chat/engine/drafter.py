@@ -34,8 +34,8 @@ class DraftAttention(nn.Module):
             self.qkv_weight = ops.stack_weights(self.q_proj, self.k_proj, self.v_proj)
 
     def _roped(self, k, v, cos, sin):
-        k = self.k_norm(k.unflatten(-1, (self.nkv, self.d)))
-        return ops.apply_rope_half(k, cos, sin, heads=True), v.unflatten(-1, (self.nkv, self.d))
+        k = ops.rms_norm_rope_half(k.unflatten(-1, (self.nkv, self.d)), self.k_norm.weight, self.k_norm.eps, cos, sin)
+        return k, v.unflatten(-1, (self.nkv, self.d))
 
     def kv(self, x, cos, sin):
         """x [..., n, H] -> roped k, v [..., n, kv_heads, d] (cacheable for context entries)."""
@@ -51,7 +51,7 @@ class DraftAttention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
             q, k, v = ops.linear(x, self.qkv_weight).split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], -1)
-        q = ops.apply_rope_half(self.q_norm(q.unflatten(-1, (self.nh, self.d))), cos, sin, heads=True)
+        q = ops.rms_norm_rope_half(q.unflatten(-1, (self.nh, self.d)), self.q_norm.weight, self.q_norm.eps, cos, sin)
         k_blk, v_blk = self._roped(k, v, cos, sin)
         if mask is not None and mask.dim() > 2:  # batched rows with their own masks (training): SDPA
             k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .layout import row_layout
 from .norm import add_rms_norm_ref, rms_norm_ref
 from .router import route_ref
 
@@ -27,31 +28,12 @@ def route_fast(logits, bias, top_k, scale, normalize=True):
     return ids, w
 
 
-def _rows(x):
-    """(rows, inner, s_outer, s_inner): x's rows of d as the kernel addresses them (row r starts at
-    (r // inner) * s_outer + (r % inner) * s_inner), without a copy when x is a slice of a wider tensor
-    (a fused projection's q, k or latent part); None when no such pair of strides exists."""
-    d = x.shape[-1]
-    if x.stride(-1) != 1:
-        return None
-    try:
-        v = x.view(-1, d)  # NOTE: exists iff the leading axes share one row stride
-        return v.shape[0], 1, v.stride(0), 0
-    except RuntimeError:
-        pass
-    try:
-        v = x.view(-1, x.shape[-2], d)  # [..., heads, d] inside a wider row
-        return v.shape[0] * v.shape[1], v.shape[1], v.stride(0), v.stride(1)
-    except RuntimeError:
-        return None
-
-
 def _norm(x, residual, weight, eps):
     d = x.shape[-1]
-    layout = _rows(x)
+    layout = row_layout(x)
     if layout is None:
         x = x.contiguous()
-        layout = _rows(x)
+        layout = row_layout(x)
     rows, inner, s_outer, s_inner = layout
     res2 = residual.reshape(-1, d).contiguous() if residual is not None else None
     w = weight.contiguous()

@@ -102,6 +102,8 @@ def register_all() -> list[str]:
     triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,), matmul_nt_glu_ref)
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,))
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))
+    triton_op("norm_rope", lambda x, w, eps, cos, sin: triton_rope.rope_triton(x, cos, sin, True, False, w, eps),
+              half + (torch.float32,))
     triton_op("latent_write", triton_latent.latent_write_triton, half + (torch.float32,))
     triton_op("draft_attention", triton_draft_attention.draft_attention_triton, half + (torch.float32,))
     triton_op("ancestor_mask", triton_tree.ancestor_mask_triton)

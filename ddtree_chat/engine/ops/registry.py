@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 _FAST: dict[str, tuple[Callable, frozenset | None]] = {}
 
 
@@ -23,7 +25,10 @@ def fast(name: str, x) -> Callable | None:
 
 def dispatch(name: str, x, ref: Callable, *args):
     """The registered kernel's result for args when one serves x, else ref(*args). A kernel returns None
-    for the shapes it declines (ops/gpu.py's guard also returns None after a kernel failed for good)."""
+    for the shapes it declines (ops/gpu.py's guard also returns None after a kernel failed for good).
+    NOTE: the kernels have no backward: a call that autograd records (training) takes the reference."""
     fn = fast(name, x)
+    if fn and torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
+        fn = None
     out = fn(*args) if fn else None
     return out if out is not None else ref(*args)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..config import RopeScaling
+from .norm import rms_norm_ref
 from .registry import dispatch
 
 
@@ -92,3 +93,13 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
     return dispatch("rope", x, _rope_ref, x, cos, sin, heads, False)
+
+
+def rms_norm_rope_half_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """apply_rope_half(rms_norm(x, weight, eps)) over heads: x [..., T, h, d], weight [d], cos/sin [T, d/2]."""
+    return apply_rope_half_ref(rms_norm_ref(x, weight, eps), cos, sin, heads=True)
+
+
+def rms_norm_rope_half(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """The drafter's q / k: per-head RMSNorm, then the half-split rope (one launch on GPU)."""
+    return dispatch("norm_rope", x, rms_norm_rope_half_ref, x, weight, eps, cos, sin)
