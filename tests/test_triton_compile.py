@@ -32,7 +32,7 @@ WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "
 
 MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf16", "PLEN": "*i64", "MASK": "*u8",
                       "OP": "*fp32", "LP": "*fp32"},
-                     **dict.fromkeys(["M", "T", "NH", "n_splits", "SCAP"], "i32"), scale_log2="fp32",
+                     **dict.fromkeys(["M", "T", "NH", "n_splits", "n_tree", "SCAP"], "i32"), scale_log2="fp32",
                      **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
                      **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 

@@ -1,5 +1,5 @@
-"""MLA tree-verify attention in the absorbed form (Triton): split-KV over the committed prefix, one extra
-split for the tree's own keys under the ancestor mask, merged by log-sum-exp.
+"""MLA tree-verify attention in the absorbed form (Triton): split-KV over the committed prefix, extra
+splits for the tree's own keys (about TREE_KEYS each) under the ancestor mask, merged by log-sum-exp.
 
 All T*h query rows share the keys, so the prefix is streamed once per block of BLOCK_M rows (for 64 heads
 and T = 1 that is once). prefix_len is read from device memory, so a CUDA graph can replay it at any
@@ -24,8 +24,8 @@ _CONFIGS = [
 
 
 @triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], warmup=5, rep=20, cache_results=True)
-@triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "SCAP"])
-def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, SCAP, scale_log2, s_ckv, s_kpe,
+@triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "n_tree", "SCAP"])
+def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, n_tree, SCAP, scale_log2, s_ckv, s_kpe,
                       sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -45,10 +45,12 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
     q3 = tl.load(qbase + 3 * RC, mask=m_ok[:, None], other=0.0)
     qp = tl.load(QP + t_row[:, None] * sqp_t + h_row[:, None] * sqp_h + offs_p[None, :], mask=m_ok[:, None], other=0.0)
     L = tl.load(PLEN).to(tl.int32)  # NOTE: int32 or the engine's int64 device length
-    is_tree = sid == n_splits
+    is_tree = sid >= n_splits  # NOTE: the tree's keys are split too (a 33-65 node tree was the long pole)
     chunk = tl.cdiv(tl.cdiv(L, n_splits), BLOCK_N) * BLOCK_N
-    start = tl.where(is_tree, L, sid * chunk)
-    end = tl.where(is_tree, L + T, tl.minimum(sid * chunk + chunk, L))
+    tchunk = tl.cdiv(tl.cdiv(T, n_tree), BLOCK_N) * BLOCK_N
+    tid = sid - n_splits
+    start = tl.where(is_tree, L + tid * tchunk, sid * chunk)
+    end = tl.where(is_tree, tl.minimum(L + tid * tchunk + tchunk, L + T), tl.minimum(sid * chunk + chunk, L))
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc0 = tl.zeros([BLOCK_M, RC], tl.float32)
@@ -115,6 +117,8 @@ def lse_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, B
     tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
 
 
+TREE_KEYS = 16  # tree keys per split: one key tile per program at the smallest BLOCK_N
+MAX_TREE_SPLITS = 16
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -162,17 +166,18 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)  # NOTE: a view, no kernel
     mask = mask.contiguous()
     ns = plan_splits(m, bound, dev)
-    op = torch.empty(ns + 1, m, r, dtype=torch.float32, device=dev)
-    lp = torch.empty(ns + 1, m, dtype=torch.float32, device=dev)
+    nt = min(MAX_TREE_SPLITS, triton.cdiv(max(t, 1), TREE_KEYS))
+    op = torch.empty(ns + nt, m, r, dtype=torch.float32, device=dev)
+    lp = torch.empty(ns + nt, m, dtype=torch.float32, device=dev)
     out = torch.empty(t, nh, r, dtype=q_lat.dtype, device=dev)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + 1)  # noqa: E731
-    _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, triton.next_power_of_2(bound + 1),
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + nt)  # noqa: E731
+    _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, nt, triton.next_power_of_2(bound + 1),
                             scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
                             qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
                             # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (9.7 -> 14 us
                             # per call at 33 tree rows of the demo, 3.4 -> 4.5 at one; BENCHMARKS.md)
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32")
-    block_s = max(2, triton.next_power_of_2(ns + 1))
+    block_s = max(2, triton.next_power_of_2(ns + nt))
     block_r = min(r, 128)
-    lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + 1, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
+    lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + nt, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
     return out
