@@ -156,6 +156,7 @@ def bench_small(ceiling):
     from ddtree_chat.engine.ops.norm import rms_norm_ref
     from ddtree_chat.engine.ops.rope import apply_rope_interleaved_ref
     from ddtree_chat.engine.ops.latent import latent_write_ref
+    from ddtree_chat.engine.ops.triton_norm import rms_norm_triton
     from ddtree_chat.engine.ops.triton_latent import latent_write_triton
     from ddtree_chat.engine.ops.triton_rope import rope_triton
     from ddtree_chat.engine.ops.router import route_ref
@@ -178,6 +179,13 @@ def bench_small(ceiling):
         us = graph_us(lambda: rms_norm_residual_fast(x, r, wt, 1e-6))
         ref = graph_us(lambda: rms_norm_ref(x + r, wt, 1e-6))
         rows.append(row("rms_norm+residual", f"T={t} D=7168", us, 4 * x.numel() * 2, ceiling, ref))
+        # the Triton row norm (wide rows) against the CUDA kernel in the same process ("torch" column: CUDA)
+        cuda_us = graph_us(lambda: rms_norm_fast(x, wt, 1e-6))
+        us = graph_us(lambda: rms_norm_triton(x, None, wt, 1e-6))
+        rows.append(row("rms_norm triton vs cuda", f"T={t} D=7168", us, 2 * x.numel() * 2, ceiling, cuda_us))
+        cuda_us = graph_us(lambda: rms_norm_residual_fast(x, r, wt, 1e-6))
+        us = graph_us(lambda: rms_norm_triton(x, r, wt, 1e-6))
+        rows.append(row("rms_norm+residual triton vs cuda", f"T={t} D=7168", us, 4 * x.numel() * 2, ceiling, cuda_us))
         # rope on q's rope slice at K2.6 shapes ([T, 64 heads, 128 + 64], bf16): the kernel vs the reference
         q = torch.randn(t, 64, 192, device="cuda").to(torch.bfloat16)[..., 128:]
         cos, sin = (torch.rand(t, 32, device="cuda").to(torch.bfloat16) for _ in range(2))
@@ -193,7 +201,7 @@ def bench_small(ceiling):
         ref = graph_us(lambda: latent_write_ref(kv, w5, 1e-6, cos, sin, ckv, kpe, slots))
         rows.append(row("latent_write", f"T={t} r=512 p=64", us, 2 * kv.numel() * 2 + 2 * cos.numel() * 2 + 1024,
                         ceiling, ref))
-        for rr in rows[-5:]:
+        for rr in rows[-7:]:
             print(rr, flush=True)
     # the drafter's candidates: top-k log-softmax over the vocabulary for its 7 block rows (float32 logits)
     for v, k in ((8192, 1), (8192, 32), (8192, 256), (163840, 1), (163840, 32), (163840, 64), (163840, 128)):

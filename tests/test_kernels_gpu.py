@@ -167,6 +167,32 @@ def test_rms_norm_reads_slices_of_a_fused_projection(dt):
         assert rel(got, rms_norm_ref(x, wt, 1e-6)) < (1e-2 if dt == torch.bfloat16 else 1e-6)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+def test_wide_rms_norm_dispatches_to_the_triton_kernel(dt):
+    """Rows of >= triton_norm.MIN_D (K2.6's 7168 hidden, 1536 q_a slice) take the Triton norm through the
+    dispatch; narrower rows the CUDA kernel; both against the reference, with and without the residual."""
+    from ddtree_chat.engine.ops import add_rms_norm, add_rms_norm_ref, rms_norm
+    from ddtree_chat.engine.ops.cuda_small import rms_norm_fast
+    from ddtree_chat.engine.ops.triton_norm import rms_norm_triton
+
+    dev = torch.device("cuda")
+    tol = 1e-2 if dt == torch.bfloat16 else 1e-6
+    for t in (1, 17, 256):
+        y = torch.randn(t, 1536 + 576, device=dev).to(dt)
+        for x in (torch.randn(t, 7168, device=dev).to(dt), y[:, :1536], torch.randn(t, 256, device=dev).to(dt)):
+            wt = (torch.rand(x.shape[-1], device=dev) + 0.5).to(dt)
+            got = rms_norm(x, wt, 1e-6)
+            wide = rms_norm_triton(x, None, wt, 1e-6)[0] if x.shape[-1] >= 1024 else rms_norm_fast(x, wt, 1e-6)
+            assert torch.equal(got, wide)  # the dispatch took the kernel for its width
+            assert rel(got, rms_norm_ref(x, wt, 1e-6)) < tol
+            r = torch.randn(x.shape, device=dev).to(dt)
+            yn, s = add_rms_norm(x, r, wt, 1e-6)
+            yr, sr = add_rms_norm_ref(x, r, wt, 1e-6)
+            assert torch.equal(s, sr) and rel(yn, yr) < tol
+
+
 # ----------------------------------------------------------------------------------------------- rope
 @gpu
 @pytest.mark.gpu

@@ -26,6 +26,10 @@ LATENT_SIGNATURE = dict({"KV": "*bf16", "W": "*bf16", "COS": "*bf16", "SIN": "*b
                          "SLOTS": "*i64", "slot0": "i32", "skv": "i32", "sc": "i32", "sp": "i32", "eps": "fp32"},
                         **dict.fromkeys(["R", "HALF", "BLOCK_R", "BLOCK_H", "HAS_SLOTS"], "constexpr"))
 
+NORM_SIGNATURE = dict({"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16", "RES_OUT": "*bf16", "inner": "i32",
+                       "s_outer": "i32", "s_inner": "i32", "eps": "fp32"},
+                      **dict.fromkeys(["D", "BLOCK", "HAS_RES"], "constexpr"))
+
 MASK_SIGNATURE = {"PAR": "*i64", "M": "*i8", "N": "i32", "DEPTH": "constexpr", "BLOCK": "constexpr"}
 WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "BONUS": "*i64", "N": "i32",
                   "DEPTH": "constexpr", "BLOCK": "constexpr"}
@@ -51,8 +55,8 @@ TOPK_MERGE_SIGNATURE = {"CAND": "*i64", "STATS": "*fp32", "VALS": "*fp32", "IDS"
 
 @pytest.mark.parametrize("arch", [90, 120])
 def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
-    from ddtree_chat.engine.ops import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_rope,
-                                        triton_topk, triton_tree)
+    from ddtree_chat.engine.ops import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_norm,
+                                        triton_rope, triton_topk, triton_tree)
 
     tree = ASTSource(fn=triton_tree._tree_kernel, signature=TREE_SIGNATURE,
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
@@ -62,6 +66,8 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
                      constexprs={"HALF": 32, "BLOCK_H": 32, "INTERLEAVED": False, "BLOCK_R": 64, "NORM": True})
     latent = ASTSource(fn=triton_latent._latent_kernel, signature=LATENT_SIGNATURE,
                        constexprs={"R": 512, "HALF": 32, "BLOCK_R": 512, "BLOCK_H": 32, "HAS_SLOTS": True})
+    norm = ASTSource(fn=triton_norm._norm_kernel, signature=NORM_SIGNATURE,
+                     constexprs={"D": 7168, "BLOCK": 8192, "HAS_RES": True})
     mask = ASTSource(fn=triton_tree._ancestor_kernel, signature=MASK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
     walk = ASTSource(fn=triton_tree._walk_kernel, signature=WALK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
     mla = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
@@ -73,6 +79,6 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     topk = [ASTSource(fn=triton_topk._chunk_kernel, signature=TOPK_CHUNK_SIGNATURE, constexprs={"CHUNK": chunk, "K": k}),
             ASTSource(fn=triton_topk._merge_kernel, signature=TOPK_MERGE_SIGNATURE,
                       constexprs={"K": k, "CB": triton.next_power_of_2(c)})]
-    for src in (tree, mm, rope, latent, mask, walk, mla, draft, *topk):
+    for src in (tree, mm, rope, latent, norm, mask, walk, mla, draft, *topk):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
         assert len(kernel.asm["cubin"]) > 1000

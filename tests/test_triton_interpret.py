@@ -1,5 +1,5 @@
 """The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
-GPU): tree build, ancestor mask, walk, rope, latent cache write, top-k log-softmax; and, where the interpreter runs loops
+GPU): tree build, ancestor mask, walk, rope, latent cache write, wide RMSNorm, top-k log-softmax; and, where the interpreter runs loops
 over runtime bounds (Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
 interpreter is chosen when kernels are defined. The MLA kernel (autotuned) is left to the GPU tests."""
 
@@ -55,6 +55,28 @@ for lead, t, h, d, width, inter, dt, norm in json.loads(sys.argv[1]):
     if got is None or got.shape != ref.shape or not got.is_contiguous() or got.dtype != dtype or \
             (got.float() - ref).abs().max() > tol * ref.abs().max():
         bad.append(shape)
+print(json.dumps(bad))
+"""
+
+NORM_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_norm import rms_norm_triton
+from ddtree_chat.engine.ops.norm import add_rms_norm_ref, rms_norm_ref
+g = torch.Generator().manual_seed(0)
+bad = []
+for t, d, extra, residual, dt in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    x = torch.randn(t, d + extra, generator=g).to(dtype)[:, extra:]  # a slice of a wider row
+    w = (torch.rand(d, generator=g) + 0.5).to(dtype)
+    res = torch.randn(t, d, generator=g).to(dtype) if residual else None
+    got = rms_norm_triton(x, res, w, 1e-6)
+    want = add_rms_norm_ref(x, res, w, 1e-6) if residual else (rms_norm_ref(x, w, 1e-6), None)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    # NOTE: the interpreter rounds float32 -> bf16 its own way (the GPU test checks the sum bit for bit)
+    same_sum = residual and torch.allclose(got[1].float(), want[1].float(), atol=0, rtol=0 if dt == "float32" else 1e-2)
+    if got is None or not torch.allclose(got[0].float(), want[0].float(), atol=tol, rtol=tol) or \
+            (residual and not same_sum) or (not residual and got[1] is not None):
+        bad.append([t, d, residual, dt])
 print(json.dumps(bad))
 """
 
@@ -255,6 +277,14 @@ def test_latent_write_kernel_in_the_interpreter_equals_the_reference():
              (3, 1536, 512, 64, 9, True, "bfloat16"), (1, 0, 48, 8, 1, False, "float32"),
              (17, 16, 96, 64, 40, False, "bfloat16")]
     assert interpret(LATENT_SCRIPT, cases) == []
+
+
+def test_wide_norm_kernel_in_the_interpreter_equals_the_reference():
+    """K2.6's hidden (7168, not a power of two) and q_a (1536) rows, with and without the residual add
+    (the sum rounded to the activation dtype first: bit-equal to the reference's in float32), strided rows."""
+    cases = [(3, 7168, 0, False, "float32"), (2, 7168, 64, True, "bfloat16"), (5, 1536, 576, False, "bfloat16"),
+             (1, 1024, 0, True, "float32")]
+    assert interpret(NORM_SCRIPT, cases) == []
 
 
 def test_topk_logprobs_kernel_in_the_interpreter_equals_the_reference():

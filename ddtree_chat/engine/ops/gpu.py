@@ -69,11 +69,13 @@ def register_all() -> list[str]:
     _enable("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref), half)
     _enable("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally
     _enable("route", _guard("route", cuda_small.route_fast, lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
-    _enable("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
-    _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref))
+    cuda_norm = _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref)
+    cuda_add_norm = _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref)
+    _enable("rms_norm", cuda_norm)
+    _enable("add_rms_norm", cuda_add_norm)
     try:
-        from . import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_rope, triton_topk,
-                       triton_tree)
+        from . import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_norm, triton_rope,
+                       triton_topk, triton_tree)
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton kernels (MLA and drafter attention, small-M products, rope, latent write, tree) unavailable: %s", e)
         return enabled_ops
@@ -105,6 +107,19 @@ def register_all() -> list[str]:
     triton_op("norm_rope", lambda x, w, eps, cos, sin: triton_rope.rope_triton(x, cos, sin, True, False, w, eps),
               half + (torch.float32,))
     triton_op("latent_write", triton_latent.latent_write_triton, half + (torch.float32,))
+    # wide rows (K2.6's 7168 hidden, 1536 q_a) take the Triton norm, narrow ones the CUDA kernel
+    wide_norm = _guard("rms_norm", triton_norm.rms_norm_triton, lambda *a: None, TritonError)
+
+    def norm(x, weight, eps):
+        out = wide_norm(x, None, weight, eps) if x.shape[-1] >= triton_norm.MIN_D else None
+        return out[0] if out is not None else cuda_norm(x, weight, eps)
+
+    def add_norm(x, residual, weight, eps):
+        out = wide_norm(x, residual, weight, eps) if x.shape[-1] >= triton_norm.MIN_D else None
+        return out if out is not None else cuda_add_norm(x, residual, weight, eps)
+
+    register("rms_norm", norm)
+    register("add_rms_norm", add_norm)
     triton_op("draft_attention", triton_draft_attention.draft_attention_triton, half + (torch.float32,))
     triton_op("ancestor_mask", triton_tree.ancestor_mask_triton)
     triton_op("walk", triton_tree.walk_triton)
