@@ -69,8 +69,7 @@ class Decoder:
         for model, dtype in ((target, self.dtype), (drafter, self.draft_dtype)):
             if model is not None:
                 model.fuse_projections()
-                model.rope_table.reserve(max_len + MAX_TREE_POSITIONS)
-                model.rope(torch.zeros(1, dtype=torch.long, device=self.device), dtype)
+                model.reserve_rope(max_len + MAX_TREE_POSITIONS, dtype)
         self.tokens: list[int] = []  # committed (in the cache)
         self.pending: int | None = None
         self.graphs = None  # a graphs.StaticRound when rounds run on static buffers (set by the engine)

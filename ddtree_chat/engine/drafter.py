@@ -77,7 +77,7 @@ class DraftLayer(nn.Module):
         return x + self.mlp(h)
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(ops.RopeOwner, nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.cfg = cfg
@@ -90,13 +90,6 @@ class DFlashDrafter(nn.Module):
 
     def _inv_freq(self):
         return ops.yarn_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
-
-    def reset_rope(self, device) -> None:
-        self.inv_freq = self._inv_freq().to(device)
-        self.rope_table.reset()
-
-    def rope(self, positions, dtype):
-        return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
 
     def fuse_projections(self) -> None:
         """Every layer's q, k and v products as one (DraftAttention.fuse_projections)."""

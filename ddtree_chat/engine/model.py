@@ -178,7 +178,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(h)
 
 
-class KimiModel(nn.Module):
+class KimiModel(ops.RopeOwner, nn.Module):
     """The text backbone. Parameter names: embed_tokens.*, layers.N.*, norm.*, lm_head.*."""
 
     def __init__(self, cfg: TargetConfig, tp: TPGroup = SINGLE):
@@ -193,14 +193,6 @@ class KimiModel(nn.Module):
 
     def _inv_freq(self) -> torch.Tensor:
         return ops.yarn_inv_freq(self.cfg.qk_rope_head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
-
-    def reset_rope(self, device) -> None:
-        """Recompute the rope table on `device` (a model built on the meta device has none)."""
-        self.inv_freq = self._inv_freq().to(device)
-        self.rope_table.reset()
-
-    def rope(self, positions: torch.Tensor, dtype):
-        return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
 
     def fuse_projections(self) -> None:
         """Every layer's q_a and kv_a products as one (MLA.fuse_projections)."""

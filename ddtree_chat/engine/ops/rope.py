@@ -56,14 +56,36 @@ class RopeTable:
         """inv_freq changed (or moved): drop the tables, keep the reservation."""
         self.tables = {}
 
-    def cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype):
-        if not self.n:
-            return rope_cos_sin(positions, inv_freq, attention_factor, dtype)
+    def table(self, inv_freq: torch.Tensor, attention_factor: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reserved positions' cos, sin [n, dim/2] in dtype (built on first use)."""
         if dtype not in self.tables:
             self.tables[dtype] = rope_cos_sin(torch.arange(self.n, device=inv_freq.device), inv_freq,
                                               attention_factor, dtype)
-        cos, sin = self.tables[dtype]
+        return self.tables[dtype]
+
+    def cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype):
+        if not self.n:
+            return rope_cos_sin(positions, inv_freq, attention_factor, dtype)
+        cos, sin = self.table(inv_freq, attention_factor, dtype)
         return cos[positions], sin[positions]
+
+
+class RopeOwner:
+    """rope() for a module holding `inv_freq`, `rope_table`, `cfg.rope_scaling` and `_inv_freq()` (the
+    target and the drafter)."""
+
+    def reset_rope(self, device) -> None:
+        """Recompute inv_freq on `device` (a model built on the meta device has none; .to() casts it)."""
+        self.inv_freq = self._inv_freq().to(device)
+        self.rope_table.reset()
+
+    def rope(self, positions: torch.Tensor, dtype):
+        return self.rope_table.cos_sin(positions, self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
+
+    def reserve_rope(self, n: int, dtype) -> None:
+        """Serve positions < n from a table, built now (so not inside a CUDA-graph capture)."""
+        self.rope_table.reserve(n)
+        self.rope_table.table(self.inv_freq, self.cfg.rope_scaling.attention_factor, dtype)
 
 
 def apply_rope_interleaved_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
