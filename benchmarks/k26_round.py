@@ -11,7 +11,7 @@ Random weights accept ~nothing, so this measures cost per round, not tokens per 
 drafter's mean accepted length tau the speedup over AR is tau * (ar round ms) / (ddtree round ms) for
 the same layer count. Bytes: verify = engine.memory.forward_bytes (distinct experts under uniform
 routing); draft = the drafter's layers + the target's lm head + the drafter context it attends; accept
-= fc + each layer's k/v projections (the path's context rows)."""
+= fc + each layer's k/v projections (the path's context rows; an `ar` accept has no bound)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ def program_bytes(dec: Decoder, key: tuple, context: int) -> int:
         layers = _bytes(p for name, p in drafter.named_parameters() if not name.startswith(("fc.", "hidden_norm.")))
         ctx = 2 * span * dec.dcache.k.shape[2] * dec.dcache.k.shape[3] * dec.dcache.k.element_size() * len(drafter.layers)
         return layers + _bytes([target.lm_head.weight]) + ctx
+    if not key[2]:  # an `ar` accept extends no drafter context: nothing weight-sized to read
+        return 0
     proj = [p for layer in drafter.layers for p in (layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight)]
     return _bytes([drafter.fc.weight] + proj)
 
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
             for r in programs(dec.graphs, mode, budget, a.reps):
                 need = program_bytes(dec, r.pop("key"), a.context)
                 r.update(mode=f"{mode} {budget}" if mode != "ar" else "ar", bytes=need)
-                if ceiling:
+                if ceiling and need:
                     r["bound_ms"] = need / ceiling * 1e3
                 rows.append(r)
     where = torch.cuda.get_device_name() if capture else "CPU (uncaptured)"

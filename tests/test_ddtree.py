@@ -114,7 +114,22 @@ def test_commit_leaves_the_cache_ar_would_build(eng, synthetic_pair):
     n = a.cache.length
     assert torch.allclose(a.cache.ckv[:, :n], b.cache.ckv[:, :n], atol=1e-5)
     assert torch.allclose(a.cache.kpe[:, :n], b.cache.kpe[:, :n], atol=1e-5)
-    assert a.dcache.length == b.dcache.length == n
+    assert a.dcache.length == n and b.dcache.length == 0  # an `ar` reply keeps no drafter context
+
+
+def test_a_drafting_reply_after_ar_replies_catches_the_drafter_up(synthetic_pair):
+    """`ar` replies leave the drafter's context behind (plain decoding pays nothing for it); the next
+    drafting reply's prefill recomputes the positions it lacks, and its tokens still equal `ar`'s."""
+    eng, ref = Engine.load(*synthetic_pair, device="cpu"), Engine.load(*synthetic_pair, device="cpu")
+    first = eng.tokenizer.encode("first turn")
+    reply = ids_of(eng, first, mode="ar", max_new_tokens=12)["token_ids"]
+    dec = eng.decoder
+    assert dec.dcache.length == 0 and dec.dcache.end_pos == 0 and dec.cache.length == len(first) + len(reply) - 1
+    second = first + reply + eng.tokenizer.encode(" and more")
+    got = ids_of(eng, second, mode="ddtree", budget=16, max_new_tokens=20)["token_ids"]
+    assert got == ids_of(ref, second, mode="ar", max_new_tokens=20)["token_ids"]
+    assert dec.dcache.end_pos == dec.cache.length > len(second)  # caught up at the prefill, kept since
+    assert dec.dcache.length == min(dec.cache.length, dec.dcache.capacity)
 
 
 def test_prompt_longer_than_context_is_a_clear_error(synthetic_pair):

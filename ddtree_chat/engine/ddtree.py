@@ -102,9 +102,11 @@ class Decoder:
             pos = torch.arange(start, start + len(nodes), device=self.device)
             self.dcache.append(self.drafter.context_kv(feats[idx].to(self.draft_dtype), pos), start + len(nodes))
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
+    def prefill(self, ids: list[int], drafting: bool = True) -> torch.Tensor:
         """Bring the state to `ids` (reusing the longest common committed prefix); returns the logits
-        [V] for the token after ids[-1]. Afterwards all of ids are committed and nothing is pending."""
+        [V] for the token after ids[-1]. Afterwards all of ids are committed and nothing is pending.
+        drafting=False (an `ar` reply) leaves the drafter's context behind; a drafting prefill first
+        recomputes the positions it lacks (they were committed by `ar` replies)."""
         if not ids:
             raise ValueError("the prompt is empty")
         lcp = 0
@@ -112,6 +114,8 @@ class Decoder:
             if a != b:
                 break
             lcp += 1
+        if drafting and self.dcache is not None:
+            lcp = min(lcp, self.dcache.end_pos)
         lcp = min(lcp, len(ids) - 1)  # at least one token must run to produce logits
         if len(ids) + 1 > self.max_len:
             raise ContextLengthError(
@@ -125,7 +129,7 @@ class Decoder:
         new = ids[lcp:]
         t = len(new)
         logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t))
-        self._commit(list(range(t)), new, feats)
+        self._commit(list(range(t)), new, feats if drafting else None)
         return logits[-1]
 
     # -- one speculative round --------------------------------------------------------------------
@@ -180,7 +184,7 @@ class Decoder:
         m = len(emitted)
         # NOTE: the cache keeps the root and the accepted nodes before the last emitted token,
         # which becomes the next root.
-        self._commit(path[:m], [self.pending] + emitted[:-1], feats)
+        self._commit(path[:m], [self.pending] + emitted[:-1], feats if mode != "ar" else None)
         self.pending = emitted[-1]
         return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
 
@@ -212,7 +216,7 @@ class Decoder:
         # NOTE: accept() moved the path's rows to start..; only the first m count
         self.cache.advance(m)
         self.tokens.extend([self.pending] + emitted[:-1])
-        if self.dcache is not None:
+        if self.dcache is not None and mode != "ar":
             self.dcache.advance(m, start + m)
         self.pending = emitted[-1]
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
@@ -256,7 +260,7 @@ class Decoder:
         logits, _ = sr.run(("verify", n))
         if temperature > 0:
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
-        return sr.fetch((mode, budget), n, sr.run(("accept", n)), clock)
+        return sr.fetch((mode, budget), n, sr.run(sr.accept_key(mode, n)), clock)
 
     @staticmethod
     def _outcome(packed: torch.Tensor, n: int, stop_ids: frozenset[int], room: int):

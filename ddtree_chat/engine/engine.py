@@ -309,7 +309,7 @@ class Engine:
         detok = self.tokenizer.stream_decoder()
         out: list[int] = []
         t_start = time.perf_counter()
-        logits = dec.prefill(ids)
+        logits = dec.prefill(ids, drafting=mode != "ar")
         if auto:
             if self._auto is None:
                 how = "graphs" if dec.graphs is not None and dec.graphs.capture else "eager"

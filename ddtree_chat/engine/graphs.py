@@ -121,19 +121,23 @@ class StaticRound:
             span *= 2
         return ("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
+    def accept_key(self, mode: str, n: int) -> tuple:
+        """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it)."""
+        return ("accept", n, mode != "ar" and self.dec.drafter is not None)
+
     def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
             yield ("verify", n)
-            yield ("accept", n)
+            yield self.accept_key(mode, n)
 
     def _program(self, key: tuple):
         if key[0] == "draft":
             return lambda: self.draft(*key[1:])
         if key[0] == "verify":
             return lambda: self.verify(key[1])
-        return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1])
+        return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1] if key[2] else None)
 
     def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
                 held: int | None = None) -> None:
@@ -264,6 +268,7 @@ class StaticRound:
         return logits, feats
 
     def accept(self, n: int, feats: torch.Tensor | None) -> torch.Tensor:
+        """feats None: the drafter's context is not extended (and its device count not advanced)."""
         from .ddtree import pack_round
 
         dec = self.dec
@@ -275,11 +280,12 @@ class StaticRound:
         path = at_level.int().argmax(-1)  # the accepted node at each depth (node 0 past the path's end)
         start = self.state[0]
         dec.cache.move_slots(start + path, start + levels)
-        if dec.drafter is not None and feats is not None:
+        drafting = dec.drafter is not None and feats is not None
+        if drafting:
             kv = dec.drafter.context_kv(feats[path].to(dec.draft_dtype), start + levels)
             dec.dcache.write_slots(kv, self.state[1] + levels)
         packed = pack_round(tree, choice, ok, bonus)
         # NOTE: the next round's state, in case it is launched before the host has read this one
-        self.state[:2] += ok.sum()
+        self.state[: 2 if drafting else 1] += ok.sum()
         self.state[2:].copy_(bonus.view(1))
         return packed
