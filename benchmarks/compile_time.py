@@ -50,7 +50,7 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     rope = dict(ROPE_SIGNATURE, X="*fp32", COS="*fp32", SIN="*fp32", O="*fp32", W="*fp32")
     for half, inter, norm in ((p // 2, True, False), (64, False, True)):  # the target's q_pe / k_pe, the drafter's q / k
         yield f"rope half={half} interleaved={inter} norm={norm}", triton_rope._rope_kernel, rope, {
-            "HALF": half, "BLOCK_H": half, "INTERLEAVED": inter, "BLOCK_R": max(1, min(64, 2048 // half)), "NORM": norm}
+            "HALF": half, "BLOCK_D": 2 * half, "INTERLEAVED": inter, "BLOCK_R": max(1, min(32, 1024 // half)), "NORM": norm}
     latent = {k: "*fp32" if v == "*bf16" else v for k, v in LATENT_SIGNATURE.items()}
     for has_slots in (True, False):  # graphs' slot indices, eager consecutive slots
         yield f"latent write slots={has_slots}", triton_latent._latent_kernel, latent, {

@@ -20,7 +20,7 @@ MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32"},
 
 ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "W": "*bf16"},
                       **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner"], "i32"), eps="fp32",
-                      **dict.fromkeys(["HALF", "BLOCK_H", "INTERLEAVED", "BLOCK_R", "NORM"], "constexpr"))
+                      **dict.fromkeys(["HALF", "BLOCK_D", "INTERLEAVED", "BLOCK_R", "NORM"], "constexpr"))
 
 LATENT_SIGNATURE = dict({"KV": "*bf16", "W": "*bf16", "COS": "*bf16", "SIN": "*bf16", "CKV": "*bf16", "KPE": "*bf16",
                          "SLOTS": "*i64", "slot0": "i32", "skv": "i32", "sc": "i32", "sp": "i32", "eps": "fp32"},
@@ -63,7 +63,7 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     mm = ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
                    constexprs={"PREC": "tf32x3", "GLU": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})
     rope = ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,
-                     constexprs={"HALF": 32, "BLOCK_H": 32, "INTERLEAVED": False, "BLOCK_R": 64, "NORM": True})
+                     constexprs={"HALF": 32, "BLOCK_D": 64, "INTERLEAVED": False, "BLOCK_R": 32, "NORM": True})
     latent = ASTSource(fn=triton_latent._latent_kernel, signature=LATENT_SIGNATURE,
                        constexprs={"R": 512, "HALF": 32, "BLOCK_R": 512, "BLOCK_H": 32, "HAS_SLOTS": True})
     norm = ASTSource(fn=triton_norm._norm_kernel, signature=NORM_SIGNATURE,

@@ -16,30 +16,33 @@ from .layout import row_layout
 
 
 @triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner"])
-def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, eps, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, eps, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    i = tl.arange(0, BLOCK_H)
-    ok = (rows < R)[:, None] & (i < HALF)[None, :]
+    j = tl.arange(0, BLOCK_D)
+    ok = (rows < R)[:, None] & (j < 2 * HALF)[None, :]
     t = (rows // H) % T  # NOTE: rows are [..., T, H] flattened (H = 1 without a heads axis)
+    # NOTE: whole rows, read and written contiguously; each entry's rotation partner is a second read of
+    # the same lines (strided half-row loads and stores were slower)
     if INTERLEAVED:  # pairs (x[2i], x[2i+1])
-        a, b = 2 * i, 2 * i + 1
+        partner, f = j ^ 1, j // 2
+        first = j % 2 == 0
     else:  # NeoX halves (x[i], x[i + d/2])
-        a, b = i, i + HALF
+        first = j < HALF
+        partner, f = tl.where(first, j + HALF, j - HALF), j % HALF
     r64 = rows[:, None].to(tl.int64)
     xr = X + (r64 // inner) * s_outer + (r64 % inner) * s_inner
-    x1 = tl.load(xr + a[None, :], mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(xr + b[None, :], mask=ok, other=0.0).to(tl.float32)
-    if NORM:  # the row's d = 2 * HALF entries are exactly x1 and x2
-        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
-        x1 = x1 * inv * tl.load(W + a, mask=i < HALF, other=0.0).to(tl.float32)[None, :]
-        x2 = x2 * inv * tl.load(W + b, mask=i < HALF, other=0.0).to(tl.float32)[None, :]
-    cs = t[:, None] * HALF + i[None, :]
+    x = tl.load(xr + j[None, :], mask=ok, other=0.0).to(tl.float32)
+    xp = tl.load(xr + partner[None, :], mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        inv = tl.rsqrt(tl.sum(x * x, 1) / (2 * HALF) + eps)[:, None]
+        x = x * inv * tl.load(W + j, mask=j < 2 * HALF, other=0.0).to(tl.float32)[None, :]
+        xp = xp * inv * tl.load(W + partner, mask=j < 2 * HALF, other=0.0).to(tl.float32)[None, :]
+    cs = t[:, None] * HALF + f[None, :]
     c = tl.load(COS + cs, mask=ok, other=0.0).to(tl.float32)
     s = tl.load(SIN + cs, mask=ok, other=0.0).to(tl.float32)
-    orow = O + rows[:, None].to(tl.int64) * (2 * HALF)
-    tl.store(orow + a[None, :], (x1 * c - x2 * s).to(O.dtype.element_ty), mask=ok)
-    tl.store(orow + b[None, :], (x2 * c + x1 * s).to(O.dtype.element_ty), mask=ok)
+    out = x * c + tl.where(first, -1.0, 1.0)[None, :] * xp * s
+    tl.store(O + rows[:, None].to(tl.int64) * (2 * HALF) + j[None, :], out.to(O.dtype.element_ty), mask=ok)
 
 
 def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool, interleaved: bool,
@@ -58,10 +61,10 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bo
     r, inner, s_outer, s_inner = layout
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if r:
-        block_h = triton.next_power_of_2(d // 2)
-        block_r = max(1, min(64, 2048 // block_h))
+        block_d = triton.next_power_of_2(d)
+        block_r = max(1, min(32, 2048 // block_d))
         _rope_kernel[(triton.cdiv(r, block_r),)](
             x, cos.contiguous(), sin.contiguous(), out, weight.contiguous() if weight is not None else out, r,
-            x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, float(eps), HALF=d // 2, BLOCK_H=block_h,
+            x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, float(eps), HALF=d // 2, BLOCK_D=block_d,
             INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None)
     return out
