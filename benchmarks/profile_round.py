@@ -132,6 +132,12 @@ def main(argv=None) -> int:
             prof.disable()
             print(f"\n### host time, {spec}")
             pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+    from ddtree_chat.engine.ops import triton_mla
+
+    out["mla_configs"] = triton_mla.tuned_configs()
+    print("\nMLA autotune choices (rows, splits, span, ...): config")
+    for key, cfg in out["mla_configs"].items():
+        print(f"  {key}: {cfg}")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0

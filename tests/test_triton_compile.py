@@ -82,3 +82,14 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     for src in (tree, mm, rope, latent, norm, mask, walk, mla, draft, *topk):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
         assert len(kernel.asm["cubin"]) > 1000
+
+
+def test_mla_autotune_choices_are_reported(monkeypatch):
+    """benchmarks/profile_round.py prints the MLA configs the autotuner chose (they moved an MLA time 2.5x
+    between two runs of one commit, BENCHMARKS.md): key fields joined, the config as Triton prints it."""
+    from ddtree_chat.engine.ops import triton_mla
+
+    cfg = triton_mla._CONFIGS[-1]
+    monkeypatch.setattr(triton_mla._mla_split_kernel, "cache", {(4, 16, 4096, "torch.float32"): cfg}, raising=False)
+    assert triton_mla.tuned_configs() == {"4,16,4096,torch.float32": str(cfg)}
+    assert "BLOCK_M: 16" in str(cfg) and "BLOCK_N: 16" in str(cfg)

@@ -117,6 +117,12 @@ def lse_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, B
     tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
 
 
+def tuned_configs() -> dict[str, str]:
+    """The configs the autotuner chose in this process, by key (rows, splits, span, then dtypes): what to
+    compare when an MLA time moves between runs (it tunes on a key's first call, at that call's length)."""
+    return {",".join(map(str, key)): str(cfg) for key, cfg in getattr(_mla_split_kernel, "cache", {}).items()}
+
+
 TREE_KEYS = 16  # tree keys per split: one key tile per program at the smallest BLOCK_N
 MAX_TREE_SPLITS = 16
 _SM_COUNT: dict[int, int] = {}
