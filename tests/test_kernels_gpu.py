@@ -194,6 +194,13 @@ def test_wide_rms_norm_dispatches_to_the_triton_kernel(dt):
 
 
 # ----------------------------------------------------------------------------------------------- rope
+def _assert_kernel_served(kernel, got, want, dtype, what):
+    """The dispatch's result is the kernel's (contiguous, in dtype) and close to the float64 reference."""
+    assert kernel is not None and torch.equal(kernel, got), what
+    assert got.dtype == dtype and got.is_contiguous()
+    assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), what
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -215,9 +222,7 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
             got = fn(x, cos.to(dtype), sin.to(dtype), heads=heads is not None)
             want = ref(x.double(), cos.to(dtype).double(), sin.to(dtype).double(), heads=heads is not None)
             kernel = rope_triton(x, cos.to(dtype), sin.to(dtype), heads is not None, fn is apply_rope_interleaved)
-            assert kernel is not None and torch.equal(kernel, got)  # the dispatch took the kernel
-            assert got.dtype == dtype and got.is_contiguous()
-            assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (t, width, heads)
+            _assert_kernel_served(kernel, got, want, dtype, (t, width, heads))
 
 
 @gpu
@@ -238,11 +243,8 @@ def test_norm_rope_dispatch_matches_reference(dtype):
             for x in (y[:, : nh * d].unflatten(-1, (nh, d)), y[:, nh * d : (nh + nkv) * d].unflatten(-1, (nkv, d))):
                 w = (torch.rand(d, device=dev) + 0.5).to(dtype)
                 got = rms_norm_rope_half(x, w, 1e-6, cos, sin)
-                kernel = rope_triton(x, cos, sin, True, False, w, 1e-6)
-                assert kernel is not None and torch.equal(kernel, got)  # the dispatch took the kernel
                 want = rms_norm_rope_half_ref(x.double(), w.double(), 1e-6, cos.double(), sin.double())
-                assert got.dtype == dtype and got.is_contiguous()
-                assert rel(got.double(), want) < (1e-6 if dtype == torch.float32 else 1e-2), (nh, d, t)
+                _assert_kernel_served(rope_triton(x, cos, sin, True, False, w, 1e-6), got, want, dtype, (nh, d, t))
 
 
 # -------------------------------------------------------------------------------------- latent write
