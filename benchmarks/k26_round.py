@@ -11,7 +11,7 @@ Random weights accept ~nothing, so this measures cost per round, not tokens per 
 drafter's mean accepted length tau the speedup over AR is tau * (ar round ms) / (ddtree round ms) for
 the same layer count. Bytes: verify = engine.memory.forward_bytes (distinct experts under uniform
 routing); draft = the drafter's layers + the target's lm head + the drafter context it attends; accept
-= fc + each layer's k/v projections (the path's context rows; an `ar` accept has no bound)."""
+= the path's latent rows moved, plus (drafting rounds) fc + each layer's k/v projections."""
 
 from __future__ import annotations
 
@@ -52,10 +52,14 @@ def program_bytes(dec: Decoder, key: tuple, context: int) -> int:
         layers = _bytes(p for name, p in drafter.named_parameters() if not name.startswith(("fc.", "hidden_norm.")))
         ctx = 2 * span * dec.dcache.k.shape[2] * dec.dcache.k.shape[3] * dec.dcache.k.element_size() * len(drafter.layers)
         return layers + _bytes([target.lm_head.weight]) + ctx
-    if not key[2]:  # an `ar` accept extends no drafter context: nothing weight-sized to read
-        return 0
+    # accept: the path's latent rows move (one per level, every layer: read + write); a drafting accept also
+    # reads fc and each layer's k/v projections (the path's context rows)
+    levels = min(key[1], dec.dcfg.block_size)
+    moved = 2 * levels * dec.cache.ckv.shape[0] * (dec.cache.ckv[0, 0].nbytes + dec.cache.kpe[0, 0].nbytes)
+    if not key[2]:
+        return moved
     proj = [p for layer in drafter.layers for p in (layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight)]
-    return _bytes([drafter.fc.weight] + proj)
+    return moved + _bytes([drafter.fc.weight] + proj)
 
 
 def fill_context(dec: Decoder, context: int) -> None:
@@ -103,7 +107,7 @@ def main(argv=None) -> int:
             for r in programs(dec.graphs, mode, budget, a.reps):
                 need = program_bytes(dec, r.pop("key"), a.context)
                 r.update(mode=f"{mode} {budget}" if mode != "ar" else "ar", bytes=need)
-                if ceiling and need:
+                if ceiling:
                     r["bound_ms"] = need / ceiling * 1e3
                 rows.append(r)
     where = torch.cuda.get_device_name() if capture else "CPU (uncaptured)"
