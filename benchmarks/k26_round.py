@@ -54,7 +54,7 @@ def program_bytes(dec: Decoder, key: tuple, context: int) -> int:
         return layers + _bytes([target.lm_head.weight]) + ctx
     # accept: the path's latent rows move (one per level, every layer: read + write); a drafting accept also
     # reads fc and each layer's k/v projections (the path's context rows)
-    levels = min(key[1], dec.dcfg.block_size)
+    levels = dec.graphs.tree(key[1]).depth_bound + 1
     moved = 2 * levels * dec.cache.ckv.shape[0] * (dec.cache.ckv[0, 0].nbytes + dec.cache.kpe[0, 0].nbytes)
     if not key[2]:
         return moved

@@ -3,7 +3,7 @@ import math
 import torch
 
 from ddtree_chat.engine.config import RopeScaling, TargetConfig
-from ddtree_chat.engine.ops import (apply_rope_half, apply_rope_interleaved, mla_attention_naive_ref,
+from ddtree_chat.engine.ops import (apply_rope_half_ref, apply_rope_interleaved, mla_attention_naive_ref,
                                     mla_attention_ref, route_ref, rope_cos_sin, yarn_inv_freq)
 from ddtree_chat.engine.tree import build_tree
 
@@ -40,7 +40,7 @@ def test_interleaved_rope_rotates_adjacent_pairs():
             x0, x1 = x[t, 2 * i].item(), x[t, 2 * i + 1].item()
             assert abs(y[t, 2 * i].item() - (x0 * c - x1 * s)) < 1e-5
             assert abs(y[t, 2 * i + 1].item() - (x1 * c + x0 * s)) < 1e-5
-    assert not torch.allclose(y, apply_rope_half(x, cos, sin))  # the NeoX layout is a different rotation
+    assert not torch.allclose(y, apply_rope_half_ref(x, cos, sin))  # the NeoX layout is a different rotation
 
 
 def test_yarn_frequencies_match_formula():

@@ -10,7 +10,7 @@ from .linear import (Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmu
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
 from .norm import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
-from .rope import (RopeOwner, RopeTable, apply_rope_half, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
+from .rope import (RopeOwner, RopeTable, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
                    rms_norm_rope_half, rms_norm_rope_half_ref, rope_cos_sin, yarn_inv_freq)
 from .router import route, route_ref
 from .topk import topk_logprobs, topk_logprobs_ref
@@ -25,7 +25,7 @@ __all__ = [
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",
     "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",
-    "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half", "apply_rope_half_ref",
+    "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half_ref",
     "rms_norm_rope_half", "rms_norm_rope_half_ref", "RopeOwner", "RopeTable", "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref",
     "topk_logprobs", "topk_logprobs_ref",

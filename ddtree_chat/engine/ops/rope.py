@@ -110,15 +110,12 @@ def _rope_ref(x, cos, sin, heads, interleaved):
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
+    """The target's q_pe / k_pe (the drafter's half layout goes through rms_norm_rope_half)."""
     return dispatch("rope", x, _rope_ref, x, cos, sin, heads, True)
 
 
-def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
-    return dispatch("rope", x, _rope_ref, x, cos, sin, heads, False)
-
-
 def rms_norm_rope_half_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
-    """apply_rope_half(rms_norm(x, weight, eps)) over heads: x [..., T, h, d], weight [d], cos/sin [T, d/2]."""
+    """apply_rope_half_ref(rms_norm(x, weight, eps)) over heads: x [..., T, h, d], weight [d], cos/sin [T, d/2]."""
     return apply_rope_half_ref(rms_norm_ref(x, weight, eps), cos, sin, heads=True)
 
 
