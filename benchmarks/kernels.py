@@ -89,7 +89,7 @@ def row(kind, shape, us, nbytes, ceiling, ref_us=None, flops=None, extra=None):
 
 
 def bench_moe(ceiling, quick):
-    from ddtree_chat.engine.ops.cuda_moe import moe_forward, pack_experts
+    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
 
     e, h, inter, k = 384, 7168, 2048, 8
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -113,7 +113,7 @@ def bench_moe(ceiling, quick):
         w = torch.rand(t, k, device="cuda")
         d = int(torch.unique(ids).numel())
         nbytes = d * per_expert + 2 * x.numel() * 2
-        var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in range(4)}
+        var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in range(N_VARIANTS)}
         best = min(var_us, key=var_us.get)
         us = var_us[best]
         us_eager = eager_us(lambda: moe_forward(x, ids, w, pe, variant=best), 20)
@@ -126,6 +126,7 @@ def bench_moe(ceiling, quick):
 
 def bench_mla(ceiling, quick):
     from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+    from ddtree_chat.engine.ops import triton_mla
     from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
 
     rows = []
@@ -142,10 +143,16 @@ def bench_mla(ceiling, quick):
                 flops = 2 * t * nh * (ctx + t) * (576 + 512)
                 fn = lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us = graph_us(fn)
+                default_keys, splits = triton_mla.MIN_SPLIT_KEYS, {}
+                for keys in (64, 1024):  # the split plan's alternatives, same process
+                    triton_mla.MIN_SPLIT_KEYS = keys
+                    splits[keys] = graph_us(fn)
+                triton_mla.MIN_SPLIT_KEYS = default_keys
                 ref_us = None
                 if t == 1 and nh == 64:
                     ref_us = eager_us(lambda: mla_attention_ref(q, qp, ckv, kpe, ctx, mask, 0.14468), 3)
-                rows.append(row("mla_verify", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, ref_us, flops))
+                rows.append(row("mla_verify", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, ref_us, flops,
+                                extra={"us_by_min_split_keys": {default_keys: us, **splits}}))
                 print(rows[-1], flush=True)
         del cache
     return rows

@@ -78,7 +78,7 @@ def random_experts(e, h, i, device, seed=0):
 @pytest.mark.parametrize("tokens", [1, 3, 17, 63])
 @pytest.mark.parametrize("skew", [False, True])
 def test_moe_matches_reference(tokens, inter, skew):
-    from ddtree_chat.engine.ops.cuda_moe import moe_forward, pack_experts
+    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
 
     dev = torch.device("cuda")
     e, h, k = 16, 7168, 8
@@ -91,7 +91,7 @@ def test_moe_matches_reference(tokens, inter, skew):
         ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k, device=dev)
     ref = moe_experts_ref(x, ids, w, ex)
-    for variant in range(4):  # every tile/unroll variant of moe_int4.cu
+    for variant in range(N_VARIANTS):  # every tile/unroll variant of moe_int4.cu
         out = moe_forward(x, ids, w, pe, variant=variant)
         assert out.shape == ref.shape and out.dtype == ref.dtype
         assert rel(out, ref) < 1e-2, variant
@@ -358,6 +358,11 @@ def test_mla_matches_reference(t, ctx, nh):
     plen = torch.tensor([ctx], dtype=torch.int32, device=dev)  # device-resident length (CUDA-graph path)
     out2 = mla_attention_triton(q_lat, q_pe, latent, kpe, plen, mask, K26_SCALE, max_prefix=cap - t)
     assert rel(out2, ref) < 1e-2
+    if (t, ctx) in ((17, 4097), (1, 100)):  # every tile the autotuner may pick
+        from ddtree_chat.engine.ops.triton_mla import _CONFIGS
+        for cfg in _CONFIGS:
+            out3 = mla_attention_triton(q_lat, q_pe, latent, kpe, plen, mask, K26_SCALE, max_prefix=cap - t, config=cfg)
+            assert rel(out3, ref) < 1e-2, cfg
 
 
 @gpu

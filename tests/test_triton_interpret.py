@@ -1,7 +1,8 @@
 """The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
 GPU): tree build, ancestor mask, walk, rope, latent cache write, wide RMSNorm, top-k log-softmax; and, where the interpreter runs loops
-over runtime bounds (Triton 3.9, CI's), the small-M product and the drafter attention. Each runs in a subprocess because the
-interpreter is chosen when kernels are defined. The MLA kernel (autotuned) is left to the GPU tests."""
+over runtime bounds (Triton 3.9, CI's), the small-M product, the drafter attention and the MLA kernel (at fixed tiles:
+its autotuner is the GPU tests' business). Each runs in a subprocess because the interpreter is chosen when kernels
+are defined."""
 
 import json
 import os
@@ -200,6 +201,38 @@ print(json.dumps(bad))
 """
 
 
+MLA_SCRIPT = r"""
+import json, sys, torch
+from unittest import mock
+from ddtree_chat.engine.ops import triton_mla as tm
+from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+bad = []
+mock.patch.object(tm, "sm_count", lambda dev: 4).start()  # NOTE: no GPU: a small SM count, several splits
+cases, merges = json.loads(sys.argv[1])
+for t, nh, r, p, ctx, cap, ci in cases:
+    g = torch.Generator().manual_seed(t * 100 + ctx)
+    q_lat, q_pe = torch.randn(t, nh, r, generator=g), torch.randn(t, nh, p, generator=g)
+    ckv, kpe = torch.randn(cap, r, generator=g), torch.randn(cap, p, generator=g)
+    ckv[ctx + t:], kpe[ctx + t:] = float("nan"), float("nan")  # unused slots must never be read
+    mask = (torch.rand(t, t, generator=g) < 0.5) | torch.eye(t, dtype=torch.bool)
+    want = mla_attention_ref(q_lat, q_pe, ckv, kpe, ctx, mask, 0.1)
+    got = tm.mla_attention_triton(q_lat, q_pe, ckv, kpe, torch.tensor([ctx]), mask, 0.1, max_prefix=cap - t,
+                                  config=tm._CONFIGS[ci])
+    if got.shape != want.shape or not (got - want).abs().max() <= 1e-4:
+        bad.append([t, nh, r, p, ctx, cap, ci])
+for ns, m, r in merges:  # more splits than one merge tile; empty splits (lse -inf) weigh nothing
+    g = torch.Generator().manual_seed(ns)
+    op, lp = torch.randn(ns, m, r, generator=g), torch.randn(ns, m, generator=g) * 4
+    lp[1::3] = float("-inf")
+    want = (op * torch.softmax(lp * 0.6931471805599453, 0)[..., None]).sum(0)
+    got = torch.empty(m, r)
+    tm.merge_splits(op, lp, got)
+    if not (got - want).abs().max() <= 1e-5:
+        bad.append([ns, m, r])
+print(json.dumps(bad))
+"""
+
+
 LOOP_PROBE = r"""
 import torch, triton, triton.language as tl
 @triton.jit
@@ -245,6 +278,18 @@ def test_draft_attention_kernel_in_the_interpreter_equals_the_reference():
     cases = [(8, 4, 2, 64, 300, "entries"), (8, 4, 2, 64, 0, None), (8, 4, 2, 64, 1, "causal"),
              (8, 4, 2, 64, 1000, None), (3, 16, 2, 32, 70, "causal"), (8, 8, 8, 16, 17, "entries")]
     assert interpret(DRAFT_ATTENTION_SCRIPT, cases) == []
+
+
+def test_mla_kernel_in_the_interpreter_equals_the_reference():
+    """Fixed tiles (the autotuner is bypassed): no context, a context shorter than a split, trees of 3-33
+    nodes under a random ancestor mask, K2.6's latent (512 + 64) at 64 heads, NaN in every unused slot;
+    and the split merge over more splits than one of its tiles."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    cases = [(1, 4, 64, 16, 0, 40, 5), (3, 4, 64, 16, 37, 300, 4), (17, 2, 64, 16, 300, 2000, 3),
+             (33, 4, 64, 16, 5, 100, 0), (2, 64, 512, 64, 700, 1500, 2), (1, 64, 512, 64, 1100, 1200, 1)]
+    merges = [(1, 3, 64), (5, 2, 128), (70, 2, 512)]
+    assert interpret(MLA_SCRIPT, [cases, merges]) == []
 
 
 def test_small_m_product_kernel_in_the_interpreter_equals_float64():

@@ -241,7 +241,8 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
                                                         num_blocks);
-  // variant: 0 = (gate/up 4 warps x unroll 4, down 4 x 4), 1 = (8 x 4, 4 x 4), 2 = (8 x 2, 8 x 2), 3 = (4 x 8, 4 x 4)
+  // variant: 0 = (gate/up 4 warps x unroll 4, down 4 x 4), 1 = (8 x 4, 4 x 4), 2 = (8 x 2, 8 x 2), 3 = (4 x 8, 4 x 4),
+  // 4 = (2 x 8, 2 x 8), 5 = (4 x 2, 4 x 2), 6 = (2 x 4, 2 x 4), 7 = (4 x 8, 2 x 8)
   const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
 #define DDT_GU(W, U)                                                                                          \
   moe_gemm_kernel<true, W, U><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \
@@ -256,6 +257,10 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
     case 1: DDT_GU(8, 4); DDT_DN(4, 4); break;
     case 2: DDT_GU(8, 2); DDT_DN(8, 2); break;
     case 3: DDT_GU(4, 8); DDT_DN(4, 4); break;
+    case 4: DDT_GU(2, 8); DDT_DN(2, 8); break;
+    case 5: DDT_GU(4, 2); DDT_DN(4, 2); break;
+    case 6: DDT_GU(2, 4); DDT_DN(2, 4); break;
+    case 7: DDT_GU(4, 8); DDT_DN(2, 8); break;
     default: DDT_GU(4, 4); DDT_DN(4, 4); break;
   }
 #undef DDT_GU

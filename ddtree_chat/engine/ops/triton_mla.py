@@ -72,8 +72,10 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
         s = tl.dot(q2, tl.trans(kv2), s, input_precision=PREC)
         s = tl.dot(q3, tl.trans(kv3), s, input_precision=PREC)
         s = s * scale_log2
+        # NOTE: keys >= L exist in tree splits only; a per-element test (not the scalar is_tree) keeps
+        # the mask a block, which Triton's interpreter requires
         tm = tl.load(MASK + t_row[:, None] * T + (offs_n - L)[None, :],
-                     mask=m_ok[:, None] & n_ok[None, :] & is_tree, other=1)
+                     mask=m_ok[:, None] & (n_ok & (offs_n >= L))[None, :], other=1)
         vis = n_ok[None, :] & (tm != 0)
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -100,21 +102,37 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
 
 @triton.jit(do_not_specialize=["M", "NS"])
 def lse_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Split-KV partials OP [NS, M, R] (each normalised) with their log2-sum-exps LP [NS, M] -> O [M, R].
-    Also the drafter attention's merge (triton_draft_attention)."""
+    """Split-KV partials OP [NS, M, R] (each normalised) with their log2-sum-exps LP [NS, M] -> O [M, R],
+    BLOCK_S splits at a time (a long context's hundreds of splits in one tile spilled). Also the drafter
+    attention's merge (triton_draft_attention)."""
     m = tl.program_id(0)
     rb = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < NS
-    lse = tl.load(LP + offs_s * M + m, mask=s_ok, other=float("-inf"))
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp2(lse - mx)
-    w = w / tl.maximum(tl.sum(w, 0), 1e-30)
     offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
-    o = tl.load(OP + (offs_s[:, None].to(tl.int64) * M + m) * R + offs_r[None, :], mask=s_ok[:, None], other=0.0)
-    out = tl.sum(o * w[:, None], 0)
+    mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, NS, BLOCK_S):
+        mx = tl.maximum(mx, tl.load(LP + (s0 + offs_s) * M + m, mask=s0 + offs_s < NS, other=float("-inf")))
+    top = tl.max(mx, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    den = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BLOCK_R], tl.float32)
+    for s0 in range(0, NS, BLOCK_S):
+        s_ok = s0 + offs_s < NS
+        w = tl.exp2(tl.load(LP + (s0 + offs_s) * M + m, mask=s_ok, other=float("-inf")) - top)
+        den += w
+        o = tl.load(OP + ((s0 + offs_s)[:, None].to(tl.int64) * M + m) * R + offs_r[None, :], mask=s_ok[:, None],
+                    other=0.0)
+        acc += tl.sum(o * w[:, None], 0)
+    out = acc / tl.maximum(tl.sum(den, 0), 1e-30)
     tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
+
+
+def merge_splits(op: torch.Tensor, lp: torch.Tensor, out: torch.Tensor) -> None:
+    """op [NS, M, R] fp32, lp [NS, M] -> out [M, R] (any row-contiguous view of M rows of R)."""
+    ns, m, r = op.shape
+    block_r = min(r, 128)
+    lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns, R=r, BLOCK_S=min(32, max(2, triton.next_power_of_2(ns))),
+                                        BLOCK_R=block_r)
 
 
 def tuned_configs() -> dict[str, str]:
@@ -135,14 +153,25 @@ def sm_count(device) -> int:
     return _SM_COUNT[idx]
 
 
+MIN_SPLIT_KEYS = 256  # NOTE: each split writes [rows, 512] fp32 partials: 64 heads' equal 114 keys of cache
+
+
 def plan_splits(m_rows: int, max_prefix: int, device) -> int:
-    """Prefix splits: about two waves of programs, each split >= 256 keys."""
+    """Prefix splits: about two waves of programs, each split >= MIN_SPLIT_KEYS keys."""
     m_blocks = triton.cdiv(m_rows, 64)
-    return max(1, min(triton.cdiv(2 * sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), 256)))
+    return max(1, min(triton.cdiv(2 * sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), MIN_SPLIT_KEYS)))
 
 
-def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
-    """prefix_len: int, or an int32 device tensor [1] (then max_prefix, a host bound, plans the splits)."""
+# NOTE: a graph plan is tuned on its first call, the load's warm-up, where the device length is 0 and
+# every config times the same; tuning at this length instead made the choice stable between runs.
+TUNE_LENGTH = 2048
+_TUNED: set = set()
+
+
+def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None,
+                         config: triton.Config | None = None):
+    """prefix_len: int, or an int32 device tensor [1] (then max_prefix, a host bound, plans the splits).
+    config: a fixed tile (one of _CONFIGS) instead of the autotuner's choice (tests, Triton's interpreter)."""
     r = q_lat.shape[-1]
     # NOTE: the kernel splits the latent into 4 power-of-two chunks of >= 16 and merges in 64/128 columns.
     if q_lat.dim() != 3 or r < 64 or r & (r - 1) or q_pe.shape[-1] not in (16, 32, 64, 128):
@@ -176,14 +205,25 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
     op = torch.empty(ns + nt, m, r, dtype=torch.float32, device=dev)
     lp = torch.empty(ns + nt, m, dtype=torch.float32, device=dev)
     out = torch.empty(t, nh, r, dtype=q_lat.dtype, device=dev)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + nt)  # noqa: E731
-    _mla_split_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ns, nt, triton.next_power_of_2(bound + 1),
-                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
-                            qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
-                            # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (9.7 -> 14 us
-                            # per call at 33 tree rows of the demo, 3.4 -> 4.5 at one; BENCHMARKS.md)
-                            PREC="ieee" if ql.dtype == torch.float32 else "tf32")
-    block_s = max(2, triton.next_power_of_2(ns + nt))
-    block_r = min(r, 128)
-    lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns + nt, R=r, BLOCK_S=block_s, BLOCK_R=block_r)
+    scap = triton.next_power_of_2(bound + 1)
+    prec = "ieee" if ql.dtype == torch.float32 else "tf32"
+
+    def launch(length, kernel=_mla_split_kernel, **tile):
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + nt)  # noqa: E731
+        kernel[grid](ql, qp, ckv, kpe, length, mask, op, lp, m, t, nh, ns, nt, scap, scale * 1.4426950408889634,
+                     ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1), R=r, P=p,
+                     RC=r // 4,
+                     # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (9.7 -> 14 us per call at
+                     # 33 tree rows of the demo, 3.4 -> 4.5 at one; BENCHMARKS.md)
+                     PREC=prec, **tile)
+
+    if config is not None:
+        launch(plen, _mla_split_kernel.fn, **config.all_kwargs())
+    else:
+        key = (m, ns, scap, ql.dtype, ckv.dtype, plen.dtype)
+        if torch.is_tensor(prefix_len) and key not in _TUNED and not torch.cuda.is_current_stream_capturing():
+            _TUNED.add(key)
+            launch(torch.full_like(plen, min(bound, TUNE_LENGTH)))  # its outputs are overwritten below
+        launch(plen)
+    merge_splits(op, lp, out)
     return out
