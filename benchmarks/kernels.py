@@ -155,6 +155,7 @@ def bench_mla(ceiling, quick):
                                 extra={"us_by_min_split_keys": {default_keys: us, **splits}}))
                 print(rows[-1], flush=True)
         del cache
+    print("MLA autotune choices:", json.dumps(triton_mla.tuned_configs(), indent=1), flush=True)
     return rows
 
 
