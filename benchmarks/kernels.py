@@ -74,6 +74,19 @@ def eager_us(fn, iters=5):
     return events_ms(fn, iters) * 1e3
 
 
+def kernel_us(fn, calls=10):
+    """Mean device time per call of each kernel fn launches (torch.profiler, eager calls after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key[:60]: e.self_device_time_total / calls for e in prof.key_averages() if e.self_device_time_total > 0}
+
+
 def row(kind, shape, us, nbytes, ceiling, ref_us=None, flops=None, extra=None):
     r = {"kernel": kind, "shape": shape, "us": us, "bytes": nbytes, "GBps": nbytes / (us * 1e-6) / 1e9,
          "frac_ceiling": nbytes / (us * 1e-6) / ceiling}
@@ -119,7 +132,8 @@ def bench_moe(ceiling, quick):
         us_eager = eager_us(lambda: moe_forward(x, ids, w, pe, variant=best), 20)
         ref_us = eager_us(lambda: moe_experts_ref(x, ids, w, ex), 2) if t in (1, 8, 64) else None
         rows.append(row("moe_int4", f"T={t} experts={d} v{best}", us, nbytes, ceiling, ref_us,
-                        extra={"eager_us": us_eager, "pack_s": pack_s, "variant_us": var_us}))
+                        extra={"eager_us": us_eager, "pack_s": pack_s, "variant_us": var_us,
+                               "kernel_us": kernel_us(lambda: moe_forward(x, ids, w, pe, variant=best))}))
         print(rows[-1], flush=True)
     return rows
 

@@ -80,10 +80,33 @@ __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, i
     if (e >= 0 && e < E) atomicAdd(&count[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // E <= a few hundred: a serial scan is ~1 us and simple
-    int acc = 0;
-    for (int e = 0; e < E; ++e) { start[e] = acc; acc += (count[e] + kSlots - 1) / kSlots; }
-    total = acc < max_blocks ? acc : max_blocks;
+  {  // start[e] = blocks of the experts before e: a block-wide scan (a serial one by one thread cost ~6 us)
+    __shared__ int warp_total[32];
+    const int per = (E + blockDim.x - 1) / blockDim.x, e0 = threadIdx.x * per, e1 = min(e0 + per, E);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int mine = 0;
+    for (int e = e0; e < e1; ++e) mine += (count[e] + kSlots - 1) / kSlots;
+    int incl = mine;  // inclusive scan inside the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) warp_total[wid] = incl;
+    __syncthreads();
+    if (wid == 0) {  // scan of the warps' totals
+      int w = lane < (int)(blockDim.x >> 5) ? warp_total[lane] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += v;
+      }
+      warp_total[lane] = w;
+    }
+    __syncthreads();
+    int acc = incl - mine + (wid > 0 ? warp_total[wid - 1] : 0);
+    for (int e = e0; e < e1; ++e) { start[e] = acc; acc += (count[e] + kSlots - 1) / kSlots; }
+    if (threadIdx.x == blockDim.x - 1) total = acc < max_blocks ? acc : max_blocks;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -204,13 +227,14 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   }
 }
 
-// out[t, n] = sum_k w[t, k] * y[t*topk + k, n]
+// out[t, n] = sum_k w[t, k] * y[t*topk + k, n]; grid (T, column chunks of blockDim*4), so one token's row
+// is spread over several SMs (one CTA per token read its whole [topk, N] slab serially: ~10 us at T=1).
 // NOTE: a pair whose id is outside [0, E) (-1: expert held by another rank) contributes nothing.
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                                    const int64_t* __restrict__ ids, int E, int topk, int N,
                                    __nv_bfloat16* __restrict__ out) {
   const int t = blockIdx.x;
-  for (int n = threadIdx.x * 4; n < N; n += blockDim.x * 4) {
+  for (int n = (blockIdx.y * blockDim.x + threadIdx.x) * 4; n < N; n += gridDim.y * blockDim.x * 4) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int k = 0; k < topk; ++k) {
       const int64_t id = ids[t * topk + k];
@@ -241,8 +265,8 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
                                                         num_blocks);
-  // variant: 0 = (gate/up 4 warps x unroll 4, down 4 x 4), 1 = (8 x 4, 4 x 4), 2 = (8 x 2, 8 x 2), 3 = (4 x 8, 4 x 4),
-  // 4 = (2 x 8, 2 x 8), 5 = (4 x 2, 4 x 2), 6 = (2 x 4, 2 x 4), 7 = (4 x 8, 2 x 8)
+  // variant (gate/up warps x unroll, down warps x unroll): 0 = (2 x 8, 2 x 8), 1 = (4 x 4, 4 x 4),
+  // 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4). 0 was best or within 1.5% at 1-64 tokens (BENCHMARKS.md).
   const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
 #define DDT_GU(W, U)                                                                                          \
   moe_gemm_kernel<true, W, U><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \
@@ -254,18 +278,14 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
                                                       (const __nv_bfloat16*)h_buf, 1, block_expert, block_pairs, \
                                                       num_blocks, H / 16, I / 64, nullptr, y_buf)
   switch (variant) {
-    case 1: DDT_GU(8, 4); DDT_DN(4, 4); break;
-    case 2: DDT_GU(8, 2); DDT_DN(8, 2); break;
+    case 1: DDT_GU(4, 4); DDT_DN(4, 4); break;
+    case 2: DDT_GU(2, 4); DDT_DN(2, 4); break;
     case 3: DDT_GU(4, 8); DDT_DN(4, 4); break;
-    case 4: DDT_GU(2, 8); DDT_DN(2, 8); break;
-    case 5: DDT_GU(4, 2); DDT_DN(4, 2); break;
-    case 6: DDT_GU(2, 4); DDT_DN(2, 4); break;
-    case 7: DDT_GU(4, 8); DDT_DN(2, 8); break;
-    default: DDT_GU(4, 4); DDT_DN(4, 4); break;
+    default: DDT_GU(2, 8); DDT_DN(2, 8); break;
   }
 #undef DDT_GU
 #undef DDT_DN
-  moe_combine_kernel<<<T, 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);
+  moe_combine_kernel<<<dim3(T, (H + 1023) / 1024), 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
 
