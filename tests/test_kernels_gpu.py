@@ -228,7 +228,8 @@ def test_rope_dispatch_matches_reference_at_model_shapes(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_rope_dispatch_matches_reference(dtype):
     """The drafter's q and k heads read in place from its fused q/k/v product (demo: 4 + 2 + 2 heads of
-    64; a K2.6-sized drafter: 32 + 8 + 8 of 128): per-head RMSNorm then the half rope, one launch."""
+    64; a K2.6-sized drafter: 32 + 8 + 8 of 128): per-head RMSNorm then the half rope, one launch; q and k
+    at once under their two norms (a per-head weight)."""
     from ddtree_chat.engine.ops import rms_norm_rope_half, rms_norm_rope_half_ref
     from ddtree_chat.engine.ops.triton_rope import rope_triton
 
@@ -238,8 +239,10 @@ def test_norm_rope_dispatch_matches_reference(dtype):
             y = torch.randn(t, (nh + 2 * nkv) * d, device=dev).to(dtype)
             ang = torch.rand(t, d // 2, device=dev, dtype=torch.float64) * 100
             cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-            for x in (y[:, : nh * d].unflatten(-1, (nh, d)), y[:, nh * d : (nh + nkv) * d].unflatten(-1, (nkv, d))):
-                w = (torch.rand(d, device=dev) + 0.5).to(dtype)
+            heads = (y[:, : nh * d].unflatten(-1, (nh, d)), y[:, nh * d : (nh + nkv) * d].unflatten(-1, (nkv, d)),
+                     y[:, : (nh + nkv) * d].unflatten(-1, (nh + nkv, d)))  # q, k, and both under a per-head weight
+            for i, x in enumerate(heads):
+                w = (torch.rand(*((nh + nkv, d) if i == 2 else (d,)), device=dev) + 0.5).to(dtype)
                 got = rms_norm_rope_half(x, w, 1e-6, cos, sin)
                 want = rms_norm_rope_half_ref(x.double(), w.double(), 1e-6, cos.double(), sin.double())
                 _assert_kernel_served(rope_triton(x, cos, sin, True, False, w, 1e-6), got, want, dtype, (nh, d, t))

@@ -88,6 +88,10 @@ def test_fused_projections_compute_the_same_and_share_the_weights(synthetic_pair
         ctx = drafter.context_kv(feats, pos)
         return [h, cache.ckv, cache.kpe, drafter(block, bpos, ctx)] + [x for kv in ctx for x in kv]
 
+    g = torch.Generator().manual_seed(0)
+    for layer in drafter.layers:  # distinct q/k norms: the fused per-head weight must keep them apart
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+            norm.weight.data = torch.rand(norm.weight.shape, generator=g) + 0.5
     before, state = run(), {k: v.clone() for k, v in {**target.state_dict(), **drafter.state_dict()}.items()}
     target.fuse_projections()
     drafter.fuse_projections()

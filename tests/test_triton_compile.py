@@ -19,7 +19,7 @@ MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32"},
                     **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K"], "constexpr"))
 
 ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "W": "*bf16"},
-                      **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner"], "i32"), eps="fp32",
+                      **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner", "s_w"], "i32"), eps="fp32",
                       **dict.fromkeys(["HALF", "BLOCK_D", "INTERLEAVED", "BLOCK_R", "NORM"], "constexpr"))
 
 LATENT_SIGNATURE = dict({"KV": "*bf16", "W": "*bf16", "COS": "*bf16", "SIN": "*bf16", "CKV": "*bf16", "KPE": "*bf16",

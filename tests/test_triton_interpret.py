@@ -48,7 +48,7 @@ for lead, t, h, d, width, inter, dt, norm in json.loads(sys.argv[1]):
         x = torch.randn(*shape, generator=g).to(dtype)[..., width - d:]  # the rope part is a strided slice
     ang = torch.randn(t, d // 2, generator=g) * 3
     cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-    w = (torch.rand(d, generator=g) + 0.5).to(dtype) if norm else None
+    w = (torch.rand(*((h, d) if norm == 2 else (d,)), generator=g) + 0.5).to(dtype) if norm else None  # 2: per head
     xin = rms_norm_ref(x.float(), w.float(), 1e-6) if norm else x.float()
     ref = (apply_rope_interleaved_ref if inter else apply_rope_half_ref)(xin, cos.float(), sin.float(), h is not None)
     got = rope_triton(x, cos, sin, h is not None, inter, w, 1e-6)
@@ -305,13 +305,14 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
 def test_rope_kernel_in_the_interpreter_equals_the_reference():
     """Both layouts, with and without a heads axis, a leading batch axis, a half width that is not a power
     of two, more rows than one program holds, bf16 (rounded once); with the per-head RMSNorm first (the
-    drafter's q and k: slices of its fused q/k/v product)."""
+    drafter's q and k: slices of its fused q/k/v product), one weight for all heads or one per head."""
     cases = [((), 5, 4, 16, 48, True, "float32", False),  # q's rope slice [T, h, 32 + 16]
              ((), 7, None, 16, 80, True, "float32", False),  # the latent's rope slice [T, 64 + 16]
              ((), 3, 8, 64, 64, False, "float32", False), ((2,), 3, 2, 12, 20, False, "float32", False),
              ((), 1, 64, 64, 192, True, "bfloat16", False), ((), 300, None, 8, 8, False, "float32", False),
              ((), 8, 4, 64, 512, False, "float32", True), ((), 9, 2, 12, 60, False, "float32", True),
-             ((2,), 3, 8, 128, 2048, False, "bfloat16", True)]
+             ((2,), 3, 8, 128, 2048, False, "bfloat16", True),
+             ((), 8, 6, 64, 512, False, "float32", 2), ((2,), 3, 5, 32, 256, False, "bfloat16", 2)]  # q + k heads
     assert interpret(ROPE_SCRIPT, cases) == []
 
 

@@ -25,13 +25,19 @@ class DraftAttention(nn.Module):
         self.o_proj = ops.Linear(self.nh * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
-        self.register_buffer("qkv_weight", None, persistent=False)  # fuse_projections() sets it
+        self.register_buffer("qkv_weight", None, persistent=False)  # fuse_projections() sets these two
+        self.register_buffer("qk_norm_weight", None, persistent=False)
 
     def fuse_projections(self) -> None:
         """One product for q, k and v (and one for the context's k and v: the stacked k/v rows are a
-        contiguous part of it). The three parameters become views of it. For loaded (inference) weights."""
+        contiguous part of it). The three parameters become views of it. For loaded (inference) weights.
+        q_norm and k_norm as one per-head weight [nh + nkv, d]: the block's q and k heads are normed and
+        roped in one launch."""
         if self.qkv_weight is None:
             self.qkv_weight = ops.stack_weights(self.q_proj, self.k_proj, self.v_proj)
+        if self.qk_norm_weight is None:  # NOTE: q_norm and k_norm share cfg.rms_norm_eps
+            self.qk_norm_weight = torch.cat([self.q_norm.weight.detach().expand(self.nh, self.d),
+                                             self.k_norm.weight.detach().expand(self.nkv, self.d)])
 
     def _roped(self, k, v, cos, sin):
         k = ops.rms_norm_rope_half(k.unflatten(-1, (self.nkv, self.d)), self.k_norm.weight, self.k_norm.eps, cos, sin)
@@ -47,12 +53,15 @@ class DraftAttention(nn.Module):
         """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
         (None: everything visible — context fully, the block bidirectionally), or [..., 1, B, n + B] for
         batched rows."""
-        if self.qkv_weight is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm_weight is not None:  # the fused product's q and k heads: [..., B, nh + nkv, d], normed at once
+            qk, v = ops.linear(x, self.qkv_weight).split([(self.nh + self.nkv) * self.d, self.nkv * self.d], -1)
+            qk = ops.rms_norm_rope_half(qk.unflatten(-1, (self.nh + self.nkv, self.d)), self.qk_norm_weight,
+                                        self.q_norm.eps, cos, sin)
+            q, k_blk, v_blk = qk[..., : self.nh, :], qk[..., self.nh :, :], v.unflatten(-1, (self.nkv, self.d))
         else:
-            q, k, v = ops.linear(x, self.qkv_weight).split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], -1)
-        q = ops.rms_norm_rope_half(q.unflatten(-1, (self.nh, self.d)), self.q_norm.weight, self.q_norm.eps, cos, sin)
-        k_blk, v_blk = self._roped(k, v, cos, sin)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = ops.rms_norm_rope_half(q.unflatten(-1, (self.nh, self.d)), self.q_norm.weight, self.q_norm.eps, cos, sin)
+            k_blk, v_blk = self._roped(k, v, cos, sin)
         if mask is not None and mask.dim() > 2:  # batched rows with their own masks (training): SDPA
             k = torch.cat([k_ctx, k_blk], dim=-3).transpose(-3, -2)  # [..., kv, n + B, d]
             v = torch.cat([v_ctx, v_blk], dim=-3).transpose(-3, -2)
@@ -72,9 +81,12 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
-        h, x = self.post_attention_layernorm.add(self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask), x)
-        return x + self.mlp(h)
+    def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None, pending=None):
+        """-> (mlp_out, x): the layer's output is x + mlp_out, left for the next norm to add (one launch).
+        pending: the previous layer's mlp_out (None: x is complete)."""
+        h, x = (self.input_layernorm(x), x) if pending is None else self.input_layernorm.add(pending, x)
+        h, x = self.post_attention_layernorm.add(self.self_attn(h, cos, sin, k_ctx, v_ctx, mask), x)
+        return self.mlp(h), x
 
 
 class DFlashDrafter(ops.RopeOwner, nn.Module):
@@ -106,7 +118,7 @@ class DFlashDrafter(ops.RopeOwner, nn.Module):
                 ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask=None) -> torch.Tensor:
         """block_emb [..., B, H] at `positions` [B] -> normed hidden [..., B, H] (apply the target lm_head)."""
         cos, sin = self.rope(positions, block_emb.dtype)
-        x = block_emb
+        x, pending = block_emb, None
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask)
-        return self.norm(x)
+            pending, x = layer(x, cos, sin, k, v, mask, pending)
+        return self.norm.add(pending, x)[0]

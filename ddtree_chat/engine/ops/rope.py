@@ -115,7 +115,8 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 def rms_norm_rope_half_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
-    """apply_rope_half_ref(rms_norm(x, weight, eps)) over heads: x [..., T, h, d], weight [d], cos/sin [T, d/2]."""
+    """apply_rope_half_ref(rms_norm(x, weight, eps)) over heads: x [..., T, h, d], weight [d] (or [h, d]: one
+    per head), cos/sin [T, d/2]."""
     return apply_rope_half_ref(rms_norm_ref(x, weight, eps), cos, sin, heads=True)
 
 

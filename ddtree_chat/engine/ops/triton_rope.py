@@ -4,7 +4,7 @@ of a small model's verify kernels). Math in float32, one rounding to the output 
 
 x is read through its strides (the rope part of q or of the latent projection is a slice; so are the
 drafter's q and k heads inside its fused q/k/v product: layout.row_layout), the output is contiguous like the reference's. With a weight (NORM) each row is RMS-normalised first: the
-drafter's per-head q_norm / k_norm and rope in one launch instead of two."""
+drafter's q_norm / k_norm and rope in one launch instead of four (a per-head weight covers q's and k's heads at once)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import triton.language as tl
 from .layout import row_layout
 
 
-@triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner"])
-def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, eps, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+@triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner", "s_w"])
+def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, s_w, eps, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     j = tl.arange(0, BLOCK_D)
@@ -34,10 +34,11 @@ def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, eps, HALF:
     xr = X + (r64 // inner) * s_outer + (r64 % inner) * s_inner
     x = tl.load(xr + j[None, :], mask=ok, other=0.0).to(tl.float32)
     xp = tl.load(xr + partner[None, :], mask=ok, other=0.0).to(tl.float32)
-    if NORM:
+    if NORM:  # weight row (rows % H) * s_w: s_w = 0 for one shared weight, d for one per head
         inv = tl.rsqrt(tl.sum(x * x, 1) / (2 * HALF) + eps)[:, None]
-        x = x * inv * tl.load(W + j, mask=j < 2 * HALF, other=0.0).to(tl.float32)[None, :]
-        xp = xp * inv * tl.load(W + partner, mask=j < 2 * HALF, other=0.0).to(tl.float32)[None, :]
+        wr = W + ((rows % H) * s_w)[:, None]
+        x = x * inv * tl.load(wr + j[None, :], mask=ok, other=0.0).to(tl.float32)
+        xp = xp * inv * tl.load(wr + partner[None, :], mask=ok, other=0.0).to(tl.float32)
     cs = t[:, None] * HALF + f[None, :]
     c = tl.load(COS + cs, mask=ok, other=0.0).to(tl.float32)
     s = tl.load(SIN + cs, mask=ok, other=0.0).to(tl.float32)
@@ -48,12 +49,13 @@ def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, eps, HALF:
 def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool, interleaved: bool,
                 weight: torch.Tensor | None = None, eps: float = 0.0):
     """x [..., T, d] (or [..., T, h, d] with heads=True), last axis unit-stride; cos/sin [T, d/2]; weight
-    [d]: rms_norm(x, weight, eps) is what gets rotated. Returns None when x's rows cannot be addressed in
-    place (layout.row_layout; the caller uses the reference)."""
+    [d] (or [h, d], one per head): rms_norm(x, weight, eps) is what gets rotated. Returns None when x's rows
+    cannot be addressed in place (layout.row_layout; the caller uses the reference)."""
     d = x.shape[-1]
     t = x.shape[-3] if heads else x.shape[-2]
+    per_head = weight is not None and heads and weight.shape == (x.shape[-2], d)
     if x.stride(-1) != 1 or d % 2 or cos.shape != (t, d // 2) or sin.shape != cos.shape or \
-            (weight is not None and weight.shape != (d,)):
+            (weight is not None and weight.shape != (d,) and not per_head):
         return None
     layout = row_layout(x)
     if layout is None:
@@ -65,6 +67,7 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bo
         block_r = max(1, min(32, 2048 // block_d))
         _rope_kernel[(triton.cdiv(r, block_r),)](
             x, cos.contiguous(), sin.contiguous(), out, weight.contiguous() if weight is not None else out, r,
-            x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, float(eps), HALF=d // 2, BLOCK_D=block_d,
+            x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, d if per_head else 0, float(eps), HALF=d // 2,
+            BLOCK_D=block_d,
             INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None)
     return out
