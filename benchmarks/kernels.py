@@ -239,12 +239,14 @@ def bench_linear(ceiling):
     """float32 small-M products at the demo pair's shapes (tree verify / drafter block rows): the Triton
     kernel vs torch (cuBLAS / cuBLASLt as the engine sets it), both graph-replayed, and each one's error
     against a float64 product (relative Frobenius)."""
-    from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+    import triton
+
+    from ddtree_chat.engine.ops.triton_linear import MAX_K, SPLIT_K_CHUNK, matmul_nt_triton
 
     torch.backends.cuda.preferred_blas_library("cublaslt")
     rows = []
     for m in (1, 8, 33, 65, 257):
-        for k, n in ((256, 128), (128, 256), (256, 80), (256, 2048), (256, 8192), (1536, 256)):
+        for k, n in ((256, 128), (128, 256), (256, 80), (256, 2048), (256, 8192), (768, 256), (1536, 256)):
             x = torch.randn(m, k, device="cuda")
             w = torch.randn(n, k, device="cuda")
             exact = x.double() @ w.double().T
@@ -256,7 +258,14 @@ def bench_linear(ceiling):
                                 ceiling, ref, extra={"rel_err": err(matmul_nt_triton(x, w, prec)),
                                                      "torch_rel_err": err(torch.nn.functional.linear(x, w))}))
                 print(rows[-1], flush=True)
-            if k <= 512:  # the GLU form (gate/up of a SwiGLU MLP) against its four cuBLAS-side kernels
+            if k > MAX_K:  # split-K in one launch (what matmul_nt_fast takes from 2 rows)
+                split = triton.cdiv(k, SPLIT_K_CHUNK)
+                us = graph_us(lambda: matmul_nt_triton(x, w, split=split))
+                rows.append(row(f"matmul_nt split-K {split}", f"M={m} K={k} N={n}", us,
+                                (x.numel() + w.numel() + m * n) * 4, ceiling, ref,
+                                extra={"rel_err": err(matmul_nt_triton(x, w, split=split))}))
+                print(rows[-1], flush=True)
+            if k <= MAX_K:  # the GLU form (gate/up of a SwiGLU MLP) against its four cuBLAS-side kernels
                 w2 = torch.randn(n, k, device="cuda")
                 us = graph_us(lambda: matmul_nt_triton(x, w, w2=w2))
                 ref = graph_us(lambda: torch.nn.functional.silu(x @ w.T) * (x @ w2.T))

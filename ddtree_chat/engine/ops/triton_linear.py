@@ -18,7 +18,9 @@ import triton.language as tl
 
 MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured up to 257 rows)
 MIN_M = 16  # below, cuBLAS's small-M kernels are as fast or faster (except against a wide N)
-MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K
+MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
+SPLIT_K_CHUNK = 256  # K per split beyond MAX_K
+MAX_SPLIT_K = 8192
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
 
@@ -34,22 +36,29 @@ def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _mm_nt_kernel(X, W, W2, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
+def _mm_nt_kernel(X, W, W2, O, PART, LOCK, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
                   PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
+    [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
+    after) adds them in split order (deterministic) and stores the tile: split-K in one launch."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
+    b = (tl.program_id(2) // SPLIT).to(tl.int64)
+    sid = tl.program_id(2) % SPLIT
+    k_chunk = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
+    k_lo = sid * k_chunk
+    k_hi = tl.minimum(K, k_lo + k_chunk)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
-    xp = X + b * sxb + offs_m[:, None] * sxm + offs_k[None, :] * sxk  # [BM, BK]
-    w_off = b * swb + offs_n[None, :] * swn + offs_k[:, None] * swk  # [BK, BN]; W2 shares W's strides
+    xp = X + b * sxb + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :] * sxk  # [BM, BK]
+    w_off = b * swb + offs_n[None, :] * swn + (k_lo + offs_k)[:, None] * swk  # [BK, BN]; W2 shares W's strides
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = offs_k + k0 < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = offs_k + k0 < k_hi
         x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w_ok = k_ok[:, None] & n_ok[None, :]
         acc = tl.dot(x, tl.load(W + w_off, mask=w_ok, other=0.0), acc, input_precision=PREC)
@@ -60,7 +69,20 @@ def _mm_nt_kernel(X, W, W2, O, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob
     if GLU:
         acc = acc / (1.0 + tl.exp(-acc)) * acc2  # silu(gate) * up
     op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
-    tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
+    if SPLIT == 1:
+        tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tile = (b * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
+        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        part = PART + tile * (SPLIT * BLOCK_M * BLOCK_N) + offs_t
+        tl.store(part + sid * (BLOCK_M * BLOCK_N), acc)
+        tl.debug_barrier()  # every thread's partial is stored before the counter moves (acq_rel atomic)
+        if tl.atomic_add(LOCK + tile, 1) == SPLIT - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT):
+                total += tl.load(part + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")  # NOTE: L2, not a stale L1
+            tl.store(op, total, mask=m_ok[:, None] & n_ok[None, :])
+            tl.atomic_xchg(LOCK + tile, 0)  # ready for the next launch (graph replays reuse the counters)
 
 
 def _as3(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
@@ -70,17 +92,22 @@ def _as3(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
     return t, t.stride(0)
 
 
-def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+def _fits(x: torch.Tensor, w: torch.Tensor, max_k: int = MAX_K) -> bool:
     k = x.shape[-1]
-    return (w.dtype == x.dtype and w.shape[-1] == k and x.shape[-2] <= MAX_M and k <= MAX_K
+    return (w.dtype == x.dtype and w.shape[-1] == k and x.shape[-2] <= MAX_M and k <= max_k
             and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]))
 
 
 def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The registered op: this kernel where it measured faster than cuBLAS, else torch.matmul."""
-    m = x.shape[-2]
+    """The registered op: this kernel where it measured faster than cuBLAS, else torch.matmul. A long K
+    (the drafter's 1536-wide MLP down projection) is split over programs, in one launch (cuBLAS: two)."""
+    m, k = x.shape[-2:]
     if _fits(x, w) and (MIN_M <= m or (m >= 2 and w.shape[-2] >= WIDE_N)):
         return matmul_nt_triton(x, w)
+    if k > MAX_K and m >= 2 and _fits(x, w, MAX_SPLIT_K):
+        out = matmul_nt_triton(x, w, split=triton.cdiv(k, SPLIT_K_CHUNK))
+        if out is not None:
+            return out
     return torch.matmul(x, w.transpose(-1, -2))  # also words shape errors as torch does
 
 
@@ -91,12 +118,28 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
 
 
+_LOCKS: dict = {}  # device -> int32 split-K counters, zero between launches
+
+
+def _locks(device, n: int) -> torch.Tensor | None:
+    """Counters for n tiles; None under CUDA-graph capture when none are allocated yet (the warm-up
+    before a capture allocates them: a capture must not own a buffer that outlives its graph)."""
+    buf = _LOCKS.get(device)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _LOCKS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf
+
+
 def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
-                     w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None) -> torch.Tensor:
+                     w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None,
+                     split: int = 1) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
     output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
-    the shape rule (kernels.py --only tiles sweeps them)."""
+    the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
+    programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
@@ -104,10 +147,18 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     w3, swb = _as3(w, batch)
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
     block_m, block_n, block_k, warps, stages = tile or _tile(m, n)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
-    _mm_nt_kernel[grid](x3, w3, w2_3, out, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1),
-                        w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
-                        GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-                        num_stages=stages)
+    part = lock = out
+    if split > 1:
+        assert w2 is None, "split-K has no GLU epilogue"
+        tiles = grid[0] * grid[1] * batch
+        lock = _locks(x.device, tiles)
+        if lock is None:
+            return None
+        part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb,
+                        w3.stride(1), w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
+                        GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+                        num_warps=warps, num_stages=stages)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
