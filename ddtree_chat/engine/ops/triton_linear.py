@@ -20,7 +20,7 @@ MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured u
 MIN_M = 16  # below, cuBLAS's small-M kernels are as fast or faster (except against a wide N)
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
 SPLIT_K_CHUNK = 256  # K per split beyond MAX_K
-MAX_SPLIT_K = 8192
+MAX_SPLIT_K = 8192  # beyond, cuBLAS (the split count is a compile-time constant: one compile per K)
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
 
