@@ -227,9 +227,7 @@ def block_logits(drafter, embed, head, toks, feats, rows, anchors, mask_id, bloc
         ctx_kv = drafter.context_kv(feats[rows].float(), ctx_pos)
         x = embed(blk.flatten(1))
         cos, sin = _block_rope(drafter, qpos, x.dtype)
-        for layer, (k, v) in zip(drafter.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask)
-        logits = head(drafter.norm(x)).float().view(R, K, B, -1)[:, :, 1:]
+        logits = head(drafter.hidden(x, cos, sin, ctx_kv, mask)).float().view(R, K, B, -1)[:, :, 1:]
     return logits, labels
 
 

@@ -118,7 +118,12 @@ class DFlashDrafter(ops.RopeOwner, nn.Module):
                 ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask=None) -> torch.Tensor:
         """block_emb [..., B, H] at `positions` [B] -> normed hidden [..., B, H] (apply the target lm_head)."""
         cos, sin = self.rope(positions, block_emb.dtype)
-        x, pending = block_emb, None
+        return self.hidden(block_emb, cos, sin, ctx_kv, mask)
+
+    def hidden(self, x, cos, sin, ctx_kv, mask=None) -> torch.Tensor:
+        """The layers and the final norm over block states x [..., B, H] with their rope cos/sin (the
+        training forward passes its own per-row positions)."""
+        pending = None
         for layer, (k, v) in zip(self.layers, ctx_kv):
             pending, x = layer(x, cos, sin, k, v, mask, pending)
         return self.norm.add(pending, x)[0]
