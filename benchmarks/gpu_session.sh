@@ -3,9 +3,9 @@
 # own time limit, so one slow step cannot eat the call; everything lands in $OUT (one log, the JSON
 # files, the cache archive in 15 MB parts: at most 8 files).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests heavy gputests e2e programs k26 layer kernels moemla
-#                                               small tiles compile (heavy: the MoE and MLA tests at K2.6 shapes;
-#                                               gputests: every GPU test of the kernels and graphs)
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests e2e programs k26 layer kernels moemla small
+#                                               tiles compile (tests: a quick subset; gputests: every GPU test of
+#                                               the kernels and graphs, ~250 s)
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
@@ -36,7 +36,6 @@ for s in "$@"; do
         tests) step tests 300 python -m pytest -v --durations=15 tests/test_kernels_gpu.py tests/test_graphs.py \
                    -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise or topk \
                    or rms_norm or latent" ;;
-        heavy) step heavy 300 python -m pytest -q --durations=10 tests/test_kernels_gpu.py -k "moe or mla" ;;
         gputests) step gputests 420 python -m pytest -q --durations=10 tests/test_kernels_gpu.py tests/test_graphs.py ;;
         moemla) step moemla 300 python benchmarks/kernels.py --only moe,mla,linear --json "$OUT/moemla.json" ;;
         e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 8 16 32 64 128 auto \

@@ -84,7 +84,7 @@ def kernel_us(fn, calls=10):
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    return {e.key[:60]: e.self_device_time_total / calls for e in prof.key_averages() if e.self_device_time_total > 0}
+    return {e.key: e.self_device_time_total / calls for e in prof.key_averages() if e.self_device_time_total > 0}
 
 
 def row(kind, shape, us, nbytes, ceiling, ref_us=None, flops=None, extra=None):

@@ -109,3 +109,15 @@ def test_kernel_fingerprint_follows_the_kernel_sources(tmp_path, monkeypatch):
     assert before == gpu.fingerprint() and len(before) == 10
     monkeypatch.setattr(gpu, "enabled_ops", gpu.enabled_ops + ["probe"])
     assert gpu.fingerprint() != before
+    # the sources: a package laid out as engine/ops/*.py next to csrc/*.cu (gpu.py finds them from its file)
+    ops_dir, csrc = tmp_path / "pkg" / "engine" / "ops", tmp_path / "pkg" / "csrc"
+    ops_dir.mkdir(parents=True)
+    csrc.mkdir()
+    (ops_dir / "kernel.py").write_text("A = 1\n")
+    (csrc / "kernel.cu").write_text("// v1\n")
+    monkeypatch.setattr(gpu, "__file__", str(ops_dir / "gpu.py"))
+    first = gpu.fingerprint()
+    (csrc / "kernel.cu").write_text("// v2\n")
+    second = gpu.fingerprint()
+    (ops_dir / "kernel.py").write_text("A = 2\n")
+    assert len({first, second, gpu.fingerprint()}) == 3

@@ -144,7 +144,7 @@ def test_decoder_reserves_rope_positions_for_its_context(synthetic_pair):
 def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
     """registry.dispatch: the registered kernel's result when it serves the tensor (CUDA, a dtype it
     lists); the reference when none serves, when the kernel returns None (a shape it declines), or when
-    autograd records the call (training: the kernels have no backward)."""
+    autograd records the call (training: the kernels have no backward); kernels in registration order."""
     from types import SimpleNamespace
 
     from ddtree_chat.engine.ops import registry
@@ -165,6 +165,14 @@ def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
     assert registry.dispatch("probe2", on_gpu, ref2, 5, grad.detach()) == ("kernel", 5)
     with torch.no_grad():
         assert registry.dispatch("probe2", on_gpu, ref2, 6, grad) == ("kernel", 6)
+    # a kernel registered ahead is tried first; where it declines, the one behind it serves
+    registry.register("probe", lambda a: ("wide", a) if a >= 10 else None, ahead=True)
+    assert registry.dispatch("probe", on_gpu, ref, 12) == ("wide", 12)
+    assert registry.dispatch("probe", on_gpu, ref, 2) == ("kernel", 2)
+    assert registry.dispatch("probe", on_gpu, ref, -1) == ("ref", -1)  # both decline
+    assert registry.fast("probe", on_gpu)(12) == ("wide", 12)
+    registry.register("probe", lambda a: ("only", a))  # without ahead: replaces the chain
+    assert registry.dispatch("probe", on_gpu, ref, -1) == ("only", -1)
 
 
 def test_latent_write_stores_the_normed_latent_and_roped_key_at_its_slots():

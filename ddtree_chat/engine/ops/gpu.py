@@ -50,9 +50,10 @@ def _guard(name, fast_fn, ref_fn, errors=None):
     return fn
 
 
-def _enable(name: str, fn, dtypes=None) -> None:
-    register(name, fn, dtypes)
-    enabled_ops.append(name)
+def _enable(name: str, fn, dtypes=None, ahead: bool = False) -> None:
+    register(name, fn, dtypes, ahead)
+    if name not in enabled_ops:
+        enabled_ops.append(name)
 
 
 def register_all() -> list[str]:
@@ -69,10 +70,8 @@ def register_all() -> list[str]:
     _enable("moe_experts", _guard("moe_experts", cuda_moe.moe_experts_fast, moe_experts_ref), half)
     _enable("prepare_experts", cuda_moe.prepare_experts_fast, half)  # falls back internally
     _enable("route", _guard("route", cuda_small.route_fast, lambda lg, b, k, s, n=True: route_ref(lg, b, k, s, 1, 1, n)))
-    cuda_norm = _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref)
-    cuda_add_norm = _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref)
-    _enable("rms_norm", cuda_norm)
-    _enable("add_rms_norm", cuda_add_norm)
+    _enable("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
+    _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref))
     try:
         from . import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_norm, triton_rope,
                        triton_topk, triton_tree)
@@ -81,12 +80,11 @@ def register_all() -> list[str]:
         return enabled_ops
     from triton.runtime.errors import TritonError
 
-    from .linear import matmul_nt_glu_ref, matmul_nt_ref
     from .mla_attention import mla_attention_ref
 
-    def triton_op(name, fast_fn, dtypes=None, ref_fn=lambda *a: None):
-        """ref_fn after a failure; the default None hands the call to the op's reference (registry.dispatch)."""
-        _enable(name, _guard(name, fast_fn, ref_fn, TritonError), dtypes)
+    def triton_op(name, fast_fn, dtypes=None, ahead=False):
+        """After a failure for good it returns None: the op's next kernel or its reference serves (dispatch)."""
+        _enable(name, _guard(name, fast_fn, lambda *a: None, TritonError), dtypes, ahead)
 
     mla_kernel = _guard("mla_attention", triton_mla.mla_attention_triton, mla_attention_ref, TritonError)
 
@@ -99,27 +97,16 @@ def register_all() -> list[str]:
 
     _enable("mla_attention", mla, half + (torch.float32,))
     # NOTE: float32 only: cuBLAS's tensor-core kernels serve bf16 well; its float32 picks for small M do not
-    # NOTE: linear.py calls these two without a None check
-    triton_op("matmul_nt", triton_linear.matmul_nt_fast, (torch.float32,), matmul_nt_ref)
-    triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,), matmul_nt_glu_ref)
+    triton_op("matmul_nt", triton_linear.matmul_nt_fast, (torch.float32,))
+    triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,))
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,))
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))
     triton_op("norm_rope", lambda x, w, eps, cos, sin: triton_rope.rope_triton(x, cos, sin, True, False, w, eps),
               half + (torch.float32,))
     triton_op("latent_write", triton_latent.latent_write_triton, half + (torch.float32,))
-    # wide rows (K2.6's 7168 hidden, 1536 q_a) take the Triton norm, narrow ones the CUDA kernel
-    wide_norm = _guard("rms_norm", triton_norm.rms_norm_triton, lambda *a: None, TritonError)
-
-    def norm(x, weight, eps):
-        out = wide_norm(x, None, weight, eps) if x.shape[-1] >= triton_norm.MIN_D else None
-        return out[0] if out is not None else cuda_norm(x, weight, eps)
-
-    def add_norm(x, residual, weight, eps):
-        out = wide_norm(x, residual, weight, eps) if x.shape[-1] >= triton_norm.MIN_D else None
-        return out if out is not None else cuda_add_norm(x, residual, weight, eps)
-
-    register("rms_norm", norm)
-    register("add_rms_norm", add_norm)
+    # wide rows (K2.6's 7168 hidden, 1536 q_a) take the Triton norm, ahead of the CUDA kernel (narrow rows)
+    triton_op("rms_norm", triton_norm.rms_norm_wide, ahead=True)
+    triton_op("add_rms_norm", triton_norm.add_rms_norm_wide, ahead=True)
     triton_op("draft_attention", triton_draft_attention.draft_attention_triton, half + (torch.float32,))
     triton_op("ancestor_mask", triton_tree.ancestor_mask_triton)
     triton_op("walk", triton_tree.walk_triton)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import fast
+from .registry import dispatch
 
 
 def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -19,36 +19,24 @@ def matmul_nt_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> to
     return F.silu(matmul_nt_ref(x, wg)) * matmul_nt_ref(x, wu)
 
 
-def _kernel(x: torch.Tensor, w: torch.Tensor, name: str = "matmul_nt"):
-    """The registered kernel when it can serve (<= 3-D operands, no autograd: it has no backward)."""
-    fn = fast(name, x)
-    if fn is None or x.dim() > 3 or w.dim() > 3 or (torch.is_grad_enabled() and w.requires_grad):
-        return None
-    return fn
-
-
 def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    fn = _kernel(x, w)
-    return fn(x, w) if fn is not None else matmul_nt_ref(x, w)
+    return dispatch("matmul_nt", x, matmul_nt_ref, x, w)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])
-    fn = _kernel(x2, w)
-    return fn(x2, w).view(*x.shape[:-1], w.shape[0]) if fn is not None else F.linear(x, w)
+    return dispatch("matmul_nt", x2, F.linear, x2, w).view(*x.shape[:-1], w.shape[0])
 
 
 def matmul_nt_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
-    fn = _kernel(x, wg, "matmul_nt_glu")
-    return fn(x, wg, wu) if fn is not None else matmul_nt_glu_ref(x, wg, wu)
+    return dispatch("matmul_nt_glu", x, matmul_nt_glu_ref, x, wg, wu)
 
 
 def linear_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
     """silu(F.linear(x, wg)) * F.linear(x, wu): x [..., K], wg/wu [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])
-    fn = _kernel(x2, wg, "matmul_nt_glu")
-    return fn(x2, wg, wu).view(*x.shape[:-1], wg.shape[0]) if fn is not None else matmul_nt_glu_ref(x, wg, wu)
+    return matmul_nt_glu(x2, wg, wu).view(*x.shape[:-1], wg.shape[0])
 
 
 def stack_weights(*layers: nn.Linear) -> torch.Tensor:

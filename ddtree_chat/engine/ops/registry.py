@@ -6,29 +6,37 @@ from typing import Callable
 
 import torch
 
-_FAST: dict[str, tuple[Callable, frozenset | None]] = {}
+_FAST: dict[str, list[tuple[Callable, frozenset | None]]] = {}
 
 
-def register(name: str, fn: Callable, dtypes=None) -> None:
-    """dtypes: the activation dtypes the kernel is exact enough for (None: any)."""
-    _FAST[name] = (fn, frozenset(dtypes) if dtypes is not None else None)
+def register(name: str, fn: Callable, dtypes=None, ahead: bool = False) -> None:
+    """dtypes: the activation dtypes the kernel is exact enough for (None: any). ahead: try fn before the
+    kernels already registered for name (dispatch moves on when it declines); else fn replaces them."""
+    entry = (fn, frozenset(dtypes) if dtypes is not None else None)
+    _FAST[name] = [entry] + _FAST.get(name, []) if ahead else [entry]
+
+
+def _serving(name: str, x) -> list[Callable]:
+    if not getattr(x, "is_cuda", False):
+        return []
+    return [fn for fn, dtypes in _FAST.get(name, ()) if dtypes is None or x.dtype in dtypes]
 
 
 def fast(name: str, x) -> Callable | None:
-    """The registered kernel for `name` if x lives on CUDA in a dtype it serves (ops/gpu.py registers
+    """The first registered kernel for `name` if x lives on CUDA in a dtype it serves (ops/gpu.py registers
     them; DDTREE_KERNELS=0 stops it)."""
-    if not getattr(x, "is_cuda", False) or name not in _FAST:
-        return None
-    fn, dtypes = _FAST[name]
-    return fn if dtypes is None or x.dtype in dtypes else None
+    fns = _serving(name, x)
+    return fns[0] if fns else None
 
 
 def dispatch(name: str, x, ref: Callable, *args):
-    """The registered kernel's result for args when one serves x, else ref(*args). A kernel returns None
-    for the shapes it declines (ops/gpu.py's guard also returns None after a kernel failed for good).
+    """The first registered kernel's result for args that does not decline (None: a shape it does not
+    serve, or ops/gpu.py's guard after a kernel failed for good), else ref(*args).
     NOTE: the kernels have no backward: a call that autograd records (training) takes the reference."""
-    fn = fast(name, x)
-    if fn and torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
-        fn = None
-    out = fn(*args) if fn else None
-    return out if out is not None else ref(*args)
+    if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
+        return ref(*args)
+    for fn in _serving(name, x):
+        out = fn(*args)
+        if out is not None:
+            return out
+    return ref(*args)

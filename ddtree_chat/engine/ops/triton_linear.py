@@ -100,7 +100,10 @@ def _fits(x: torch.Tensor, w: torch.Tensor, max_k: int = MAX_K) -> bool:
 
 def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The registered op: this kernel where it measured faster than cuBLAS, else torch.matmul. A long K
-    (the drafter's 1536-wide MLP down projection) is split over programs, in one launch (cuBLAS: two)."""
+    (the drafter's 1536-wide MLP down projection) is split over programs, in one launch (cuBLAS: two).
+    None (the op's reference) for operands above 3-D."""
+    if x.dim() > 3 or w.dim() > 3:
+        return None
     m, k = x.shape[-2:]
     if _fits(x, w) and (MIN_M <= m or (m >= 2 and w.shape[-2] >= WIDE_N)):
         return matmul_nt_triton(x, w)
@@ -112,7 +115,10 @@ def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
-    """The registered GLU op: one launch at any row count this kernel serves, else two products + SiLU."""
+    """The registered GLU op: one launch at any row count this kernel serves, else two products + SiLU.
+    None (the op's reference) for operands above 3-D."""
+    if x.dim() > 3 or wg.dim() > 3:
+        return None
     if _fits(x, wg) and wu.shape == wg.shape and wu.stride() == wg.stride() and wu.dtype == wg.dtype:
         return matmul_nt_triton(x, wg, w2=wu)
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)

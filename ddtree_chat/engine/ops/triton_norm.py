@@ -46,3 +46,14 @@ def rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
                               res_out if res_out is not None else y, inner, s_outer, s_inner, float(eps), D=d,
                               BLOCK=block, HAS_RES=residual is not None, num_warps=min(16, max(1, block // 512)))
     return y, res_out
+
+
+def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """ops.rms_norm's kernel for rows >= MIN_D wide; None for narrower rows (the CUDA kernel behind it)."""
+    out = rms_norm_triton(x, None, weight, eps) if x.shape[-1] >= MIN_D else None
+    return out[0] if out is not None else None
+
+
+def add_rms_norm_wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """ops.add_rms_norm's kernel for rows >= MIN_D wide; None for narrower rows."""
+    return rms_norm_triton(x, residual, weight, eps) if x.shape[-1] >= MIN_D else None
