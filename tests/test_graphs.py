@@ -86,7 +86,9 @@ def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
 
 def test_auto_budget_runs_ahead_between_exploring_rounds(pair):
     """--budget auto on the graph path: exploring rounds choose (a fresh launch each), the rounds between
-    verify the last choice whole and run one ahead; the ids stay ar's."""
+    verify the last choice whole and run one ahead, and nothing launched ahead is thrown away (the
+    round before an exploring one launches nothing ahead; the one after is launched by the exploring
+    round, at its choice); the ids stay ar's."""
     eager, static = pair
     dec = static.decoder
     launches = []
@@ -101,6 +103,9 @@ def test_auto_budget_runs_ahead_between_exploring_rounds(pair):
         assert ahead and not any(ahead)  # some rounds ran ahead, never a choosing one
         assert all(fresh for fresh, c in launches if c)  # every choosing round was launched fresh
         assert sum(c for _, c in launches) <= got["rounds"] // 8 + 2  # about one round in EXPLORE chose
+        # no fixed round had to be launched afresh, but the reply's first (when an earlier reply chose)
+        assert sum(fresh and not c for fresh, c in launches) <= 1
+        assert len(launches) <= got["rounds"] + 1  # at most the one launched past the reply's end is unread
     finally:
         del dec._launch
 

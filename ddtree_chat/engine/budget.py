@@ -53,6 +53,11 @@ class AutoBudget:
         verify the last choice whole: a fixed-size round, which the graph path runs one ahead."""
         return not self.last or self.rounds % self.interval == 0
 
+    def following(self) -> int | None:
+        """During a round (after its choice): the size the next round will verify whole, or None when
+        the next round explores (so the graph path launches nothing ahead for it)."""
+        return None if not self.last or (self.rounds + 1) % self.interval == 0 else self.last
+
     def _next_size(self) -> int:
         if not self.exploring:
             return self.last

@@ -166,11 +166,14 @@ class Decoder:
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
-              stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None) -> RoundResult:
+              stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
+              then: Callable[[], int | None] | None = None) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose` may cut the
-        drafted tree (built at `budget`) down to fewer nodes."""
+        drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next round will
+        verify whole (None: it will not be a fixed-size round); default: this round's own, when it has
+        no `choose`."""
         if self.graphs is not None and self.graphs.serves(mode, budget):
-            return self._round_static(mode, budget, temperature, top_p, gen, stop_ids, room, choose)
+            return self._round_static(mode, budget, temperature, top_p, gen, stop_ids, room, choose, then)
         t0 = time.perf_counter()
         tree = self.draft(self.pending, mode, budget)
         if choose is not None and tree.size > 1:
@@ -188,21 +191,23 @@ class Decoder:
         self.pending = emitted[-1]
         return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
 
-    def _round_static(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose) -> RoundResult:
+    def _round_static(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose, then) -> RoundResult:
         """round() through graphs.StaticRound: the same math on static buffers (CUDA graphs on GPU).
-        Greedy fixed-size rounds run one ahead: the next round is launched (on the state this round's
-        accept leaves on the device) before this one's result is read, so the GPU works while the host
-        reads; a round launched past a stop or the limit is simply never read (it wrote scratch only)."""
+        Greedy rounds followed by a fixed-size one run one ahead: the next round is launched (on the state
+        this round's accept leaves on the device) before this one's result is read, so the GPU works while
+        the host reads; a round launched past a stop or the limit is simply never read (it wrote scratch only)."""
         key, sr = (mode, budget), self.graphs
-        ahead = self.runs_ahead(temperature) and not choose
         flight, self._ahead = self._ahead, None
-        if flight is not None and (flight.key != key or not ahead):
+        if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead(temperature)):
             flight = None  # launched for another kind of round: never read
         try:
             if flight is None:
                 flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
-            if ahead and self._room_ahead(flight.n):
-                self._ahead = self._launch(mode, budget, 0.0, 1.0, None, None, fresh=False)
+            # NOTE: asked after the launch: a choosing round has made its choice by now
+            nxt = (budget if choose is None else None) if then is None else then()
+            if (nxt is not None and self.runs_ahead(temperature) and sr.serves(mode, nxt)
+                    and self._room_ahead(flight.n, sr.plan(mode, nxt, False)[0])):
+                self._ahead = self._launch(mode, nxt, 0.0, 1.0, None, None, fresh=False)
         except _RecordingFailed as e:  # NOTE: a new size or span that cannot be recorded: eager from now on
             log.warning("CUDA graphs off, rounds run eagerly: %s", e)
             self.graphs, self._ahead = None, None
@@ -227,10 +232,11 @@ class Decoder:
         """Whether fixed-size rounds at this temperature run one ahead (graph path, greedy)."""
         return self.graphs is not None and self.run_ahead and temperature <= 0
 
-    def _room_ahead(self, n: int) -> bool:
-        """Whether a round launched now, before this one's path is known, surely fits both caches."""
+    def _room_ahead(self, n: int, n_next: int) -> bool:
+        """Whether a round of n_next nodes launched now, before this n-node round's path is known, surely
+        fits both caches."""
         b = self.block
-        fits = self.cache.length + min(n, b) + n <= self.max_len
+        fits = self.cache.length + min(n, b) + n_next <= self.max_len
         return fits and (self.dcache is None or self.dcache.length + 2 * b <= self.dcache.capacity)
 
     def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool):

@@ -337,18 +337,20 @@ class Engine:
             if halt:
                 reason = "stopped"
                 break
-            choose = None
+            choose = then = None
             if auto:
                 budget = self._auto.next_budget()  # NOTE: every round: the search moves it
                 # NOTE: between exploring rounds the graph path verifies the last choice whole, so the
                 # round is a fixed-size one and runs ahead; eager rounds still cut it (a climbing CPU cost)
                 if self._auto.exploring or not dec.runs_ahead(cfg.temperature):
                     choose = self._auto.choose
+                then = self._auto.following
             if dec.cache.length + dec.round_room(mode, budget) > dec.max_len:
                 reason = "context"
                 break
             t0 = time.perf_counter()
-            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out), choose)
+            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out), choose,
+                          then)
             if auto:
                 self._auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target)
             out.extend(r.emitted)
