@@ -277,6 +277,41 @@ def test_latent_write_dispatch_matches_reference(dtype):
                     assert rel(a.double().nan_to_num(), b.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_move_rows_kernel_matches_reference_and_replays_in_a_graph(dtype):
+    """An accepted path's rows (rising nodes, node 0 past the path's end) moved to consecutive slots, as
+    the accept program does, for K2.6's 61 layers of 512 + 64 and the demo's latent; bit for bit, eager and
+    replayed from a CUDA graph with the path changed in place."""
+    from ddtree_chat.engine.ops import move_rows, move_rows_ref
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for layers, r, p in ((61, 512, 64), (6, 64, 16)):
+        bufs = [torch.randn(layers, 512, w, device=dev).to(dtype) for w in (r, p)]
+        src, dst = torch.zeros(7, dtype=torch.long, device=dev), 300 + torch.arange(1, 8, device=dev)
+
+        def new_path():
+            nodes = sorted(torch.randperm(63, generator=g)[:4].add(1).tolist())
+            src.copy_(300 + torch.tensor(nodes + [0] * 3))
+
+        new_path()
+        want = [b.clone() for b in bufs]
+        move_rows_ref(*want, src, dst)
+        move_rows(*bufs, src, dst)
+        assert all(torch.equal(a, b) for a, b in zip(bufs, want))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            move_rows(*bufs, src, dst)
+        for _ in range(3):
+            new_path()
+            move_rows_ref(*want, src, dst)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(a, b) for a, b in zip(bufs, want))
+
+
 # ------------------------------------------------------------------------------------ drafter attention
 @gpu
 @pytest.mark.gpu
@@ -427,7 +462,7 @@ def test_dispatch_picks_fast_kernels():
 
     x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
     assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt", "draft_attention",
-            "topk_logprobs", "latent_write"} <= set(g.enabled_ops)
+            "topk_logprobs", "latent_write", "move_rows"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
     assert fast("moe_experts", x.float()) is None  # fp32 stays exact (mla: see test_mla_small_latent_shapes)
 

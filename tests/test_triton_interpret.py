@@ -104,6 +104,26 @@ for t, q, r, p, s, slots, dt in json.loads(sys.argv[1]):
 print(json.dumps(bad))
 """
 
+MOVE_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_latent import move_rows_triton
+from ddtree_chat.engine.ops.latent import move_rows_ref
+g = torch.Generator().manual_seed(0)
+bad = []
+for layers, s, r, p, start, n, depth, m, dt in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    # an accepted path as accept() moves it: nodes rising with depth (node >= depth), node 0 past its end
+    nodes = sorted(torch.randperm(n - 1, generator=g)[: m].add(1).tolist())
+    path = torch.tensor([0] + nodes + [0] * (depth - m))
+    src, dst = start + path[1:], start + torch.arange(1, depth + 1)
+    bufs = [torch.randn(layers, s, w, generator=g).to(dtype) for w in (r, p)]
+    ref = [b.clone() for b in bufs]
+    move_rows_ref(*ref, src, dst)
+    if move_rows_triton(*bufs, src, dst) is None or not all(torch.equal(a, b) for a, b in zip(bufs, ref)):
+        bad.append([layers, s, r, p, start, n, depth, m, dt])
+print(json.dumps(bad))
+"""
+
 WALK_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_triton
@@ -327,6 +347,16 @@ def test_latent_write_kernel_in_the_interpreter_equals_the_reference():
              (3, 1536, 512, 64, 9, True, "bfloat16"), (1, 0, 48, 8, 1, False, "float32"),
              (17, 16, 96, 64, 40, False, "bfloat16")]
     assert interpret(LATENT_SCRIPT, cases) == []
+
+
+def test_move_rows_kernel_in_the_interpreter_equals_the_reference():
+    """An accepted path's rows moved down to consecutive slots, one after another (a later node can sit
+    in an earlier one's destination): the demo's latent (64 + 16) and K2.6's (512 + 64), bit for bit."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    cases = [(3, 40, 64, 16, 5, 33, 7, 4, "float32"), (2, 300, 512, 64, 100, 65, 7, 7, "bfloat16"),
+             (1, 20, 96, 64, 0, 9, 3, 0, "float32"), (4, 80, 64, 16, 30, 17, 7, 2, "bfloat16")]
+    assert interpret(MOVE_SCRIPT, cases) == []
 
 
 def test_wide_norm_kernel_in_the_interpreter_equals_the_reference():

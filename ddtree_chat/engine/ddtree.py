@@ -100,7 +100,7 @@ class Decoder:
         if self.drafter is not None and feats is not None:
             idx = torch.tensor(nodes, device=feats.device)  # NOTE: by node index along the path, not the first n rows
             pos = torch.arange(start, start + len(nodes), device=self.device)
-            self.dcache.append(self.drafter.context_kv(feats[idx].to(self.draft_dtype), pos), start + len(nodes))
+            self.dcache.append(*self.drafter.context_kv_stacked(feats[idx].to(self.draft_dtype), pos), start + len(nodes))
 
     def prefill(self, ids: list[int], drafting: bool = True) -> torch.Tensor:
         """Bring the state to `ids` (reusing the longest common committed prefix); returns the logits

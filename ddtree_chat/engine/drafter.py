@@ -44,10 +44,9 @@ class DraftAttention(nn.Module):
         return k, v.unflatten(-1, (self.nkv, self.d))
 
     def kv(self, x, cos, sin):
-        """x [..., n, H] -> roped k, v [..., n, kv_heads, d] (cacheable for context entries)."""
-        if self.qkv_weight is None:
-            return self._roped(self.k_proj(x), self.v_proj(x), cos, sin)
-        return self._roped(*ops.linear(x, self.qkv_weight[self.nh * self.d :]).chunk(2, -1), cos, sin)
+        """x [..., n, H] -> roped k, v [..., n, kv_heads, d] (cacheable for context entries; a fused
+        drafter computes every layer's at once: DFlashDrafter.context_kv_stacked)."""
+        return self._roped(self.k_proj(x), self.v_proj(x), cos, sin)
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
         """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
@@ -99,20 +98,41 @@ class DFlashDrafter(ops.RopeOwner, nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
         self.rope_table = ops.RopeTable()  # Decoder reserves its positions
+        self.register_buffer("ctx_kv_weight", None, persistent=False)  # fuse_projections() sets these two
+        self.register_buffer("ctx_k_norm_weight", None, persistent=False)
 
     def _inv_freq(self):
         return ops.yarn_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
 
     def fuse_projections(self) -> None:
-        """Every layer's q, k and v products as one (DraftAttention.fuse_projections)."""
-        for layer in self.layers:
-            layer.self_attn.fuse_projections()
+        """Every layer's q, k and v products as one (DraftAttention.fuse_projections), and the context's
+        k and v of all layers as one product, normed and roped in one launch: every k row, then every v
+        row (a copy of those weights: 2 kv / (nh + 2 kv) of the attention's), and the k norms as one
+        per-head weight [L * kv, d]."""
+        attn = [layer.self_attn for layer in self.layers]
+        for a in attn:
+            a.fuse_projections()
+        if self.ctx_kv_weight is None:
+            self.ctx_kv_weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn]).detach()
+            self.ctx_k_norm_weight = torch.cat([a.k_norm.weight.detach().expand(a.nkv, a.d) for a in attn])
 
-    def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """feats [..., n, len(ids) * H] target features at `positions` [n] -> per layer (k, v) [..., n, kv, d]."""
+    def context_kv_stacked(self, feats: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """feats [..., n, len(ids) * H] target features at `positions` [n] -> every layer's k, v
+        [..., n, L, kv, d]."""
         ctx = self.hidden_norm(self.fc(feats))
         cos, sin = self.rope(positions, ctx.dtype)
-        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+        if self.ctx_kv_weight is None:
+            per = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+            return torch.stack([k for k, _ in per], -3), torch.stack([v for _, v in per], -3)
+        layers, kv, d = len(self.layers), self.cfg.num_kv_heads, self.cfg.head_dim
+        k, v = ops.linear(ctx, self.ctx_kv_weight).unflatten(-1, (2, layers * kv, d)).unbind(-3)
+        k = ops.rms_norm_rope_half(k, self.ctx_k_norm_weight, self.cfg.rms_norm_eps, cos, sin)
+        return k.unflatten(-2, (layers, kv)), v.unflatten(-2, (layers, kv))
+
+    def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """context_kv_stacked as per layer (k, v) [..., n, kv, d]."""
+        k, v = self.context_kv_stacked(feats, positions)
+        return list(zip(k.unbind(-3), v.unbind(-3)))
 
     def forward(self, block_emb: torch.Tensor, positions: torch.Tensor,
                 ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask=None) -> torch.Tensor:

@@ -122,8 +122,9 @@ class StaticRound:
         return ("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
     def accept_key(self, mode: str, n: int) -> tuple:
-        """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it)."""
-        return ("accept", n, mode != "ar" and self.dec.drafter is not None)
+        """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it);
+        an `ar` or `dflash` round's nodes are a chain, so its accepted path is already in place."""
+        return ("accept", n, mode != "ar" and self.dec.drafter is not None, mode != "ddtree" or n == 1)
 
     def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None):
         if sizes != [1]:
@@ -137,7 +138,7 @@ class StaticRound:
             return lambda: self.draft(*key[1:])
         if key[0] == "verify":
             return lambda: self.verify(key[1])
-        return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1] if key[2] else None)
+        return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1] if key[2] else None, key[3])
 
     def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
                 held: int | None = None) -> None:
@@ -267,8 +268,10 @@ class StaticRound:
         self.choice[:n].copy_(logits.argmax(-1))  # NOTE: T > 0 overwrites it with samples
         return logits, feats
 
-    def accept(self, n: int, feats: torch.Tensor | None) -> torch.Tensor:
-        """feats None: the drafter's context is not extended (and its device count not advanced)."""
+    def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False) -> torch.Tensor:
+        """feats None: the drafter's context is not extended (and its device count not advanced). chain:
+        node i is at depth i (ar, dflash), so the accepted path's rows are in place already (the moves
+        would only write scratch rows past it)."""
         from .ddtree import pack_round
 
         dec = self.dec
@@ -279,11 +282,12 @@ class StaticRound:
         at_level = ok[None, :] & (tree.depth[None, :] == levels[:, None])  # [D + 1, n]
         path = at_level.int().argmax(-1)  # the accepted node at each depth (node 0 past the path's end)
         start = self.state[0]
-        dec.cache.move_slots(start + path, start + levels)
+        if not chain:  # NOTE: from depth 1 (the root is in place): path[k] >= k rises, so no row is read after it is written
+            dec.cache.move_slots(start + path[1:], start + levels[1:])
         drafting = dec.drafter is not None and feats is not None
         if drafting:
-            kv = dec.drafter.context_kv(feats[path].to(dec.draft_dtype), start + levels)
-            dec.dcache.write_slots(kv, self.state[1] + levels)
+            k, v = dec.drafter.context_kv_stacked(feats[path].to(dec.draft_dtype), start + levels)
+            dec.dcache.write_slots(k, v, self.state[1] + levels)
         packed = pack_round(tree, choice, ok, bonus)
         # NOTE: the next round's state, in case it is launched before the host has read this one
         self.state[: 2 if drafting else 1] += ok.sum()

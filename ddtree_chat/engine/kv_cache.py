@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from . import ops
 from .errors import ContextLengthError
 
 
@@ -48,9 +49,9 @@ class KVCache:
 
     # -- static shapes (graphs.py): slots are device tensors, the host keeps `length` ----------------
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Every layer's rows src -> dst (device [n] each; gathered before any is overwritten)."""
-        self.ckv.index_copy_(1, dst, self.ckv.index_select(1, src))
-        self.kpe.index_copy_(1, dst, self.kpe.index_select(1, src))
+        """Every layer's rows src -> dst (device [n] each), as ops.move_rows: no row may be read after
+        it was written (src[j] != dst[k] for k < j)."""
+        ops.move_rows(self.ckv, self.kpe, src, dst)
 
 
 class DraftCache:
@@ -77,26 +78,24 @@ class DraftCache:
             self.v[:, :keep] = self.v[:, self.length - keep : self.length].clone()
             self.length = keep
 
-    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]], end_pos: int) -> None:
-        """kv: per layer (k, v) [n, kv, d] for positions end_pos - n .. end_pos - 1."""
-        n, cap = kv[0][0].shape[0], self.capacity
+    def append(self, k: torch.Tensor, v: torch.Tensor, end_pos: int) -> None:
+        """k, v [n, layers, kv, d] (DFlashDrafter.context_kv_stacked) for positions end_pos - n .. end_pos - 1."""
+        n, cap = k.shape[0], self.capacity
         if n >= cap:
-            self.k[:], self.v[:] = (torch.stack([k[-cap:] for k, _ in kv]), torch.stack([v[-cap:] for _, v in kv]))
+            self.k[:], self.v[:] = k[-cap:].transpose(0, 1), v[-cap:].transpose(0, 1)
             self.length = cap
         else:
             self.make_room(n)
-            for i, (k, v) in enumerate(kv):
-                self.k[i, self.length : self.length + n] = k
-                self.v[i, self.length : self.length + n] = v
+            self.k[:, self.length : self.length + n] = k.transpose(0, 1)
+            self.v[:, self.length : self.length + n] = v.transpose(0, 1)
             self.length += n
         self.end_pos = end_pos
 
-    def write_slots(self, kv: list[tuple[torch.Tensor, torch.Tensor]], slots: torch.Tensor) -> None:
-        """Static-shape append: per layer (k, v) [n, kv, d] at device slots [n]; the host then calls
-        advance() with how many of them count."""
-        for i, (k, v) in enumerate(kv):
-            self.k[i].index_copy_(0, slots, k)
-            self.v[i].index_copy_(0, slots, v)
+    def write_slots(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Static-shape append: k, v [n, layers, kv, d] at device slots [n] (one launch each); the host
+        then calls advance() with how many of them count."""
+        self.k.index_copy_(1, slots, k.transpose(0, 1))
+        self.v.index_copy_(1, slots, v.transpose(0, 1))
 
     def advance(self, n: int, end_pos: int) -> None:
         self.length += n

@@ -4,7 +4,7 @@ and a dispatching entry that picks a CUDA/Triton kernel when one is registered f
 The model calls only the dispatching names exported here."""
 
 from .draft_attention import draft_attention, draft_attention_ref
-from .latent import latent_write, latent_write_ref
+from .latent import latent_write, latent_write_ref, move_rows, move_rows_ref
 from .linear import (Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmul_nt_glu_ref, matmul_nt_ref,
                      stack_weights)
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
@@ -20,7 +20,7 @@ _gpu.register_all()  # NOTE: registers CUDA/Triton kernels only when CUDA is ava
 
 __all__ = [
     "draft_attention", "draft_attention_ref",
-    "latent_write", "latent_write_ref",
+    "latent_write", "latent_write_ref", "move_rows", "move_rows_ref",
     "Linear", "linear", "linear_glu", "matmul_nt", "matmul_nt_glu", "matmul_nt_glu_ref", "matmul_nt_ref", "stack_weights",
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",

@@ -104,6 +104,7 @@ def register_all() -> list[str]:
     triton_op("norm_rope", lambda x, w, eps, cos, sin: triton_rope.rope_triton(x, cos, sin, True, False, w, eps),
               half + (torch.float32,))
     triton_op("latent_write", triton_latent.latent_write_triton, half + (torch.float32,))
+    triton_op("move_rows", triton_latent.move_rows_triton)
     # wide rows (K2.6's 7168 hidden, 1536 q_a) take the Triton norm, ahead of the CUDA kernel (narrow rows)
     triton_op("rms_norm", triton_norm.rms_norm_wide, ahead=True)
     triton_op("add_rms_norm", triton_norm.add_rms_norm_wide, ahead=True)

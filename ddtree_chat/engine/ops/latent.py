@@ -1,6 +1,7 @@
 """The MLA latent cache write: RMSNorm of c_kv, interleaved rope of k_pe, both stored at the forward's
 cache slots. Per layer and forward that is five launches as separate ops (norm, its input copy, rope, two
-index copies); the kernel (triton_latent.py) does it in one."""
+index copies); the kernel (triton_latent.py) does it in one. And the accepted path's move to consecutive
+slots (four launches as index ops for every layer, one kernel)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ def latent_write_ref(kv: torch.Tensor, weight: torch.Tensor, eps: float, cos: to
 
 def latent_write(kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where):
     return dispatch("latent_write", kv, latent_write_ref, kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where)
+
+
+def move_rows_ref(ckv: torch.Tensor, kpe: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Every layer's cache rows src -> dst: ckv [L, S, r], kpe [L, S, p]; src, dst device [n] (all rows are
+    read before any is written)."""
+    ckv.index_copy_(1, dst, ckv.index_select(1, src))
+    kpe.index_copy_(1, dst, kpe.index_select(1, src))
+
+
+def move_rows(ckv: torch.Tensor, kpe: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """move_rows_ref for moves in which no row is read after it was written (src[j] != dst[k] for k < j),
+    as a path's rows moved down to consecutive slots: the kernel moves them one after another."""
+    dispatch("move_rows", ckv, move_rows_ref, ckv, kpe, src, dst)

@@ -1,6 +1,7 @@
 """ops.latent_write in one Triton launch: one program per token reads its kv_a row once, normalises the
 c_kv part, ropes the k_pe part (float32 math, one rounding each) and stores both at the token's cache slot
-(read from device memory under graphs, so the slot is no host value baked into a recording)."""
+(read from device memory under graphs, so the slot is no host value baked into a recording). And
+ops.move_rows in one launch."""
 
 from __future__ import annotations
 
@@ -54,3 +55,30 @@ def latent_write_triton(kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where):
             BLOCK_R=triton.next_power_of_2(r), BLOCK_H=triton.next_power_of_2(p // 2),
             HAS_SLOTS=slots is not None, num_warps=4 if r >= 256 else 1)
     return ckv_buf, kpe_buf
+
+
+@triton.jit(do_not_specialize=["n", "s_cl", "s_cs", "s_pl", "s_ps"])
+def _move_kernel(CKV, KPE, SRC, DST, n, s_cl, s_cs, s_pl, s_ps, R: tl.constexpr, P: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    # one program per (layer, block of the r + p columns); the rows in order (move_rows' condition)
+    layer, col = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_c, in_p = col < R, (col >= R) & (col < R + P)
+    for k in range(n):
+        s, d = tl.load(SRC + k).to(tl.int64), tl.load(DST + k).to(tl.int64)
+        c = tl.load(CKV + layer * s_cl + s * s_cs + col, mask=in_c)
+        q = tl.load(KPE + layer * s_pl + s * s_ps + (col - R), mask=in_p)
+        tl.store(CKV + layer * s_cl + d * s_cs + col, c, mask=in_c)
+        tl.store(KPE + layer * s_pl + d * s_ps + (col - R), q, mask=in_p)
+
+
+def move_rows_triton(ckv, kpe, src, dst):
+    """ops.move_rows; None for layouts it does not serve."""
+    if ckv.dim() != 3 or kpe.dim() != 3 or ckv.shape[:2] != kpe.shape[:2] or ckv.dtype != kpe.dtype \
+            or ckv.stride(-1) != 1 or kpe.stride(-1) != 1 or src.shape != dst.shape or src.dim() != 1:
+        return None
+    r, p, block = ckv.shape[-1], kpe.shape[-1], 128
+    if src.numel():
+        _move_kernel[(ckv.shape[0], triton.cdiv(r + p, block))](
+            ckv, kpe, src, dst, src.numel(), ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1),
+            R=r, P=p, BLOCK=block)
+    return True
