@@ -4,8 +4,8 @@
 # files, the cache archive in 15 MB parts: at most 8 files).
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests e2e programs k26 layer kernels moemla small
-#                                               tiles compile (tests: a quick subset; gputests: every GPU test of
-#                                               the kernels and graphs, ~250 s)
+#                                               tiles mlatiles compile (tests: a quick subset; gputests: every GPU
+#                                               test of the kernels and graphs, ~250 s)
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
@@ -49,6 +49,7 @@ for s in "$@"; do
         kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;
+        mlatiles) step mlatiles 300 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
         *) echo "unknown step $s" >> "$log" ;;
     esac

@@ -284,6 +284,52 @@ TILES = [None, (16, 16, 64, 2, 3), (16, 16, 128, 4, 2), (16, 32, 64, 4, 3), (16,
          (16, 64, 64, 4, 3), (32, 16, 64, 2, 3), (32, 32, 64, 4, 3), (64, 16, 64, 4, 3)]
 
 
+# candidate MLA tiles beyond the autotuner's (BLOCK_M, BLOCK_N, warps, stages): wider key tiles for few rows
+MLA_EXTRA_TILES = [(16, 64, 4, 2), (16, 64, 8, 2), (16, 128, 8, 2), (32, 64, 8, 2), (64, 32, 4, 3)]
+
+
+def bench_mla_tiles(ceiling):
+    """The MLA kernel at K2.6 shapes for every tile (the autotuner's and MLA_EXTRA_TILES) and split size
+    (graph-replayed, fixed tile via config=): which tile and plan is fastest per shape."""
+    import triton
+
+    from ddtree_chat.engine.ops import triton_mla
+    from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
+
+    tiles = list(triton_mla._CONFIGS) + [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                                          for bm, bn, w, st in MLA_EXTRA_TILES]
+    rows, default_keys = [], triton_mla.MIN_SPLIT_KEYS
+    for ctx in (8192, 131072):
+        cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
+        for nh in (8, 64):
+            for t in (1, 16):
+                q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
+                qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
+                mask = torch.ones(t, t, device="cuda").tril().bool()
+                ckv, kpe = cache[: ctx + t, :512], cache[: ctx + t, 512:]
+                nbytes = (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2
+                times = {}
+                for cfg in tiles:
+                    kw = cfg.all_kwargs()
+                    name = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}w{kw['num_warps']}s{kw['num_stages']}"
+                    for keys in (64, 256, 1024):
+                        triton_mla.MIN_SPLIT_KEYS = keys
+                        try:
+                            times[f"{name}/{keys}"] = graph_us(
+                                lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468, config=cfg))
+                        except Exception as e:  # e.g. out of shared memory for this tile
+                            times[f"{name}/{keys}"] = float("inf")
+                            print(name, "failed:", str(e).splitlines()[0][:120], flush=True)
+                triton_mla.MIN_SPLIT_KEYS = default_keys
+                best = min(times, key=times.get)
+                rows.append(row("mla_tile", f"ctx={ctx} T={t} heads={nh}", times[best], nbytes, ceiling,
+                                extra={"best": best, "times": times}))
+                top = sorted(times, key=times.get)[:5]
+                print(rows[-1]["shape"], " ".join(f"{k} {times[k]:.1f}" for k in top), flush=True)
+        del cache
+    return rows
+
+
 def bench_tiles(ceiling):
     """The small-M product's tile choices at the demo's verify shapes (graph-replayed, float32 tf32x3):
     None is the shipped rule (triton_linear._tile); the rows say which tile is fastest per shape."""
@@ -324,7 +370,7 @@ def main():
     only = a.only.split(",")
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
-                     ("tiles", lambda: bench_tiles(ceiling))):
+                     ("tiles", lambda: bench_tiles(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling))):
         if name in only:
             try:
                 rows += fn()

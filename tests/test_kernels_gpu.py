@@ -462,7 +462,7 @@ def test_dispatch_picks_fast_kernels():
 
     x = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
     assert {"moe_experts", "route", "rms_norm", "mla_attention", "rope", "matmul_nt", "draft_attention",
-            "topk_logprobs", "latent_write", "move_rows"} <= set(g.enabled_ops)
+            "topk_logprobs", "latent_write", "move_rows", "pack_round"} <= set(g.enabled_ops)
     assert fast("moe_experts", x) is not None and fast("moe_experts", torch.zeros(1)) is None
     assert fast("moe_experts", x.float()) is None  # fp32 stays exact (mla: see test_mla_small_latent_shapes)
 

@@ -33,6 +33,11 @@ NORM_SIGNATURE = dict({"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16",
 MASK_SIGNATURE = {"PAR": "*i64", "M": "*i8", "N": "i32", "DEPTH": "constexpr", "BLOCK": "constexpr"}
 WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "BONUS": "*i64", "N": "i32",
                   "DEPTH": "constexpr", "BLOCK": "constexpr"}
+MOVE_SIGNATURE = dict({"CKV": "*bf16", "KPE": "*bf16", "SRC": "*i64", "DST": "*i64"},
+                      **dict.fromkeys(["n", "s_cl", "s_cs", "s_pl", "s_ps"], "i32"),
+                      **dict.fromkeys(["R", "P", "BLOCK"], "constexpr"))
+PACK_SIGNATURE = {"TOK": "*i64", "PAR": "*i64", "DEP": "*i64", "LP": "*fp32", "CH": "*i64", "OK": "*u8",
+                  "BONUS": "*i64", "OUT": "*fp64", "n": "i32", "BLOCK": "constexpr"}
 
 MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf16", "PLEN": "*i64", "MASK": "*u8",
                       "OP": "*fp32", "LP": "*fp32"},
@@ -71,6 +76,8 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
                      constexprs={"D": 7168, "BLOCK": 8192, "HAS_RES": True})
     mask = ASTSource(fn=triton_tree._ancestor_kernel, signature=MASK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
     walk = ASTSource(fn=triton_tree._walk_kernel, signature=WALK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
+    pack = ASTSource(fn=triton_tree._pack_kernel, signature=PACK_SIGNATURE, constexprs={"BLOCK": 512})
+    move = ASTSource(fn=triton_latent._move_kernel, signature=MOVE_SIGNATURE, constexprs={"R": 512, "P": 64, "BLOCK": 128})
     mla = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
                     constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": 16, "BLOCK_N": 16})
     draft = ASTSource(fn=triton_draft_attention._draft_attn_kernel, signature=DRAFT_ATTN_SIGNATURE,
@@ -80,7 +87,7 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     topk = [ASTSource(fn=triton_topk._chunk_kernel, signature=TOPK_CHUNK_SIGNATURE, constexprs={"CHUNK": chunk, "K": k}),
             ASTSource(fn=triton_topk._merge_kernel, signature=TOPK_MERGE_SIGNATURE,
                       constexprs={"K": k, "CB": triton.next_power_of_2(c)})]
-    for src in (tree, *mm, rope, latent, norm, mask, walk, mla, draft, *topk):
+    for src in (tree, *mm, rope, latent, norm, mask, walk, pack, move, mla, draft, *topk):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
         assert len(kernel.asm["cubin"]) > 1000
 

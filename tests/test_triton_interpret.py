@@ -126,7 +126,8 @@ print(json.dumps(bad))
 
 WALK_SCRIPT = r"""
 import json, sys, torch
-from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_triton
+from ddtree_chat.engine.ddtree import pack_round_ref
+from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, pack_round_triton, walk_triton
 from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk_ref
 bad = []
 for d, k, b, follow in json.loads(sys.argv[1]):
@@ -146,8 +147,9 @@ for d, k, b, follow in json.loads(sys.argv[1]):
         choice[tree.parents[child]] = tree.tokens[child]
     ok, bonus = walk_triton(tree, choice)
     rok, rbonus = walk_topk_ref(tree, choice)
+    packed = pack_round_triton(tree, choice, ok, bonus)
     if not (torch.equal(ancestor_mask_triton(tree), tree.mask_ref()) and torch.equal(ok, rok)
-            and int(bonus) == int(rbonus)):
+            and int(bonus) == int(rbonus) and torch.equal(packed, pack_round_ref(tree, choice, rok, rbonus))):
         bad.append([d, k, b, follow])
 print(json.dumps(bad))
 """
@@ -285,7 +287,7 @@ def test_tree_kernel_in_the_interpreter_equals_the_reference():
 
 def test_mask_and_walk_kernels_in_the_interpreter_equal_the_references():
     """Random best-first trees (chains, bushy, a single root) against a target that agrees with the tree
-    for 0..depth steps along a random path."""
+    for 0..depth steps along a random path; and the round's packed result from the walk's outputs."""
     cases = [(7, 32, 32, 0), (7, 32, 32, 3), (7, 32, 32, 7), (7, 1, 7, 7), (3, 4, 5, 2), (1, 8, 8, 1),
              (15, 4, 64, 9), (7, 8, 0, 0), (5, 64, 200, 4)]
     assert interpret(WALK_SCRIPT, cases) == []

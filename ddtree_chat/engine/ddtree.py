@@ -20,6 +20,7 @@ from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
 from .kv_cache import DraftCache, KVCache
 from .model import KimiModel, causal_mask
+from .ops.registry import dispatch
 from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
 
 MAX_TREE_POSITIONS = 1024  # positions a round may use past max_len's committed context (a tree, a block)
@@ -41,10 +42,15 @@ class _RecordingFailed(Exception):
     pass
 
 
-def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
     """[6N + 1] float64: tokens, parents, depth, draft log-probs, target choices, accepted flags, bonus."""
     parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
     return torch.cat([t.double().view(-1) for t in parts])
+
+
+def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """pack_round_ref (eight launches as torch ops: a cast per part and the concatenation; one kernel)."""
+    return dispatch("pack_round", tree.tokens, pack_round_ref, tree, choice, ok, bonus)
 
 
 class Decoder:

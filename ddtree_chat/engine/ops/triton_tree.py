@@ -1,7 +1,7 @@
 """The draft tree's best-first build (tree.build_tree_topk_ref) as one Triton program: no host sync, one
 launch instead of ~10 small kernels per depth (top-k, index maths, gathers) and a final sort. Also the
 tree's ancestor mask and the verify walk, one launch each (the references loop over depth: 58 and 38
-torch ops for a depth-7 tree, benchmarks/op_counts.py).
+torch ops for a depth-7 tree, benchmarks/op_counts.py), and the round's packed result (ddtree.pack_round).
 
 Per depth the kept prefixes and the drafter's top-K at that depth are both sorted (descending), so the
 pair (i, j) of the i-th kept prefix and the j-th token has at least (i+1)(j+1) candidates scoring as
@@ -195,3 +195,29 @@ def walk_triton(tree, choice: torch.Tensor):
     _walk_kernel[(1,)](parents.contiguous(), tokens.contiguous(), choice.contiguous(), ok, bonus, n,
                        DEPTH=depth_bound, BLOCK=_block(n), num_warps=4 if n <= 1024 else 8)
     return ok.view(torch.bool), bonus
+
+
+
+@triton.jit(do_not_specialize=["n"])
+def _pack_kernel(TOK, PAR, DEP, LP, CH, OK, BONUS, OUT, n, BLOCK: tl.constexpr):
+    j = tl.arange(0, BLOCK)
+    m = j < n
+    tl.store(OUT + j, tl.load(TOK + j, mask=m).to(tl.float64), mask=m)
+    tl.store(OUT + n + j, tl.load(PAR + j, mask=m).to(tl.float64), mask=m)
+    tl.store(OUT + 2 * n + j, tl.load(DEP + j, mask=m).to(tl.float64), mask=m)
+    tl.store(OUT + 3 * n + j, tl.load(LP + j, mask=m).to(tl.float64), mask=m)
+    tl.store(OUT + 4 * n + j, tl.load(CH + j, mask=m).to(tl.float64), mask=m)
+    tl.store(OUT + 5 * n + j, tl.load(OK + j, mask=m).to(tl.float64), mask=m)
+    tl.store(OUT + 6 * n, tl.load(BONUS).to(tl.float64))
+
+
+def pack_round_triton(tree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor):
+    """ddtree.pack_round_ref's [6N + 1] float64 in one launch; None for parts it does not serve."""
+    parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok)
+    n = tree.tokens.numel()
+    if any(p.dim() != 1 or p.numel() != n or p.stride(0) != 1 for p in parts) or bonus.numel() != 1:
+        return None
+    out = torch.empty(6 * n + 1, dtype=torch.float64, device=tree.tokens.device)
+    _pack_kernel[(1,)](*parts[:5], ok.view(torch.uint8) if ok.dtype == torch.bool else ok, bonus, out, n,
+                       BLOCK=_block(n))
+    return out
