@@ -310,8 +310,9 @@ def test_mla_kernel_in_the_interpreter_equals_the_reference():
     and the split merge over more splits than one of its tiles."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
-    cases = [(1, 4, 64, 16, 0, 40, 5), (3, 4, 64, 16, 37, 300, 4), (17, 2, 64, 16, 300, 2000, 3),
-             (33, 4, 64, 16, 5, 100, 0), (2, 64, 512, 64, 700, 1500, 2), (1, 64, 512, 64, 1100, 1200, 1)]
+    cases = [(1, 4, 64, 16, 0, 40, 6), (3, 4, 64, 16, 37, 300, 5), (17, 2, 64, 16, 300, 2000, 4),
+             (33, 4, 64, 16, 5, 100, 0), (2, 64, 512, 64, 700, 1500, 3), (1, 64, 512, 64, 1100, 1200, 1),
+             (5, 8, 512, 64, 300, 400, 2)]
     merges = [(1, 3, 64), (5, 2, 128), (70, 2, 512)]
     assert interpret(MLA_SCRIPT, [cases, merges]) == []
 

@@ -12,11 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
-# NOTE: chosen from ptxas reports (sm_90a): these compile with no or negligible spills; (64, *) use wgmma.
+# NOTE: measured at K2.6 shapes (benchmarks/kernels.py --only mla_tiles, BENCHMARKS.md): wide key tiles for
+# few rows (16 x 64, 16 x 128: one to a few row blocks per split) won at 1-16 tokens and 8 heads, 64 x 64
+# (wgmma; ~1 KB spills) at 16 tokens x 64 heads; 16 x 16 is what the float32 demo picks; the smaller tiles
+# stay for GPUs with less shared memory (sm_120), where the autotuner skips what does not fit.
 _CONFIGS = [
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 16}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2),  # ~1 KB spills, measured anyway
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=3),
