@@ -142,15 +142,7 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 // ---------------------------------------------------------------------------------------------
 // GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
 // h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32.
-// kPipe: two register stages of kUnroll k-steps each, the next stage's loads issued before the current
-// stage's MMAs (without it a warp has no load in flight while it computes).
-template <bool GATEUP, int kUnroll>
-struct Stage {
-  uint4 qa[kUnroll], qb[GATEUP ? kUnroll : 1], x0[kUnroll], x1[kUnroll];
-  uint32_t s_a[kUnroll], s_b[GATEUP ? kUnroll : 1];
-};
-
-template <bool GATEUP, int kWarps, int kUnroll, bool kPipe>
+template <bool GATEUP, int kWarps, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
@@ -174,52 +166,32 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 
   float acc_a[4] = {0.f, 0.f, 0.f, 0.f}, acc_b[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
-  // k-steps base..base+kUnroll-1 into st (zeros past KT: they add nothing)
-  auto load = [&](Stage<GATEUP, kUnroll>& st, int base) {
+  for (int base = warp * kUnroll; base < KT; base += kWarps * kUnroll) {
+    uint4 qa[kUnroll], qb[kUnroll], x0[kUnroll], x1[kUnroll];
+    uint32_t s_a[kUnroll], s_b[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int it = base + u;
       const bool ok = it < KT;
-      st.qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
-      st.s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
+      qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
+      s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
       if (GATEUP) {
-        st.qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
-        st.s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
+        qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
+        s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
       }
       if (ok && xrow) {
-        st.x0[u] = __ldg(xrow + it * 8 + c * 2);
-        st.x1[u] = __ldg(xrow + it * 8 + c * 2 + 1);
+        x0[u] = __ldg(xrow + it * 8 + c * 2);
+        x1[u] = __ldg(xrow + it * 8 + c * 2 + 1);
       } else {
-        st.x0[u] = z4;
-        st.x1[u] = z4;
+        x0[u] = z4;
+        x1[u] = z4;
       }
     }
-  };
-  auto compute = [&](const Stage<GATEUP, kUnroll>& st) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const uint32_t xs[8] = {st.x0[u].x, st.x0[u].y, st.x0[u].z, st.x0[u].w,
-                              st.x1[u].x, st.x1[u].y, st.x1[u].z, st.x1[u].w};
-      mma_k64(acc_a, st.qa[u], st.s_a[u], xs);
-      if (GATEUP) mma_k64(acc_b, st.qb[u], st.s_b[u], xs);
-    }
-  };
-  const int step = kWarps * kUnroll;
-  if (!kPipe) {
-    for (int base = warp * kUnroll; base < KT; base += step) {
-      Stage<GATEUP, kUnroll> st;
-      load(st, base);
-      compute(st);
-    }
-  } else {
-    Stage<GATEUP, kUnroll> s0, s1;
-    int base = warp * kUnroll;
-    load(s0, base);
-    for (; base < KT; base += 2 * step) {
-      load(s1, base + step);
-      compute(s0);
-      if (base + 2 * step < KT) load(s0, base + 2 * step);
-      compute(s1);
+      const uint32_t xs[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
+      mma_k64(acc_a, qa[u], s_a[u], xs);
+      if (GATEUP) mma_k64(acc_b, qb[u], s_b[u], xs);
     }
   }
 #pragma unroll
@@ -293,27 +265,23 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
                                                         num_blocks);
-  // variant (gate/up warps x unroll, down warps x unroll; p: two pipelined stages): 0 = (2 x 8, 2 x 8),
-  // 1 = (4 x 4, 4 x 4), 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4), 4 = (2 x 4p, 2 x 4p), 5 = (4 x 4p, 4 x 4p),
-  // 6 = (2 x 8, 2 x 4p). 0 was best or within 1.5% of 0-3 at 1-64 tokens (BENCHMARKS.md).
+  // variant (gate/up warps x unroll, down warps x unroll): 0 = (2 x 8, 2 x 8), 1 = (4 x 4, 4 x 4),
+  // 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4). 0 was best or within 1.5% at 1-64 tokens (BENCHMARKS.md).
   const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
-#define DDT_GU(W, U, PIPE)                                                                                    \
-  moe_gemm_kernel<true, W, U, PIPE><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \
+#define DDT_GU(W, U)                                                                                          \
+  moe_gemm_kernel<true, W, U><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \
                                                      (const uint32_t*)su, (const __nv_bfloat16*)x, topk,       \
                                                      block_expert, block_pairs, num_blocks, I / 16, H / 64,    \
                                                      (__nv_bfloat16*)h_buf, nullptr)
-#define DDT_DN(W, U, PIPE)                                                                                    \
-  moe_gemm_kernel<false, W, U, PIPE><<<g2, W * 32, 0, st>>>((const uint4*)wd, nullptr, (const uint32_t*)sd, nullptr, \
+#define DDT_DN(W, U)                                                                                          \
+  moe_gemm_kernel<false, W, U><<<g2, W * 32, 0, st>>>((const uint4*)wd, nullptr, (const uint32_t*)sd, nullptr, \
                                                       (const __nv_bfloat16*)h_buf, 1, block_expert, block_pairs, \
                                                       num_blocks, H / 16, I / 64, nullptr, y_buf)
   switch (variant) {
-    case 1: DDT_GU(4, 4, false); DDT_DN(4, 4, false); break;
-    case 2: DDT_GU(2, 4, false); DDT_DN(2, 4, false); break;
-    case 3: DDT_GU(4, 8, false); DDT_DN(4, 4, false); break;
-    case 4: DDT_GU(2, 4, true); DDT_DN(2, 4, true); break;
-    case 5: DDT_GU(4, 4, true); DDT_DN(4, 4, true); break;
-    case 6: DDT_GU(2, 8, false); DDT_DN(2, 4, true); break;
-    default: DDT_GU(2, 8, false); DDT_DN(2, 8, false); break;
+    case 1: DDT_GU(4, 4); DDT_DN(4, 4); break;
+    case 2: DDT_GU(2, 4); DDT_DN(2, 4); break;
+    case 3: DDT_GU(4, 8); DDT_DN(4, 4); break;
+    default: DDT_GU(2, 8); DDT_DN(2, 8); break;
   }
 #undef DDT_GU
 #undef DDT_DN

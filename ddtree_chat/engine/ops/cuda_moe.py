@@ -96,7 +96,7 @@ def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
 
 
 VARIANT = int(__import__("os").environ.get("DDTREE_MOE_VARIANT", "0"))  # tile/unroll variant (moe_int4.cu)
-N_VARIANTS = 7
+N_VARIANTS = 4
 
 
 def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,
