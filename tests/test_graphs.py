@@ -222,9 +222,10 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for key in (sr.draft_key("ddtree", 16, True), ("verify", 17), sr.accept_key("ddtree", 17),
-                    sr.draft_key("dflash", 7), ("verify", 8), sr.accept_key("dflash", 8), ("verify", 1),
-                    sr.accept_key("ddtree", 1), sr.accept_key("ar", 1)):
+        for key in (sr.draft_key("ddtree", 16, True), sr.verify_key("ddtree", 17), sr.accept_key("ddtree", 17),
+                    sr.draft_key("dflash", 7), sr.verify_key("dflash", 8), sr.accept_key("dflash", 8),
+                    sr.verify_key("ddtree", 1), sr.accept_key("ddtree", 1), sr.verify_key("ar", 1),
+                    sr.accept_key("ar", 1)):
             sr.run(key)
     finally:
         torch.cuda.set_sync_debug_mode("default")

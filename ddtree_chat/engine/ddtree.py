@@ -92,11 +92,13 @@ class Decoder:
         return self.dcfg.block_size if self.dcfg else 1
 
     # -- target forward over new tokens on top of the committed cache ------------------------------
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None,
+                features: bool = True):
         """Target forward over new tokens written after the committed cache (nothing is committed).
-        cache: what attention reads and writes (default the KV cache itself; graphs pass a slot view)."""
+        cache: what attention reads and writes (default the KV cache itself; graphs pass a slot view).
+        features=False: no drafter features (None), for a forward whose context the drafter never gets."""
         hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
-                                    self.cache if cache is None else cache, self.capture)
+                                    self.cache if cache is None else cache, self.capture if features else ())
         return self.target.logits(hidden), feats
 
     def _commit(self, nodes: list[int], tokens: list[int], feats: torch.Tensor | None) -> None:
@@ -134,8 +136,8 @@ class Decoder:
         self._ahead = None  # NOTE: a round launched past the last reply's end is never read
         new = ids[lcp:]
         t = len(new)
-        logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t))
-        self._commit(list(range(t)), new, feats if drafting else None)
+        logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t), features=drafting)
+        self._commit(list(range(t)), new, feats)
         return logits[-1]
 
     # -- one speculative round --------------------------------------------------------------------
@@ -186,14 +188,14 @@ class Decoder:
             tree = tree.prefix(choose(tree))
         t1 = time.perf_counter()
         start = self.cache.length
-        logits, feats = self.forward(tree.tokens, tree.positions(start), tree.mask())
+        logits, feats = self.forward(tree.tokens, tree.positions(start), tree.mask(), features=mode != "ar")
         choice = target_choice(logits, temperature, top_p, gen)
         ok, bonus = walk_topk(tree, choice)
         host_tree, path, emitted = self._outcome(pack_round(tree, choice, ok, bonus), tree.size, stop_ids, room)
         m = len(emitted)
         # NOTE: the cache keeps the root and the accepted nodes before the last emitted token,
         # which becomes the next root.
-        self._commit(path[:m], [self.pending] + emitted[:-1], feats if mode != "ar" else None)
+        self._commit(path[:m], [self.pending] + emitted[:-1], feats)
         self.pending = emitted[-1]
         return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
 
@@ -269,7 +271,7 @@ class Decoder:
         if choosing and n > 1:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
-        logits, _ = sr.run(("verify", n))
+        logits, _ = sr.run(sr.verify_key(mode, n))
         if temperature > 0:
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
         return sr.fetch((mode, budget), n, sr.run(sr.accept_key(mode, n)), clock)

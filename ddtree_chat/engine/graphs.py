@@ -121,24 +121,31 @@ class StaticRound:
             span *= 2
         return ("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
+    def drafting(self, mode: str) -> bool:
+        return mode != "ar" and self.dec.drafter is not None
+
+    def verify_key(self, mode: str, n: int) -> tuple:
+        """Only a drafting round's verify keeps the target features the drafter's context is made of."""
+        return ("verify", n, self.drafting(mode))
+
     def accept_key(self, mode: str, n: int) -> tuple:
         """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it);
         an `ar` or `dflash` round's nodes are a chain, so its accepted path is already in place."""
-        return ("accept", n, mode != "ar" and self.dec.drafter is not None, mode != "ddtree" or n == 1)
+        return ("accept", n, self.drafting(mode), mode != "ddtree" or n == 1)
 
     def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
-            yield ("verify", n)
+            yield self.verify_key(mode, n)
             yield self.accept_key(mode, n)
 
     def _program(self, key: tuple):
         if key[0] == "draft":
             return lambda: self.draft(*key[1:])
         if key[0] == "verify":
-            return lambda: self.verify(key[1])
-        return lambda: self.accept(key[1], self.outputs[("verify", key[1])][1] if key[2] else None, key[3])
+            return lambda: self.verify(key[1], key[2])
+        return lambda: self.accept(key[1], self.outputs[("verify", key[1], True)][1] if key[2] else None, key[3])
 
     def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
                 held: int | None = None) -> None:
@@ -225,14 +232,15 @@ class StaticRound:
         self.begin(dec.cache.length, dec.dcache.length if dec.dcache is not None else 0, int(tokens[0]))
         self.tokens[1:n].copy_(tokens[1:n])
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
+        key = ("verify", n, True)  # NOTE: as a ddtree round replays it
         if self.capture:
-            self._ensure(("verify", n))
+            self._ensure(key)
         best = float("inf")
         for _ in range(repeats):
             if self.capture:
                 torch.cuda.synchronize(dec.device)
             t0 = time.perf_counter()
-            self.run(("verify", n))
+            self.run(key)
             if self.capture:
                 torch.cuda.synchronize(dec.device)
             best = min(best, time.perf_counter() - t0)
@@ -258,13 +266,13 @@ class StaticRound:
         if choosing:
             self.cum_mass[:n].copy_(path_scores(tree).exp().cumsum(0))
 
-    def verify(self, n: int):
+    def verify(self, n: int, features: bool = True):
         dec = self.dec
         length = self.state[0:1]
         self.tokens[:1].copy_(self.state[2:3])  # the root (AR rounds draft nothing)
         tree = self.tree(n)
         view = SlotView(dec.cache, length, length + self.arange[:n])
-        logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view)
+        logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view, features)
         self.choice[:n].copy_(logits.argmax(-1))  # NOTE: T > 0 overwrites it with samples
         return logits, feats
 
