@@ -157,16 +157,17 @@ def bench_mla(ceiling, quick):
                 flops = 2 * t * nh * (ctx + t) * (576 + 512)
                 fn = lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us = graph_us(fn)
-                default_keys, splits = triton_mla.MIN_SPLIT_KEYS, {}
-                for keys in (64, 1024):  # the split plan's alternatives, same process
-                    triton_mla.MIN_SPLIT_KEYS = keys
-                    splits[keys] = graph_us(fn)
-                triton_mla.MIN_SPLIT_KEYS = default_keys
+                default_keys, default_waves, splits = triton_mla.MIN_SPLIT_KEYS, triton_mla.SPLIT_WAVES, {}
+                for waves in (1, 2):  # the split plan's alternatives, same process
+                    for keys in (64, 256, 1024):
+                        triton_mla.MIN_SPLIT_KEYS, triton_mla.SPLIT_WAVES = keys, waves
+                        splits[f"{waves}/{keys}"] = graph_us(fn)
+                triton_mla.MIN_SPLIT_KEYS, triton_mla.SPLIT_WAVES = default_keys, default_waves
                 ref_us = None
                 if t == 1 and nh == 64:
                     ref_us = eager_us(lambda: mla_attention_ref(q, qp, ckv, kpe, ctx, mask, 0.14468), 3)
                 rows.append(row("mla_verify", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, ref_us, flops,
-                                extra={"us_by_min_split_keys": {default_keys: us, **splits}}))
+                                extra={"us_by_waves_and_min_split_keys": splits}))
                 print(rows[-1], flush=True)
         del cache
     print("MLA autotune choices:", json.dumps(triton_mla.tuned_configs(), indent=1), flush=True)

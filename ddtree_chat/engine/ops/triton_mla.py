@@ -160,12 +160,14 @@ def sm_count(device) -> int:
 
 
 MIN_SPLIT_KEYS = 256  # NOTE: each split writes [rows, 512] fp32 partials: 64 heads' equal 114 keys of cache
+SPLIT_WAVES = 1  # programs per SM the plan aims at (BENCHMARKS.md, eighth session: 1 vs 2)
 
 
 def plan_splits(m_rows: int, max_prefix: int, device) -> int:
-    """Prefix splits: about two waves of programs, each split >= MIN_SPLIT_KEYS keys."""
+    """Prefix splits: about SPLIT_WAVES programs per SM, each split >= MIN_SPLIT_KEYS keys."""
     m_blocks = triton.cdiv(m_rows, 64)
-    return max(1, min(triton.cdiv(2 * sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), MIN_SPLIT_KEYS)))
+    return max(1, min(triton.cdiv(SPLIT_WAVES * sm_count(device), m_blocks),
+                      triton.cdiv(max(max_prefix, 1), MIN_SPLIT_KEYS)))
 
 
 # NOTE: a graph plan is tuned on its first call, the load's warm-up, where the device length is 0 and
