@@ -101,3 +101,16 @@ def test_mla_autotune_choices_are_reported(monkeypatch):
     monkeypatch.setattr(triton_mla._mla_split_kernel, "cache", {(4, 16, 4096, "torch.float32"): cfg}, raising=False)
     assert triton_mla.tuned_configs() == {"4,16,4096,torch.float32": str(cfg)}
     assert "BLOCK_M: 16" in str(cfg) and "BLOCK_N: 16" in str(cfg)
+
+
+def test_mla_split_plan_follows_the_measured_rule(monkeypatch):
+    """One program per SM for up to two 64-row blocks, two beyond (BENCHMARKS.md, eighth session); never
+    splits below MIN_SPLIT_KEYS keys, at least one split."""
+    from ddtree_chat.engine.ops import triton_mla
+
+    monkeypatch.setattr(triton_mla, "sm_count", lambda dev: 132)
+    assert triton_mla.plan_splits(64, 131072, None) == 132  # 1 token x 64 heads: one wave
+    assert triton_mla.plan_splits(128, 131072, None) == 66  # 16 tokens x 8 heads: two row blocks, one wave
+    assert triton_mla.plan_splits(1024, 131072, None) == 17  # 16 blocks: two waves
+    assert triton_mla.plan_splits(8, 4096, None) == 16  # the prefix bounds it
+    assert triton_mla.plan_splits(8, 0, None) == 1

@@ -160,14 +160,16 @@ def sm_count(device) -> int:
 
 
 MIN_SPLIT_KEYS = 256  # NOTE: each split writes [rows, 512] fp32 partials: 64 heads' equal 114 keys of cache
-SPLIT_WAVES = 1  # programs per SM the plan aims at (BENCHMARKS.md, eighth session: 1 vs 2)
+SPLIT_WAVES: int | None = None  # programs per SM the plan aims at (None: the measured rule below)
 
 
 def plan_splits(m_rows: int, max_prefix: int, device) -> int:
-    """Prefix splits: about SPLIT_WAVES programs per SM, each split >= MIN_SPLIT_KEYS keys."""
+    """Prefix splits: about one program per SM for up to 128 rows, two beyond (BENCHMARKS.md, eighth
+    session: one won by 6-16% at 1 token x 64 heads and 16 tokens x 8 heads from 32k keys, and lost by up
+    to 40% at 512+ rows), each split >= MIN_SPLIT_KEYS keys."""
     m_blocks = triton.cdiv(m_rows, 64)
-    return max(1, min(triton.cdiv(SPLIT_WAVES * sm_count(device), m_blocks),
-                      triton.cdiv(max(max_prefix, 1), MIN_SPLIT_KEYS)))
+    waves = SPLIT_WAVES or (1 if m_blocks <= 2 else 2)
+    return max(1, min(triton.cdiv(waves * sm_count(device), m_blocks), triton.cdiv(max(max_prefix, 1), MIN_SPLIT_KEYS)))
 
 
 # NOTE: a graph plan is tuned on its first call, the load's warm-up, where the device length is 0 and
