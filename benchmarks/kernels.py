@@ -285,9 +285,9 @@ TILES = [None, (16, 16, 64, 2, 3), (16, 16, 128, 4, 2), (16, 32, 64, 4, 3), (16,
          (16, 64, 64, 4, 3), (32, 16, 64, 2, 3), (32, 32, 64, 4, 3), (64, 16, 64, 4, 3)]
 
 
-# candidate MLA tiles beyond the autotuner's (BLOCK_M, BLOCK_N, warps, stages); the ones measured first
-# (BENCHMARKS.md, eighth session) joined it or were dropped
-MLA_EXTRA_TILES = [(16, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3)]
+# candidate MLA tiles beyond the autotuner's (BLOCK_M, BLOCK_N, warps, stages): with its list, the eighth
+# session's sweep (BENCHMARKS.md), whose winners joined the list and whose losers are these
+MLA_EXTRA_TILES = [(16, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3), (64, 32, 4, 3)]
 
 
 def bench_mla_tiles(ceiling):

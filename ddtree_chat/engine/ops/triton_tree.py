@@ -197,7 +197,6 @@ def walk_triton(tree, choice: torch.Tensor):
     return ok.view(torch.bool), bonus
 
 
-
 @triton.jit(do_not_specialize=["n"])
 def _pack_kernel(TOK, PAR, DEP, LP, CH, OK, BONUS, OUT, n, BLOCK: tl.constexpr):
     j = tl.arange(0, BLOCK)
