@@ -29,10 +29,9 @@ class DraftAttention(nn.Module):
         self.register_buffer("qk_norm_weight", None, persistent=False)
 
     def fuse_projections(self) -> None:
-        """One product for q, k and v (and one for the context's k and v: the stacked k/v rows are a
-        contiguous part of it). The three parameters become views of it. For loaded (inference) weights.
-        q_norm and k_norm as one per-head weight [nh + nkv, d]: the block's q and k heads are normed and
-        roped in one launch."""
+        """One product for the block's q, k and v; the three parameters become views of it. For loaded
+        (inference) weights. q_norm and k_norm as one per-head weight [nh + nkv, d]: the block's q and k
+        heads are normed and roped in one launch."""
         if self.qkv_weight is None:
             self.qkv_weight = ops.stack_weights(self.q_proj, self.k_proj, self.v_proj)
         if self.qk_norm_weight is None:  # NOTE: q_norm and k_norm share cfg.rms_norm_eps
@@ -116,23 +115,30 @@ class DFlashDrafter(ops.RopeOwner, nn.Module):
             self.ctx_kv_weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn]).detach()
             self.ctx_k_norm_weight = torch.cat([a.k_norm.weight.detach().expand(a.nkv, a.d) for a in attn])
 
+    def _context(self, feats: torch.Tensor, positions: torch.Tensor):
+        ctx = self.hidden_norm(self.fc(feats))
+        return (ctx, *self.rope(positions, ctx.dtype))
+
     def context_kv_stacked(self, feats: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """feats [..., n, len(ids) * H] target features at `positions` [n] -> every layer's k, v
         [..., n, L, kv, d]."""
-        ctx = self.hidden_norm(self.fc(feats))
-        cos, sin = self.rope(positions, ctx.dtype)
         if self.ctx_kv_weight is None:
-            per = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+            per = self.context_kv(feats, positions)
             return torch.stack([k for k, _ in per], -3), torch.stack([v for _, v in per], -3)
+        ctx, cos, sin = self._context(feats, positions)
         layers, kv, d = len(self.layers), self.cfg.num_kv_heads, self.cfg.head_dim
         k, v = ops.linear(ctx, self.ctx_kv_weight).unflatten(-1, (2, layers * kv, d)).unbind(-3)
         k = ops.rms_norm_rope_half(k, self.ctx_k_norm_weight, self.cfg.rms_norm_eps, cos, sin)
         return k.unflatten(-2, (layers, kv)), v.unflatten(-2, (layers, kv))
 
     def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """context_kv_stacked as per layer (k, v) [..., n, kv, d]."""
-        k, v = self.context_kv_stacked(feats, positions)
-        return list(zip(k.unbind(-3), v.unbind(-3)))
+        """context_kv_stacked as per layer (k, v) [..., n, kv, d] (unfused, as training runs it: layer by
+        layer, nothing stacked)."""
+        if self.ctx_kv_weight is not None:
+            k, v = self.context_kv_stacked(feats, positions)
+            return list(zip(k.unbind(-3), v.unbind(-3)))
+        ctx, cos, sin = self._context(feats, positions)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
     def forward(self, block_emb: torch.Tensor, positions: torch.Tensor,
                 ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask=None) -> torch.Tensor:

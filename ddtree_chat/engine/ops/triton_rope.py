@@ -3,8 +3,9 @@ two strided halves, four products, a sum, a difference and a stack/cat; x2 per a
 of a small model's verify kernels). Math in float32, one rounding to the output dtype.
 
 x is read through its strides (the rope part of q or of the latent projection is a slice; so are the
-drafter's q and k heads inside its fused q/k/v product: layout.row_layout), the output is contiguous like the reference's. With a weight (NORM) each row is RMS-normalised first: the
-drafter's q_norm / k_norm and rope in one launch instead of four (a per-head weight covers q's and k's heads at once)."""
+drafter's q and k heads inside its fused q/k/v product: layout.row_layout), the output is contiguous like
+the reference's. With a weight (NORM) each row is RMS-normalised first: the drafter's q_norm / k_norm and
+rope in one launch instead of four (a per-head weight covers q's and k's heads, or every layer's k, at once)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,5 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bo
         _rope_kernel[(triton.cdiv(r, block_r),)](
             x, cos.contiguous(), sin.contiguous(), out, weight.contiguous() if weight is not None else out, r,
             x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, d if per_head else 0, float(eps), HALF=d // 2,
-            BLOCK_D=block_d,
-            INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None)
+            BLOCK_D=block_d, INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None)
     return out
