@@ -99,6 +99,31 @@ def test_moe_matches_reference(tokens, inter, skew):
 
 @gpu
 @pytest.mark.gpu
+def test_moe_experts_of_other_ranks_and_repeats():
+    """ids of -1 (experts another rank holds) add nothing, a token with none here gets a zero row, and a
+    fused variant's counters start from zero again on the next call: same bits twice."""
+    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
+
+    dev = torch.device("cuda")
+    e, h, inter, k, tokens = 16, 1024, 256, 8, 9
+    ex = random_experts(e, h, inter, dev, seed=11)
+    pe = pack_experts(ex)
+    x = torch.randn(tokens, h, device=dev).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
+    ids[ids >= 12] = -1  # a quarter of the experts live elsewhere
+    ids[4] = -1  # nothing of token 4 here
+    w = torch.rand(tokens, k, device=dev)
+    ref = moe_experts_ref(x, ids, w, ex)
+    assert ref[4].abs().max() == 0
+    for variant in range(N_VARIANTS):
+        out = torch.stack([moe_forward(x, ids, w, pe, variant=variant) for _ in range(3)])
+        assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2]), variant
+        assert out[0, 4].abs().max() == 0, variant
+        assert rel(out[0], ref) < 1e-2, variant
+
+
+@gpu
+@pytest.mark.gpu
 def test_moe_dispatch_and_prepare():
     from ddtree_chat.engine.ops import moe_experts
     from ddtree_chat.engine.ops.cuda_moe import PackedExperts
