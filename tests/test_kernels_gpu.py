@@ -100,8 +100,8 @@ def test_moe_matches_reference(tokens, inter, skew):
 @gpu
 @pytest.mark.gpu
 def test_moe_experts_of_other_ranks_and_repeats():
-    """ids of -1 (experts another rank holds) add nothing, a token with none here gets a zero row, and a
-    fused variant's counters start from zero again on the next call: same bits twice."""
+    """ids of -1 (experts another rank holds) add nothing, a token with none here gets a zero row, and
+    repeated calls give the same bits (no state left between launches)."""
     from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
 
     dev = torch.device("cuda")

@@ -11,8 +11,7 @@
 // (nib j, nib j+4) are the four bf16x2 A registers; one lop3 per pair turns them into bf16 128+q+8.
 // Nibbles are stored as on disk (q + 8). Dequant w = bf16(bf16(q) * scale), as the reference does.
 //
-// Forward: align (token->expert blocks of 8 pairs) -> gate/up GEMM + SiLU*up -> down GEMM -> top-k sum
-// (the last three in one launch: moe_fused_kernel).
+// Forward: align (token->expert blocks of 8 pairs) -> gate/up GEMM + SiLU*up -> down GEMM -> top-k sum.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -62,12 +61,9 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 // ---------------------------------------------------------------------------------------------
 // align: pairs p = t*topk + k sorted into blocks of <= 8 pairs of one expert.
 // block_expert[max_blocks], block_pairs[max_blocks*8] (-1 = empty), num_blocks[1]. One CTA.
-// Fused forward only (zero != nullptr): zero[n_zero] (its counters) is cleared, and so is the output row of
-// a token with no expert on this rank (the fused kernel writes a row only where a pair of it lands).
 __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, int E, int max_blocks,
                                  int* __restrict__ block_expert, int* __restrict__ block_pairs,
-                                 int* __restrict__ num_blocks, int* __restrict__ zero, int n_zero, int topk, int H,
-                                 __nv_bfloat16* __restrict__ out) {
+                                 int* __restrict__ num_blocks) {
   extern __shared__ int sm[];
   int* count = sm;          // [E]
   int* start = sm + E;      // [E] first block of expert e
@@ -127,14 +123,6 @@ __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, i
     if (slot < max_blocks * kSlots) block_pairs[slot] = p;
   }
   if (threadIdx.x == 0) *num_blocks = total;
-  if (zero == nullptr) return;
-  for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0;
-  for (int t = threadIdx.x; t < n_pairs / topk; t += blockDim.x) {
-    int mine = 0;
-    for (int k = 0; k < topk; ++k) mine += ids[t * topk + k] >= 0 && ids[t * topk + k] < E;
-    if (mine == 0)
-      for (int n = 0; n < H; n += 8) *reinterpret_cast<uint4*>(out + (size_t)t * H + n) = make_uint4(0u, 0u, 0u, 0u);
-  }
 }
 
 // One 64-wide k-step of a 16-row tile: dequantise the lane's four packed words (scales for rows g and
@@ -152,19 +140,22 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 }
 
 // ---------------------------------------------------------------------------------------------
-// One (row tile of 16, block of 8 pairs) product. GATEUP: rows of gate (wa) and up (wb). On return warp 0
-// holds the CTA's sums (v[0..3]; with GATEUP v[4..7] the up rows) and true; the other warps get false.
-// kCoherent: activations through L2 (ld.cg), for a kernel that reads what other CTAs of it wrote; the
-// read-only path (ld.nc) may serve stale lines there.
-template <bool GATEUP, int kWarps, int kUnroll, bool kCoherent>
-__device__ __forceinline__ bool tile_product(const uint4* __restrict__ wa, const uint4* __restrict__ wb,
-                                             const uint32_t* __restrict__ sa, const uint32_t* __restrict__ sb,
-                                             const __nv_bfloat16* act, int act_div, int e,
-                                             const int* __restrict__ pairs, int tile, int NT, int KT,
-                                             float (&red)[kWarps][32][8], float (&v)[8]) {
+// GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
+// h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32.
+template <bool GATEUP, int kWarps, int kUnroll>
+__global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
+    const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
+    const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
+    const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
+    int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
+  constexpr int NACC = GATEUP ? 8 : 4;
+  __shared__ float red[kWarps][32][NACC];
+  const int tile = blockIdx.x, b = blockIdx.y;
+  if (b >= *num_blocks) return;
+  const int e = block_expert[b];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int pair_g = pairs[g];
+  const int pair_g = block_pairs[b * kSlots + g];
   const int K = KT * 64;
   const uint4* xrow = pair_g >= 0 ? reinterpret_cast<const uint4*>(act + (size_t)(pair_g / act_div) * K) : nullptr;
   const size_t tile_id = (size_t)e * NT + tile;
@@ -189,8 +180,8 @@ __device__ __forceinline__ bool tile_product(const uint4* __restrict__ wa, const
         s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
       }
       if (ok && xrow) {
-        x0[u] = kCoherent ? __ldcg(xrow + it * 8 + c * 2) : __ldg(xrow + it * 8 + c * 2);
-        x1[u] = kCoherent ? __ldcg(xrow + it * 8 + c * 2 + 1) : __ldg(xrow + it * 8 + c * 2 + 1);
+        x0[u] = __ldg(xrow + it * 8 + c * 2);
+        x1[u] = __ldg(xrow + it * 8 + c * 2 + 1);
       } else {
         x0[u] = z4;
         x1[u] = z4;
@@ -203,14 +194,14 @@ __device__ __forceinline__ bool tile_product(const uint4* __restrict__ wa, const
       if (GATEUP) mma_k64(acc_b, qb[u], s_b[u], xs);
     }
   }
-  constexpr int NACC = GATEUP ? 8 : 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     red[warp][lane][i] = acc_a[i];
     if (GATEUP) red[warp][lane][4 + i] = acc_b[i];
   }
   __syncthreads();
-  if (warp != 0) return false;
+  if (warp != 0) return;
+  float v[NACC];
 #pragma unroll
   for (int i = 0; i < NACC; ++i) {
     float s = 0.f;
@@ -218,131 +209,21 @@ __device__ __forceinline__ bool tile_product(const uint4* __restrict__ wa, const
     for (int w = 0; w < kWarps; ++w) s += red[w][lane][i];
     v[i] = s;
   }
-  return true;
-}
-
-// C fragment of lane (g, c): v[i] is (row g + 8*(i>>1), slot 2c + (i&1)) of the 16 x 8 tile.
-__device__ __forceinline__ int frag_row(int lane, int i) { return (lane >> 2) + ((i >> 1) ? 8 : 0); }
-__device__ __forceinline__ int frag_slot(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
-
-// h[pair, row] = silu(gate) * up in bf16 for the tile's valid pairs (warp 0 after tile_product<true>).
-__device__ __forceinline__ void store_silu_mul(const float (&v)[8], const int* pairs, int tile, int N,
-                                               __nv_bfloat16* h_out) {
-  const int lane = threadIdx.x & 31;
+  const int N = NT * 16;
+  // C fragment: v[0] (row g, slot 2c), v[1] (row g, slot 2c+1), v[2] (row g+8, slot 2c), v[3] (row g+8, 2c+1)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int pair = pairs[frag_slot(lane, i)];
+    const int slot = 2 * c + (i & 1);
+    const int row = tile * 16 + g + ((i >> 1) ? 8 : 0);
+    const int pair = block_pairs[b * kSlots + slot];
     if (pair < 0) continue;
-    const float gt = v[i], up = v[4 + i];
-    h_out[(size_t)pair * N + tile * 16 + frag_row(lane, i)] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
-  }
-}
-
-// y[pair, row] in fp32 for the tile's valid pairs (warp 0 after tile_product<false>).
-__device__ __forceinline__ void store_rows(const float (&v)[8], const int* pairs, int tile, int N, float* y_out) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int pair = pairs[frag_slot(lane, i)];
-    if (pair >= 0) y_out[(size_t)pair * N + tile * 16 + frag_row(lane, i)] = v[i];
-  }
-}
-
-template <bool GATEUP, int kWarps, int kUnroll>
-__global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
-    const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
-    const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
-    const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
-    int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
-  __shared__ float red[kWarps][32][8];
-  const int tile = blockIdx.x, b = blockIdx.y;
-  if (b >= *num_blocks) return;
-  const int* pairs = block_pairs + b * kSlots;
-  float v[8];
-  if (!tile_product<GATEUP, kWarps, kUnroll, false>(wa, wb, sa, sb, act, act_div, block_expert[b], pairs, tile, NT,
-                                                      KT, red, v))
-    return;
-  if (GATEUP) store_silu_mul(v, pairs, tile, NT * 16, h_out);
-  else store_rows(v, pairs, tile, NT * 16, y_out);
-}
-
-// Spin until *p >= target. Acquire: what the CTAs that counted wrote before is visible after. Thread 0
-// polls, then a CTA barrier (CUTLASS's semaphore pattern).
-__device__ __forceinline__ void wait_count(const int* p, int target) {
-  if (threadIdx.x == 0) {
-    int v;
-    while (true) {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-      if (v >= target) break;
-      __nanosleep(64);
+    if (GATEUP) {
+      const float gt = v[i], up = v[4 + i];
+      const float hv = gt / (1.f + __expf(-gt)) * up;
+      h_out[(size_t)pair * N + row] = __float2bfloat16(hv);
+    } else {
+      y_out[(size_t)pair * N + row] = v[i];
     }
-  }
-  __syncthreads();
-}
-
-// The whole expert computation in one launch (after align): CTAs [0, max_blocks * NI) are the gate/up
-// tiles (block-major), then [.., + max_blocks * NH) the down tiles. A down CTA of block b waits until
-// b's NI gate/up tiles are counted in done[b]. No deadlock: CTAs are dispatched in index order, so every
-// gate/up CTA is running or finished when a down CTA starts to wait (the assumption CUB's decoupled
-// look-back makes). The top-k sum is fused too: the last of a token's pairs to store its down rows of a
-// tile (count in cnt[t, tile]) sums them in slot order (deterministic) and writes out[t, tile rows].
-// kMinCtas: CTAs per SM the register budget must allow (the gate/up tiles of one token fill one wave).
-template <int kWarps, int kUnroll, int kMinCtas>
-__global__ void __launch_bounds__(kWarps * 32, kMinCtas) moe_fused_kernel(
-    const uint4* __restrict__ wg, const uint4* __restrict__ wu, const uint32_t* __restrict__ sg,
-    const uint32_t* __restrict__ su, const uint4* __restrict__ wd, const uint32_t* __restrict__ sd,
-    const __nv_bfloat16* __restrict__ x, const int64_t* __restrict__ ids, const float* __restrict__ route_w,
-    int topk, int E, int max_blocks, const int* __restrict__ block_expert, const int* __restrict__ block_pairs,
-    const int* __restrict__ num_blocks, int* done, int* cnt, int NI, int NH, __nv_bfloat16* h_buf, float* y_buf,
-    __nv_bfloat16* __restrict__ out) {
-  __shared__ float red[kWarps][32][8];
-  const int lane = threadIdx.x & 31;
-  const bool gateup = blockIdx.x < max_blocks * NI;
-  const int idx = gateup ? blockIdx.x : blockIdx.x - max_blocks * NI;
-  const int NT = gateup ? NI : NH;
-  const int b = idx / NT, tile = idx % NT;
-  if (b >= *num_blocks) return;
-  const int* pairs = block_pairs + b * kSlots;
-  float v[8];
-  if (gateup) {
-    if (!tile_product<true, kWarps, kUnroll, false>(wg, wu, sg, su, x, topk, block_expert[b], pairs, tile, NI,
-                                                      NH / 4, red, v))
-      return;
-    store_silu_mul(v, pairs, tile, NI * 16, h_buf);
-    __threadfence();
-    __syncwarp();
-    if (lane == 0) atomicAdd(done + b, 1);
-    return;
-  }
-  wait_count(done + b, NI);
-  if (!tile_product<false, kWarps, kUnroll, true>(wd, nullptr, sd, nullptr, h_buf, 1, block_expert[b], pairs, tile,
-                                                    NH, NI / 4, red, v))
-    return;
-  const int H = NH * 16;
-  store_rows(v, pairs, tile, H, y_buf);
-  __threadfence();
-  __syncwarp();
-  bool last = false;  // lane s < 8: whether this CTA stored the last of slot s's token's pairs at this tile
-  if (lane < kSlots && pairs[lane] >= 0) {
-    const int t = pairs[lane] / topk;
-    int need = 0;
-    for (int k = 0; k < topk; ++k) need += ids[t * topk + k] >= 0 && ids[t * topk + k] < E;
-    last = atomicAdd(cnt + (size_t)t * NH + tile, 1) == need - 1;
-  }
-  unsigned todo = __ballot_sync(0xffffffffu, last);
-  if (todo == 0) return;
-  __threadfence();  // the other CTAs' rows, counted before our increment, are read after it
-  const int row = lane & 15, half = lane >> 4;
-  while (todo) {
-    const int t = pairs[__ffs(todo) - 1] / topk;
-    todo &= todo - 1;
-    float acc = 0.f;
-    for (int k = half; k < topk; k += 2) {
-      const int64_t id = ids[t * topk + k];
-      if (id >= 0 && id < E) acc += route_w[t * topk + k] * __ldcg(y_buf + ((size_t)t * topk + k) * H + tile * 16 + row);
-    }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-    if (half == 0) out[(size_t)t * H + tile * 16 + row] = __float2bfloat16(acc);
   }
 }
 
@@ -372,11 +253,8 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
 
 extern "C" {
 
-// Sizes: H % 64 == 0, I % 64 == 0, group 32. ws_int holds max_blocks*(1+8)+1 ints, and for the fused
-// variants max_blocks + T*H/16 more (counters). h_buf bf16 [T*topk, I]; y_buf fp32 [T*topk, H]; out bf16 [T, H].
-// variant (gate/up warps x unroll, down warps x unroll): 0 = (2 x 8, 2 x 8), 1 = (4 x 4, 4 x 4),
-// 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4): align + gate/up + down + combine (4 launches); 4 = (2 x 8),
-// 5 = (2 x 4), 6 = (4 x 4): align + moe_fused_kernel (2 launches).
+// Sizes: H % 64 == 0, I % 64 == 0, group 32. ws_int holds max_blocks*(1+8)+1 ints.
+// h_buf bf16 [T*topk, I]; y_buf fp32 [T*topk, H]; out bf16 [T, H].
 int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int T, int topk, int E, int H, int I,
                     const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
                     int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, int variant, void* stream) {
@@ -385,27 +263,10 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* block_expert = ws_int;
   int* block_pairs = ws_int + max_blocks;
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
-  int* done = num_blocks + 1;  // fused: [max_blocks] gate/up tiles finished per block, then [T, H/16] pairs summed
-  const bool fused = variant >= 4;
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
-                                                        num_blocks, fused ? done : nullptr, max_blocks + T * (H / 16),
-                                                        topk, H, (__nv_bfloat16*)out);
-  if (fused) {
-    const int grid = max_blocks * (I / 16 + H / 16);
-#define DDT_FUSED(W, U, C)                                                                                        \
-  moe_fused_kernel<W, U, C><<<grid, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg,        \
-                                                  (const uint32_t*)su, (const uint4*)wd, (const uint32_t*)sd,     \
-                                                  (const __nv_bfloat16*)x, ids, route_w, topk, E, max_blocks,     \
-                                                  block_expert, block_pairs, num_blocks, done, done + max_blocks, \
-                                                  I / 16, H / 16, (__nv_bfloat16*)h_buf, y_buf, (__nv_bfloat16*)out)
-    switch (variant) {
-      case 5: DDT_FUSED(2, 4, 10); break;
-      case 6: DDT_FUSED(4, 4, 5); break;
-      default: DDT_FUSED(2, 8, 8); break;
-    }
-#undef DDT_FUSED
-    return (int)cudaGetLastError();
-  }
+                                                        num_blocks);
+  // variant (gate/up warps x unroll, down warps x unroll): 0 = (2 x 8, 2 x 8), 1 = (4 x 4, 4 x 4),
+  // 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4). 0 was best or within 1.5% at 1-64 tokens (BENCHMARKS.md).
   const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
 #define DDT_GU(W, U)                                                                                          \
   moe_gemm_kernel<true, W, U><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \

@@ -96,7 +96,7 @@ def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
 
 
 VARIANT = int(__import__("os").environ.get("DDTREE_MOE_VARIANT", "0"))  # tile/unroll variant (moe_int4.cu)
-N_VARIANTS = 7  # 0-3: four launches, 4-6: align + one fused launch (ddt_moe_forward lists them)
+N_VARIANTS = 4
 
 
 def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,
@@ -114,8 +114,7 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
     w = weights.to(torch.float32).contiguous()
     pairs = t * k
     max_blocks = min(e, pairs) + (pairs + 7) // 8
-    # block table (max_blocks * 9 + 1), then the fused variants' counters (max_blocks + t * h / 16)
-    ws = torch.empty(max_blocks * 10 + 1 + t * (h // 16), dtype=torch.int32, device=x.device)
+    ws = torch.empty(max_blocks * 9 + 1, dtype=torch.int32, device=x.device)
     hbuf = torch.empty(pairs, inter, dtype=torch.bfloat16, device=x.device)
     ybuf = torch.empty(pairs, h, dtype=torch.float32, device=x.device)
     stream = torch.cuda.current_stream(x.device).cuda_stream
