@@ -271,7 +271,7 @@ def train_draft(out: Path, a, device) -> dict:
     log(f"draft: target {target_dir}")
     torch.backends.cuda.matmul.allow_tf32 = False  # greedy continuations as the float32 CPU engine makes them
     archs = [parse_arch(s) for s in a.draft_arch]
-    cfg_jsons = [draft_config(vocab, n_ranks, **arch) for arch in archs]
+    cfg_jsons = [draft_config(vocab, n_ranks, block=a.draft_block, **arch) for arch in archs]
     dcfgs = [DraftConfig.from_json(c) for c in cfg_jsons]
     capture, B, mask_id = tuple(dcfgs[0].target_layer_ids), dcfgs[0].block_size, dcfgs[0].mask_token_id
     enc = Encoder(out / "tokenizer")
@@ -398,7 +398,7 @@ def train_draft(out: Path, a, device) -> dict:
     res = {"steps": total, "train_seconds": round(train_s, 1), "gen_seconds": round(gen_s, 1),
            "gen_batches": len(buckets), "gen_sequences": n_seq, "gen_len": a.gen_len,
            "gen_roundable_tokens": sum(int((b[4] - b[3] + 1).clamp(min=0).sum()) for b in buckets),
-           "draft_batch": a.draft_batch, "anchors": a.anchors, "lr": a.draft_lr,
+           "draft_batch": a.draft_batch, "block": a.draft_block, "anchors": a.anchors, "lr": a.draft_lr,
            "target": str(target_dir), "val_prompts": len(vprompts), "variants": {}, "curve": hist,
            "sample_tokens": sample[:64]}
     for i, v in enumerate(variants):
@@ -436,6 +436,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-arch", nargs="+", default=[f"{DRAFT['layers']}x{DRAFT['inter']}"],
                     help="drafter variants LAYERSxINTERMEDIATE, trained side by side on the same batches; "
                          "the first is also written to OUT/draft")
+    ap.add_argument("--draft-block", type=int, default=DRAFT["block"], help="block size: drafted tokens + 1")
     ap.add_argument("--draft-seconds", type=float, default=200)
     ap.add_argument("--draft-steps", type=int, default=None)
     ap.add_argument("--draft-gen-seconds", type=float, default=40)

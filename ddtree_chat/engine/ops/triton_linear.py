@@ -22,24 +22,23 @@ MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than c
 SPLIT_K_CHUNK = 256  # K per split beyond MAX_K
 MAX_SPLIT_K = 8192  # beyond, cuBLAS (the split count is a compile-time constant: one compile per K)
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
-CHAINS = 1  # accumulation chains of the small tile (1 or 2: odd k-steps in a second accumulator)
 
 
-def _tile(m: int, n: int) -> tuple[int, ...]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, chains) by shape, not autotuned: each autotune config was
-    one more compile per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU
+def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more
+    compile per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU
     run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles, H200): 16x32
     tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency), e.g.
     [33, 256] x [128, 256] 4.0 us vs 5.8 with 64x32; taller and wider tiles win only for the lm head."""
     if n >= 2048 and m > 16:
-        return min(64, triton.next_power_of_2(m)), 64, 64, 4, 2, 1
-    return 16, 32, 64, 4, 3, CHAINS
+        return min(64, triton.next_power_of_2(m)), 64, 64, 4, 2
+    return 16, 32, 64, 4, 3
 
 
 @triton.jit(do_not_specialize=["M"])
 def _mm_nt_kernel(X, W, W2, O, PART, LOCK, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
                   PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, CHAINS: tl.constexpr):
+                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
     """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
     [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
     after) adds them in split order (deterministic) and stores the tile: split-K in one launch."""
@@ -58,29 +57,15 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, M, N, K, BATCH, sxb, sxm, sxk, swb, s
     w_off = b * swb + offs_n[None, :] * swn + (k_lo + offs_k)[:, None] * swk  # [BK, BN]; W2 shares W's strides
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # CHAINS == 2: odd k-steps accumulate apart (acc_b, acc2_b), two independent MMA chains
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc2_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K * CHAINS):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = offs_k + k0 < k_hi
         x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w_ok = k_ok[:, None] & n_ok[None, :]
         acc = tl.dot(x, tl.load(W + w_off, mask=w_ok, other=0.0), acc, input_precision=PREC)
         if GLU:
             acc2 = tl.dot(x, tl.load(W2 + w_off, mask=w_ok, other=0.0), acc2, input_precision=PREC)
-        if CHAINS == 2:
-            k_ok = offs_k + k0 + BLOCK_K < k_hi
-            x = tl.load(xp + BLOCK_K * sxk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w_ok = k_ok[:, None] & n_ok[None, :]
-            acc_b = tl.dot(x, tl.load(W + w_off + BLOCK_K * swk, mask=w_ok, other=0.0), acc_b, input_precision=PREC)
-            if GLU:
-                acc2_b = tl.dot(x, tl.load(W2 + w_off + BLOCK_K * swk, mask=w_ok, other=0.0), acc2_b,
-                                input_precision=PREC)
-        xp += BLOCK_K * CHAINS * sxk
-        w_off += BLOCK_K * CHAINS * swk
-    if CHAINS == 2:
-        acc += acc_b
-        acc2 += acc2_b
+        xp += BLOCK_K * sxk
+        w_off += BLOCK_K * swk
     if GLU:
         acc = acc / (1.0 + tl.exp(-acc)) * acc2  # silu(gate) * up
     op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
@@ -158,8 +143,8 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
                      split: int = 1) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
-    output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, chains])
-    instead of the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
+    output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
+    the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
     programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
@@ -167,7 +152,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     x3, sxb = _as3(x, batch)
     w3, swb = _as3(w, batch)
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
-    block_m, block_n, block_k, warps, stages, *chains = tile or _tile(m, n)
+    block_m, block_n, block_k, warps, stages = tile or _tile(m, n)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     part = lock = out
@@ -181,5 +166,5 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb,
                         w3.stride(1), w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
                         GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                        CHAINS=chains[0] if chains else 1, num_warps=warps, num_stages=stages)
+                        num_warps=warps, num_stages=stages)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
