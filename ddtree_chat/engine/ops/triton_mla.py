@@ -27,19 +27,14 @@ _CONFIGS = [
 ]
 
 
-_FLUSH: dict = {}  # device -> a buffer larger than L2, rewritten between timed calls
-
-
 def cold_graph_ms(kernel_call, quantiles=None, calls: int = 8, reps: int = 5):
     """The autotuner's timing: CUDA-graph replays of (L2 flush, call) x calls minus those of the flushes
     alone, per call; the median of reps. Why: do_bench's per-call events carry launch noise that for ~20 us
     kernels swapped the pick between runs (BENCHMARKS.md, eighth session); the flush keeps the cache cold,
     as a 61-layer forward reads it."""
     kernel_call()  # compiles (errors such as OutOfResources reach the autotuner here, outside a capture)
-    dev = torch.cuda.current_device()
-    if dev not in _FLUSH:
-        _FLUSH[dev] = torch.empty(64 << 20, dtype=torch.int8, device="cuda")
-    flush = _FLUSH[dev]
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.int8, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
