@@ -42,11 +42,13 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     for bm, bn, bk in tiles:
         for glu in (False, True):
             yield f"mm tile {bm}x{bn}x{bk} GLU={glu}", triton_linear._mm_nt_kernel, MM_SIGNATURE, {
-                "PREC": "tf32x3", "GLU": glu, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": 1}
+                "PREC": "tf32x3", "GLU": glu, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": 1, "NORM": False}
+        yield f"mm tile {bm}x{bn}x{bk} norm", triton_linear._mm_nt_kernel, MM_SIGNATURE, {
+            "PREC": "tf32x3", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": 1, "NORM": True}
     for k in (768, 1536):  # the dense MLP's and the drafter's down projections: split-K
         yield f"mm split-K K={k}", triton_linear._mm_nt_kernel, MM_SIGNATURE, {
             "PREC": "tf32x3", "GLU": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64,
-            "SPLIT": triton.cdiv(k, triton_linear.SPLIT_K_CHUNK)}
+            "SPLIT": triton.cdiv(k, triton_linear.SPLIT_K_CHUNK), "NORM": False}
     fp32 = dict(MLA_SIGNATURE, QL="*fp32", QP="*fp32", CKV="*fp32", KPE="*fp32")
     for cfg in triton_mla._CONFIGS:
         yield f"mla {cfg.kwargs}", triton_mla._mla_split_kernel.fn, fp32, dict(

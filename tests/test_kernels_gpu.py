@@ -557,6 +557,27 @@ def test_triton_matmul_nt_matches_float64(m, k, n, entry):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(33, 256, 208), (33, 128, 192), (17, 256, 8192), (8, 256, 8192), (1, 256, 208)])
+def test_rms_norm_linear_matches_float64(m, k, n):
+    """The norm folded into the product (a verify's q_a/kv_a, q_b, lm head): float32-level error against
+    float64, on a strided x (q is a slice of the q_a/kv_a product); one row declines to the separate ops."""
+    from ddtree_chat.engine.ops import rms_norm_linear
+    from ddtree_chat.engine.ops.triton_linear import rms_norm_linear_fast
+
+    gen = torch.Generator(device="cuda").manual_seed(m + k + n)
+    x = torch.randn(m, k + 16, device="cuda", generator=gen)[:, :k]
+    nw = torch.rand(k, device="cuda", generator=gen) + 0.5
+    w = torch.randn(n, k, device="cuda", generator=gen)
+    xd = x.double()
+    want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()) @ w.double().T
+    fused = rms_norm_linear_fast(x, nw, 1e-6, w)
+    assert (fused is None) == (m == 1)
+    for out in ([fused] if fused is not None else []) + [rms_norm_linear(x, nw, 1e-6, w)]:
+        assert out.shape == (m, n) and rel(out, want) < 1e-6
+
+
+@gpu
+@pytest.mark.gpu
 def test_split_k_product_is_one_launch_and_replays():
     """The drafter's down projection ([8, 1536] x [256, 1536]) split over K in one launch: float32-level
     error, the same result on every call and graph replay (its counters reset themselves)."""

@@ -183,16 +183,18 @@ MM_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
 bad = []
-for shape_x, shape_w, glu, split in json.loads(sys.argv[1]):
+for shape_x, shape_w, glu, split, *normed in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(len(shape_x) * 100 + shape_x[-2])
     x = torch.randn(*shape_x, generator=g)
     w, w2 = torch.randn(*shape_w, generator=g), torch.randn(*shape_w, generator=g)
-    ref = x.double() @ w.double().transpose(-1, -2)
+    norm = (torch.rand(shape_x[-1], generator=g) + 0.5, 1e-5) if normed else None
+    xn = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * norm[0].double() if norm else x
+    ref = xn.double() @ w.double().transpose(-1, -2)
     if glu:
         ref = torch.nn.functional.silu(ref) * (x.double() @ w2.double().transpose(-1, -2))
     for _ in range(2):  # NOTE: twice: split-K counters must be back at zero after a launch
         got = matmul_nt_triton(x.transpose(-1, -2).contiguous().transpose(-1, -2), w, precision="ieee",
-                               w2=w2 if glu else None, split=split)
+                               w2=w2 if glu else None, split=split, norm=norm)
         if got.shape != ref.shape or (got.double() - ref).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
             bad.append([shape_x, shape_w, glu, split])
 print(json.dumps(bad))
@@ -249,6 +251,7 @@ for ns, m, r in merges:  # more splits than one merge tile; empty splits (lse -i
     op, lp = torch.randn(ns, m, r, generator=g), torch.randn(ns, m, generator=g) * 4
     lp[1::3] = float("-inf")
     want = (op * torch.softmax(lp * 0.6931471805599453, 0)[..., None]).sum(0)
+    op[1::3] = float("nan")  # an empty split's partial is never written: it must not be read
     got = torch.empty(m, r)
     tm.merge_splits(op, lp, got)
     if not (got - want).abs().max() <= 1e-5:
@@ -320,12 +323,13 @@ def test_mla_kernel_in_the_interpreter_equals_the_reference():
 def test_small_m_product_kernel_in_the_interpreter_equals_float64():
     """x @ w^T and the GLU epilogue: masked edges (no dimension a tile multiple), a column-major x, a
     shared 2-D x against stacked experts, batched both sides; split-K (the drafter's K = 1536, a K that
-    is no multiple of a split, batched)."""
+    is no multiple of a split, batched); the RMSNorm prologue (a K over several k-steps, a strided x)."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [([5, 70], [40, 70], False, 1), ([5, 70], [40, 70], True, 1), ([33, 64], [3, 24, 64], True, 1),
              ([2, 17, 32], [2, 9, 32], False, 1), ([1, 256], [130, 256], True, 1),
-             ([8, 1536], [40, 1536], False, 6), ([17, 700], [3, 33, 700], False, 3), ([2, 9, 300], [2, 20, 300], False, 2)]
+             ([8, 1536], [40, 1536], False, 6), ([17, 700], [3, 33, 700], False, 3),
+             ([2, 9, 300], [2, 20, 300], False, 2), ([33, 200], [40, 200], False, 1, True), ([3, 70], [130, 70], False, 1, True)]
     assert interpret(MM_SCRIPT, cases) == []
 
 

@@ -42,6 +42,10 @@ class RMSNorm(nn.Module):
         """(self(x + residual), x + residual) in one pass."""
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
+    def linear(self, x, w):
+        """F.linear(self(x), w), the norm inside the product where a kernel serves the shape."""
+        return ops.rms_norm_linear(x, self.weight, self.eps, w)
+
 
 class MLP(nn.Module):
     """SwiGLU MLP; under TP each rank holds inter/world of the intermediate features (partial sums out)."""
@@ -104,18 +108,21 @@ class MLA(nn.Module):
             first = self.q_a_proj if hasattr(self, "q_a_proj") else self.q_proj
             self.qkv_a_weight = ops.stack_weights(first, self.kv_a_proj_with_mqa)
 
-    def _q_and_kv_a(self, x):
-        """x [..., T, H] -> q [..., T, h * 192], kv_a [..., T, r + p] (possibly slices of one product)."""
+    def _q_and_kv_a(self, x, in_norm: RMSNorm | None):
+        """x [..., T, H] (in_norm(x) if given) -> q [..., T, h * 192], kv_a [..., T, r + p] (possibly
+        slices of one product)."""
         lora = hasattr(self, "q_a_proj")
         if self.qkv_a_weight is None:
+            x = in_norm(x) if in_norm is not None else x
             q, kv = (self.q_a_proj if lora else self.q_proj)(x), self.kv_a_proj_with_mqa(x)
         else:
-            y = ops.linear(x, self.qkv_a_weight)
+            y = in_norm.linear(x, self.qkv_a_weight) if in_norm is not None else ops.linear(x, self.qkv_a_weight)
             q, kv = y.split([y.shape[-1] - self.r - self.dr, self.r + self.dr], -1)
-        return (self.q_b_proj(self.q_a_layernorm(q)) if lora else q), kv
+        return (self.q_a_layernorm.linear(q, self.q_b_proj.weight) if lora else q), kv
 
-    def forward(self, x, cos, sin, tree_mask, cache: LatentCache | None = None):
-        q, kv = self._q_and_kv_a(x)
+    def forward(self, x, cos, sin, tree_mask, cache: LatentCache | None = None, in_norm: RMSNorm | None = None):
+        """in_norm: the layer's input norm, applied here (inside the first product where a kernel can)."""
+        q, kv = self._q_and_kv_a(x, in_norm)
         q = q.unflatten(-1, (self.h, self.dn + self.dr))  # [..., T, h, 192]
         q_nope, q_pe = q[..., : self.dn], ops.apply_rope_interleaved(q[..., self.dn :], cos, sin, heads=True)
         norm = self.kv_a_layernorm
@@ -174,7 +181,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(cfg, tp) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size, tp, reduce=True)
 
     def forward(self, x, cos, sin, tree_mask, cache=None):
-        h, x = self.post_attention_layernorm.add(self.self_attn(self.input_layernorm(x), cos, sin, tree_mask, cache), x)
+        h, x = self.post_attention_layernorm.add(self.self_attn(x, cos, sin, tree_mask, cache, self.input_layernorm), x)
         return x + self.mlp(h)
 
 
@@ -220,7 +227,8 @@ class KimiModel(ops.RopeOwner, nn.Module):
         return self.tp.all_gather_last(self.lm_head(x).float())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(hidden))
+        """head(norm(hidden)), the norm inside the lm-head product where a kernel serves the shape."""
+        return self.tp.all_gather_last(self.norm.linear(hidden, self.lm_head.weight).float())
 
 
 def causal_mask(t: int, device=None) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .norm import rms_norm
 from .registry import dispatch
 
 
@@ -27,6 +28,16 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])
     return dispatch("matmul_nt", x2, F.linear, x2, w).view(*x.shape[:-1], w.shape[0])
+
+
+def rms_norm_linear_ref(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(rms_norm(x), w): x [..., K], norm_w [K], w [N, K] -> [..., N] (each op dispatched alone)."""
+    return linear(rms_norm(x, norm_w, eps), w)
+
+
+def rms_norm_linear(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm and the one product that reads it: one launch where a kernel serves the shape."""
+    return dispatch("rms_norm_linear", x, rms_norm_linear_ref, x, norm_w, eps, w)
 
 
 def matmul_nt_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:

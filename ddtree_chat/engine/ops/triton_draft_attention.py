@@ -68,7 +68,8 @@ def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, OP, LP, N, B, n_splits, scale_lo
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
     row = b_row * NH + h_row  # NOTE: [B, nh] order, so the merge writes the output in place
     out_row = (sid * B * NH + row).to(tl.int64)
-    tl.store(OP + out_row[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=m_ok[:, None])
+    # NOTE: rows that saw no key (masked entries past the context) store only their -inf lse (the merge skips them)
+    tl.store(OP + out_row[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=(m_ok & (l_i > 0))[:, None])
     tl.store(LP + out_row, lse, mask=m_ok)
 
 

@@ -36,12 +36,14 @@ def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _mm_nt_kernel(X, W, W2, O, PART, LOCK, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
+def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
                   PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr):
     """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
     [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
-    after) adds them in split order (deterministic) and stores the tile: split-K in one launch."""
+    after) adds them in split order (deterministic) and stores the tile: split-K in one launch.
+    NORM (SPLIT == 1): x's rows are RMS-normed first (weight NW [K], eps), as ops.rms_norm_ref does: a
+    first pass over K for the rows' mean square, then each k-step scales x by rstd, then by NW."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = (tl.program_id(2) // SPLIT).to(tl.int64)
@@ -54,12 +56,20 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, M, N, K, BATCH, sxb, sxm, sxk, swb, s
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     xp = X + b * sxb + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :] * sxk  # [BM, BK]
+    if NORM:
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(xp + k0 * sxk, mask=m_ok[:, None] & (offs_k + k0 < K)[None, :], other=0.0)
+            ss += tl.sum(x * x, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
     w_off = b * swb + offs_n[None, :] * swn + (k_lo + offs_k)[:, None] * swk  # [BK, BN]; W2 shares W's strides
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = offs_k + k0 < k_hi
         x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if NORM:
+            x = x * rstd[:, None] * tl.load(NW + k0 + offs_k, mask=k_ok, other=0.0)[None, :]
         w_ok = k_ok[:, None] & n_ok[None, :]
         acc = tl.dot(x, tl.load(W + w_off, mask=w_ok, other=0.0), acc, input_precision=PREC)
         if GLU:
@@ -138,14 +148,27 @@ def _locks(device, n: int) -> torch.Tensor | None:
     return buf
 
 
+def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor | None:
+    """The registered rms_norm_linear: the norm folded into this kernel's product wherever matmul_nt_fast
+    would take the kernel (a launch less per norm, e.g. a verify's q_a/kv_a, q_b and lm-head products);
+    None elsewhere (the op then runs the norm and the product apart: single rows keep cuBLAS)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    m = x2.shape[0]
+    if w.dim() != 2 or not _fits(x2, w) or not (MIN_M <= m or (m >= 2 and w.shape[0] >= WIDE_N)):
+        return None
+    out = matmul_nt_triton(x2, w, norm=(norm_w.float().contiguous(), eps))
+    return out.view(*x.shape[:-1], w.shape[0])
+
+
 def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
                      w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None,
-                     split: int = 1) -> torch.Tensor | None:
+                     split: int = 1, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
     output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
     the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
-    programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture)."""
+    programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture).
+    norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
@@ -156,6 +179,8 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     part = lock = out
+    norm_w, eps = norm if norm is not None else (out, 0.0)
+    assert norm is None or split == 1, "the norm reads all of K: no split-K"
     if split > 1:
         assert w2 is None, "split-K has no GLU epilogue"
         tiles = grid[0] * grid[1] * batch
@@ -163,8 +188,8 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
         if lock is None:
             return None
         part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
-    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb,
-                        w3.stride(1), w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, m, n, k, batch, sxb, x3.stride(1), x3.stride(2),
+                        swb, w3.stride(1), w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
                         GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                        num_warps=warps, num_stages=stages)
+                        NORM=norm is not None, num_warps=warps, num_stages=stages)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]

@@ -133,18 +133,22 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
     row = sid * M + offs_m
     obase = OP + row[:, None].to(tl.int64) * R + offs_c[None, :]
-    tl.store(obase, acc0 * inv, mask=m_ok[:, None])
-    tl.store(obase + RC, acc1 * inv, mask=m_ok[:, None])
-    tl.store(obase + 2 * RC, acc2 * inv, mask=m_ok[:, None])
-    tl.store(obase + 3 * RC, acc3 * inv, mask=m_ok[:, None])
+    # NOTE: a row that saw no key (every row of an empty split: a short prefix under a plan made for the
+    # longest) stores its -inf lse only; the merge reads no partial whose lse is -inf
+    o_ok = (m_ok & (l_i > 0))[:, None]
+    tl.store(obase, acc0 * inv, mask=o_ok)
+    tl.store(obase + RC, acc1 * inv, mask=o_ok)
+    tl.store(obase + 2 * RC, acc2 * inv, mask=o_ok)
+    tl.store(obase + 3 * RC, acc3 * inv, mask=o_ok)
     tl.store(LP + row, lse, mask=m_ok)
 
 
 @triton.jit(do_not_specialize=["M", "NS"])
 def lse_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
     """Split-KV partials OP [NS, M, R] (each normalised) with their log2-sum-exps LP [NS, M] -> O [M, R],
-    BLOCK_S splits at a time (a long context's hundreds of splits in one tile spilled). Also the drafter
-    attention's merge (triton_draft_attention)."""
+    BLOCK_S splits at a time (a long context's hundreds of splits in one tile spilled). A partial whose
+    lse is -inf is not read (it may never have been written). Also the drafter attention's merge
+    (triton_draft_attention)."""
     m = tl.program_id(0)
     rb = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -158,10 +162,11 @@ def lse_merge_kernel(OP, LP, O, M, NS, R: tl.constexpr, BLOCK_S: tl.constexpr, B
     acc = tl.zeros([BLOCK_R], tl.float32)
     for s0 in range(0, NS, BLOCK_S):
         s_ok = s0 + offs_s < NS
-        w = tl.exp2(tl.load(LP + (s0 + offs_s) * M + m, mask=s_ok, other=float("-inf")) - top)
+        lse = tl.load(LP + (s0 + offs_s) * M + m, mask=s_ok, other=float("-inf"))
+        w = tl.exp2(lse - top)
         den += w
-        o = tl.load(OP + ((s0 + offs_s)[:, None].to(tl.int64) * M + m) * R + offs_r[None, :], mask=s_ok[:, None],
-                    other=0.0)
+        o = tl.load(OP + ((s0 + offs_s)[:, None].to(tl.int64) * M + m) * R + offs_r[None, :],
+                    mask=(s_ok & (lse > float("-inf")))[:, None], other=0.0)
         acc += tl.sum(o * w[:, None], 0)
     out = acc / tl.maximum(tl.sum(den, 0), 1e-30)
     tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
