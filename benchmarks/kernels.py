@@ -141,7 +141,7 @@ def bench_moe(ceiling, quick):
 def bench_mla(ceiling, quick):
     from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
     from ddtree_chat.engine.ops import triton_mla
-    from ddtree_chat.engine.ops.triton_mla import cold_graph_ms, mla_attention_triton
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
 
     rows = []
     ctxs = [8192, 131072] if quick else [8192, 32768, 131072]
@@ -158,12 +158,12 @@ def bench_mla(ceiling, quick):
                 fn = lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 # NOTE: cold L2 (a flush before each call, subtracted): up to 32k keys the cache fits in the
                 # 50 MB L2, so back-to-back replays flattered those rows; a 61-layer forward reads it cold
-                us, warm_us = 1e3 * cold_graph_ms(fn), graph_us(fn)
+                us, warm_us = 1e3 * graph_ms(fn, cold=True), graph_us(fn)
                 default_keys, default_waves, splits = triton_mla.MIN_SPLIT_KEYS, triton_mla.SPLIT_WAVES, {}
                 for waves in (1, 2):  # the split plan's alternatives, same process
                     for keys in (64, 256, 1024):
                         triton_mla.MIN_SPLIT_KEYS, triton_mla.SPLIT_WAVES = keys, waves
-                        splits[f"{waves}/{keys}"] = 1e3 * cold_graph_ms(fn)
+                        splits[f"{waves}/{keys}"] = 1e3 * graph_ms(fn, cold=True)
                 triton_mla.MIN_SPLIT_KEYS, triton_mla.SPLIT_WAVES = default_keys, default_waves
                 ref_us = None
                 if t == 1 and nh == 64:
@@ -298,7 +298,7 @@ def bench_mla_tiles(ceiling):
     import triton
 
     from ddtree_chat.engine.ops import triton_mla
-    from ddtree_chat.engine.ops.triton_mla import cold_graph_ms, mla_attention_triton
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
 
     tiles = list(triton_mla._CONFIGS) + [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
                                           for bm, bn, w, st in MLA_EXTRA_TILES]
@@ -319,8 +319,8 @@ def bench_mla_tiles(ceiling):
                     for keys in (64, 256, 1024):
                         triton_mla.MIN_SPLIT_KEYS = keys
                         try:
-                            times[f"{name}/{keys}"] = 1e3 * cold_graph_ms(
-                                lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468, config=cfg))
+                            times[f"{name}/{keys}"] = 1e3 * graph_ms(
+                                lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468, config=cfg), cold=True)
                         except Exception as e:  # e.g. out of shared memory for this tile
                             times[f"{name}/{keys}"] = float("inf")
                             print(name, "failed:", str(e).splitlines()[0][:120], flush=True)

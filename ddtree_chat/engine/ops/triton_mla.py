@@ -27,22 +27,28 @@ _CONFIGS = [
 ]
 
 
-def cold_graph_ms(kernel_call, quantiles=None, calls: int = 8, reps: int = 5):
-    """The autotuner's timing: CUDA-graph replays of (L2 flush, call) x calls minus those of the flushes
-    alone, per call; the median of reps. Why: do_bench's per-call events carry launch noise that for ~20 us
-    kernels swapped the pick between runs (BENCHMARKS.md, eighth session); the flush keeps the cache cold,
-    as a 61-layer forward reads it."""
+def graph_ms(kernel_call, quantiles=None, cold: bool = False, calls: int = 8, reps: int = 5):
+    """Per-call time from CUDA-graph replays of `calls` calls, the median of reps: the autotuner's timing.
+    Why: do_bench's per-call events carry launch noise that for ~20 us kernels swapped the pick between
+    runs (BENCHMARKS.md, eighth session). cold: an L2 flush before each call, the flushes' own replays
+    subtracted (benchmarks: bytes from DRAM, as a 61-layer forward reads each cache). The autotuner times
+    warm: the flush's time swamps small kernels (the demo's float32 MLA picked a 20% slower tile), and at
+    long contexts warm and cold agree within 4% (ninth session)."""
     kernel_call()  # compiles (errors such as OutOfResources reach the autotuner here, outside a capture)
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.int8, device="cuda")
+    flush = None
+    if cold:
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.int8, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    graphs = []
     with torch.cuda.stream(stream):
-        for g, with_call in zip(graphs, (True, False)):
-            with torch.cuda.graph(g, stream=stream):
+        for with_call in (True, False) if cold else (True,):
+            graphs.append(torch.cuda.CUDAGraph())
+            with torch.cuda.graph(graphs[-1], stream=stream):
                 for _ in range(calls):
-                    flush.zero_()
+                    if cold:
+                        flush.zero_()
                     if with_call:
                         kernel_call()
     torch.cuda.current_stream().wait_stream(stream)
@@ -59,11 +65,12 @@ def cold_graph_ms(kernel_call, quantiles=None, calls: int = 8, reps: int = 5):
             times.append(a.elapsed_time(b))
         return sorted(times)[reps // 2]
 
-    ms = max(replay_ms(graphs[0]) - replay_ms(graphs[1]), 1e-4) / calls
+    total = replay_ms(graphs[0]) - (replay_ms(graphs[1]) if cold else 0.0)
+    ms = max(total, 1e-4) / calls
     return ms if quantiles is None else [ms] * len(quantiles)
 
 
-@triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], do_bench=cold_graph_ms, cache_results=True)
+@triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], do_bench=graph_ms, cache_results=True)
 @triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "n_tree", "SCAP"])
 def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, n_tree, SCAP, scale_log2, s_ckv, s_kpe,
                       sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
