@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import draft_tau  # noqa: E402
 import e2e  # noqa: E402
 import k26_round  # noqa: E402
 
@@ -92,3 +93,12 @@ def test_op_counts_lists_every_reference_a_kernel_replaces(tmp_path):
     assert len(counts) == 7 and all(n >= 4 for n in counts.values())
     shallow, deep = op_counts.references(depth=2), op_counts.references(depth=7)
     assert len(deep["DraftTree.mask_ref (depth 7)"]) > len(shallow["DraftTree.mask_ref (depth 2)"])
+
+
+def test_draft_tau_compares_the_engine_with_the_training_measure_on_cpu(tmp_path):
+    """benchmarks/draft_tau.py on one held-out prompt: both acceptance measures within [1, block]."""
+    out = tmp_path / "tau.json"
+    assert draft_tau.main(["--prompts", "1", "--max-new", "24", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert len(res["rows"]) == 1 and res["rows"][0]["anchors"] > 0
+    assert 1 <= res["engine_tokens_per_forward"] <= 8 and 1 <= res["block_tau"] <= 8

@@ -1,0 +1,86 @@
+"""The drafter's acceptance measured two ways on the same held-out prompts: what the engine's dflash rounds
+accept (tokens per target forward), and the demo training's block tau (`demo.train.block_logits`: 1 + the
+drafted prefix that matches) at every anchor of ar's continuation. The two differ only by where the anchors
+fall (rounds vs every position); a large gap means the engine's drafter sees another context than training
+did. The training log's validation tau comes from another split: compare this script's two columns.
+
+    python benchmarks/draft_tau.py [--target DIR --draft DIR] [--prompts 6] [--max-new 128] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def features(target, ids: list[int], capture) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids -> (tokens [1, n], the target's features of the captured layers [1, n, len(capture) * H])."""
+    from ddtree_chat.demo.draft_data import BatchCache
+    from ddtree_chat.engine.model import causal_mask
+
+    cfg, dev = target.cfg, next(target.parameters()).device
+    toks = torch.tensor([ids], device=dev)
+    n = toks.shape[1]
+    cache = BatchCache(cfg.num_layers, 1, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, torch.float32, dev)
+    return toks, target(toks, torch.arange(n, device=dev), causal_mask(n, dev), cache, capture)[1]
+
+
+def main(argv=None) -> int:
+    from ddtree_chat.demo.common import heldout_prompts
+    from ddtree_chat.demo.train import block_logits
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.engine.engine import Engine
+    from ddtree_chat.engine.generation import GenerationConfig
+    from ddtree_chat.engine.loader import load_drafter
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    target_dir, draft_dir = (a.target, a.draft) if a.target else shipped_demo_dirs()
+    eng = Engine.load(target_dir, draft_dir, device=a.device, dtype=torch.float32)
+    dev = eng.device
+    # NOTE: its own float32 drafter: the engine may run its copy in bf16 on a CPU (speed only)
+    dcfg, drafter = load_drafter(draft_dir, eng.tcfg, dev, torch.float32)
+    block, rows = dcfg.block_size, []
+    with torch.no_grad():
+        for p in heldout_prompts(a.prompts):
+            ids = p["prompt_ids"]
+            out = {}
+            for mode in ("ar", "dflash"):
+                for ev in eng.generate(ids, GenerationConfig(mode=mode, budget=block - 1, max_new_tokens=a.max_new)):
+                    pass
+                out[mode] = ev
+            seq = ids + out["ar"]["token_ids"]
+            if len(seq) - block < len(ids):
+                continue  # too short a reply for one block
+            toks, feats = features(eng.target, seq, tuple(dcfg.target_layer_ids))
+            anchors = torch.arange(len(ids), len(seq) - block + 1, device=dev)[None]
+            logits, labels = block_logits(drafter, eng.target.embed_tokens, eng.target.lm_head, toks, feats,
+                                          torch.tensor([0], device=dev), anchors, dcfg.mask_token_id, block,
+                                          torch.autocast(dev.type, enabled=False))
+            tau = (1 + (logits.argmax(-1) == labels).long().cumprod(-1).sum(-1)).float().flatten()
+            rows.append({"prompt_tokens": len(ids), "reply_tokens": len(out["ar"]["token_ids"]),
+                         "engine_tokens_per_forward": len(out["dflash"]["token_ids"]) / out["dflash"]["target_forwards"],
+                         "anchors": tau.numel(), "block_tau": tau.mean().item()})
+            print(rows[-1], flush=True)
+    if not rows:
+        raise SystemExit("no prompt gave a reply of one block or more")
+    fw = sum(r["reply_tokens"] for r in rows) / sum(r["reply_tokens"] / r["engine_tokens_per_forward"] for r in rows)
+    tau = sum(r["block_tau"] * r["anchors"] for r in rows) / sum(r["anchors"] for r in rows)
+    print(f"{len(rows)} prompts: engine dflash {fw:.2f} tokens per target forward; training block tau {tau:.2f} "
+          f"over {sum(r['anchors'] for r in rows)} anchors (block {block})")
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "engine_tokens_per_forward": fw, "block_tau": tau}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
