@@ -52,10 +52,11 @@ def program_bytes(dec: Decoder, key: tuple, context: int) -> int:
         layers = _bytes(p for name, p in drafter.named_parameters() if not name.startswith(("fc.", "hidden_norm.")))
         ctx = 2 * span * dec.dcache.k.shape[2] * dec.dcache.k.shape[3] * dec.dcache.k.element_size() * len(drafter.layers)
         return layers + _bytes([target.lm_head.weight]) + ctx
-    # accept: the path's latent rows move (one per level, every layer: read + write); a drafting accept also
-    # reads fc and each layer's k/v projections (the path's context rows)
+    # accept ("accept", n, drafting, chain): a tree's path latent rows move (one per level, every layer: read +
+    # write; a chain's are in place already); a drafting accept also reads fc and each layer's k/v projections
     levels = dec.graphs.tree(key[1]).depth_bound + 1
-    moved = 2 * levels * dec.cache.ckv.shape[0] * (dec.cache.ckv[0, 0].nbytes + dec.cache.kpe[0, 0].nbytes)
+    row = dec.cache.ckv[0, 0].nbytes + dec.cache.kpe[0, 0].nbytes
+    moved = 0 if key[3] else 2 * levels * dec.cache.ckv.shape[0] * row
     if not key[2]:
         return moved
     proj = [p for layer in drafter.layers for p in (layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight)]
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
             for r in programs(dec.graphs, mode, budget, a.reps):
                 need = program_bytes(dec, r.pop("key"), a.context)
                 r.update(mode=f"{mode} {budget}" if mode != "ar" else "ar", bytes=need)
-                if ceiling:
+                if ceiling and need:  # NOTE: ar's accept reads no weights: launches only, no byte bound
                     r["bound_ms"] = need / ceiling * 1e3
                 rows.append(r)
     where = torch.cuda.get_device_name() if capture else "CPU (uncaptured)"
