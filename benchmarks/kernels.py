@@ -49,23 +49,10 @@ def copy_ceiling():
 
 
 def graph_us(fn, inner=20, reps=7):
-    """Per-call time from CUDA-graph replays of `inner` calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        fn()
-        with torch.cuda.graph(g, stream=st):
-            for _ in range(inner):
-                fn()
-    torch.cuda.current_stream().wait_stream(st)
-    torch.cuda.synchronize()
-    g.replay()
-    torch.cuda.synchronize()
-    return events_ms(g.replay, reps) * 1e3 / inner
+    """Per-call time from CUDA-graph replays of `inner` calls (warm: the autotuner's own timing)."""
+    from ddtree_chat.engine.ops.triton_mla import graph_ms
+
+    return 1e3 * graph_ms(fn, calls=inner, reps=reps)
 
 
 def eager_us(fn, iters=5):

@@ -43,6 +43,7 @@ def graph_ms(kernel_call, quantiles=None, cold: bool = False, calls: int = 8, re
     stream.wait_stream(torch.cuda.current_stream())
     graphs = []
     with torch.cuda.stream(stream):
+        kernel_call()  # NOTE: once on the capture stream first (what torch asks before a capture, e.g. cuBLAS)
         for with_call in (True, False) if cold else (True,):
             graphs.append(torch.cuda.CUDAGraph())
             with torch.cuda.graph(graphs[-1], stream=stream):
