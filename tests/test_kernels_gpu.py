@@ -343,7 +343,7 @@ def test_move_rows_kernel_matches_reference_and_replays_in_a_graph(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_draft_attention_dispatch_matches_reference(dtype):
     """The demo drafter (8 slots, 4 heads / 2 kv, d = 64) and the K2.6 DFlash drafter (64 / 8, d = 128)
-    over 0..5000 context entries, with the graph path's mask and without one."""
+    over 0..5000 context entries, with a mask, the graphs' device count of held entries and neither."""
     from ddtree_chat.engine.ops import draft_attention, draft_attention_ref
     from ddtree_chat.engine.ops.triton_draft_attention import draft_attention_triton
 
@@ -354,7 +354,8 @@ def test_draft_attention_dispatch_matches_reference(dtype):
             q, kb, vb = rnd(b, nh, d), rnd(b, nkv, d), rnd(b, nkv, d)
             kc, vc = rnd(n + 9, nkv, d)[:n], rnd(n + 9, nkv, d)[:n]
             visible = (torch.arange(n, device="cuda") < n - 3).expand(b, n)
-            for mask in (None, torch.cat([visible, torch.ones(b, b, dtype=torch.bool, device="cuda")], -1)):
+            held = torch.tensor([max(n - 3, 0)], device="cuda")  # the graphs' form: a device count
+            for mask in (None, torch.cat([visible, torch.ones(b, b, dtype=torch.bool, device="cuda")], -1), held):
                 want = draft_attention_ref(q.double(), kc.double(), vc.double(), kb.double(), vb.double(), mask, d**-0.5)
                 got = draft_attention(q, kc, vc, kb, vb, mask, d**-0.5)
                 kernel = draft_attention_triton(q, kc, vc, kb, vb, mask, d**-0.5)
@@ -517,8 +518,8 @@ def test_glu_product_matches_float64():
 @gpu
 @pytest.mark.gpu
 def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
-    from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_triton
-    from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk, walk_topk_ref
+    from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_commit_triton, walk_triton
+    from ddtree_chat.engine.tree import build_tree_topk_ref, walk_commit, walk_commit_ref, walk_topk, walk_topk_ref
 
     gen = torch.Generator().manual_seed(3)
     for d, k, b in [(7, 32, 32), (7, 4, 64), (15, 8, 256), (7, 8, 0)]:
@@ -536,6 +537,13 @@ def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
         assert torch.equal(ok.cpu(), rok) and int(bonus) == int(rbonus)
         kok, kbonus = walk_triton(cuda, choice.cuda())  # the kernel itself, in case the dispatch fell back
         assert torch.equal(kok.cpu(), rok) and int(kbonus) == int(rbonus)
+        for drafting in (True, False):  # the round's bookkeeping, through the dispatch and the kernel itself
+            rstate = torch.tensor([100, 30, 2])
+            want = walk_commit_ref(tree, choice, rstate, drafting)
+            for fn in (walk_commit, walk_commit_triton):
+                state = torch.tensor([100, 30, 2], device="cuda")
+                got = fn(cuda, choice.cuda(), state, drafting)
+                assert all(torch.equal(x.cpu(), y) for x, y in zip(got, want)) and torch.equal(state.cpu(), rstate)
 
 @gpu
 @pytest.mark.gpu

@@ -32,8 +32,9 @@ NORM_SIGNATURE = dict({"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16",
                       **dict.fromkeys(["D", "BLOCK", "HAS_RES"], "constexpr"))
 
 MASK_SIGNATURE = {"PAR": "*i64", "M": "*i8", "N": "i32", "DEPTH": "constexpr", "BLOCK": "constexpr"}
-WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "BONUS": "*i64", "N": "i32",
-                  "DEPTH": "constexpr", "BLOCK": "constexpr"}
+WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "BONUS": "*i64", "DEP": "*i64",
+                  "STATE": "*i64", "PATH": "*i64", "SLOTS": "*i64", "N": "i32", "DEPTH": "constexpr",
+                  "BLOCK": "constexpr", "COMMIT": "constexpr", "LB": "constexpr", "DRAFTING": "constexpr"}
 MOVE_SIGNATURE = dict({"CKV": "*bf16", "KPE": "*bf16", "SRC": "*i64", "DST": "*i64"},
                       **dict.fromkeys(["n", "s_cl", "s_cs", "s_pl", "s_ps"], "i32"),
                       **dict.fromkeys(["R", "P", "BLOCK"], "constexpr"))
@@ -47,11 +48,12 @@ MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf1
                      **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 
 DRAFT_ATTN_SIGNATURE = dict({"Q": "*fp32", "KC": "*fp32", "VC": "*fp32", "KB": "*fp32", "VB": "*fp32", "MASK": "*u8",
-                             "OP": "*fp32", "LP": "*fp32", "N": "i32", "B": "i32", "n_splits": "i32",
+                             "HELD": "*i64", "OP": "*fp32", "LP": "*fp32", "N": "i32", "B": "i32", "n_splits": "i32",
                              "scale_log2": "fp32"},
                             **dict.fromkeys(["sq_b", "sq_h", "skc_n", "skc_g", "svc_n", "svc_g", "skb_n", "skb_g",
                                              "svb_n", "svb_g", "sm_b"], "i32"),
-                            **dict.fromkeys(["NH", "REP", "D", "BLOCK_M", "BLOCK_N", "HAS_MASK", "PREC"], "constexpr"))
+                            **dict.fromkeys(["NH", "REP", "D", "BLOCK_M", "BLOCK_N", "HAS_MASK", "HAS_HELD", "PREC"],
+                                            "constexpr"))
 
 TOPK_CHUNK_SIGNATURE = {"X": "*bf16", "CAND": "*i64", "STATS": "*fp32", "V": "i32", "sx": "i32", "C": "i32",
                         "CHUNK": "constexpr", "K": "constexpr"}
@@ -77,14 +79,15 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     norm = ASTSource(fn=triton_norm._norm_kernel, signature=NORM_SIGNATURE,
                      constexprs={"D": 7168, "BLOCK": 8192, "HAS_RES": True})
     mask = ASTSource(fn=triton_tree._ancestor_kernel, signature=MASK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
-    walk = ASTSource(fn=triton_tree._walk_kernel, signature=WALK_SIGNATURE, constexprs={"DEPTH": 7, "BLOCK": 64})
+    walk = ASTSource(fn=triton_tree._walk_kernel, signature=WALK_SIGNATURE,
+                     constexprs={"DEPTH": 7, "BLOCK": 64, "COMMIT": True, "LB": 8, "DRAFTING": True})
     pack = ASTSource(fn=triton_tree._pack_kernel, signature=PACK_SIGNATURE, constexprs={"BLOCK": 512})
     move = ASTSource(fn=triton_latent._move_kernel, signature=MOVE_SIGNATURE, constexprs={"R": 512, "P": 64, "BLOCK": 128})
     mla = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
                     constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": 16, "BLOCK_N": 16})
     draft = ASTSource(fn=triton_draft_attention._draft_attn_kernel, signature=DRAFT_ATTN_SIGNATURE,
-                      constexprs={"NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": True,
-                                  "PREC": "tf32x3"})
+                      constexprs={"NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": False,
+                                  "HAS_HELD": True, "PREC": "tf32x3"})
     chunk, k, c = triton_topk.plan(163840, 64)  # K2.6's vocabulary at the largest budget the kernel serves
     topk = [ASTSource(fn=triton_topk._chunk_kernel, signature=TOPK_CHUNK_SIGNATURE, constexprs={"CHUNK": chunk, "K": k}),
             ASTSource(fn=triton_topk._merge_kernel, signature=TOPK_MERGE_SIGNATURE,

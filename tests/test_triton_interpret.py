@@ -23,8 +23,10 @@ for d, k, b in json.loads(sys.argv[1]):
     lp = torch.log_softmax(torch.randn(d, 500, generator=g) * 3, -1)
     vals, ids = lp.max(-1, keepdim=True) if k == 1 else lp.topk(k, dim=-1)
     ref = build_tree_topk_ref(torch.tensor([5]), vals, ids, b)
-    got = build_tree_triton(torch.tensor([5]), vals, ids, b)
+    bufs = (torch.full((b + 1,), -7), torch.full((b + 1,), -7), torch.full((b + 1,), -7), torch.full((b + 1,), 9.0))
+    got = build_tree_triton(torch.tensor([5]), vals, ids, b, out=bufs)
     same = all(torch.equal(x, y) for x, y in zip(got[:3], (ref.tokens, ref.parents, ref.depth)))
+    same &= all(x is y for x, y in zip(got, bufs))  # built in place
     if not (same and torch.allclose(got[3], ref.logprobs, atol=1e-5)):
         bad.append([d, k, b])
 print(json.dumps(bad))
@@ -127,8 +129,8 @@ print(json.dumps(bad))
 WALK_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ddtree import pack_round_ref
-from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, pack_round_triton, walk_triton
-from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk_ref
+from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, pack_round_triton, walk_commit_triton, walk_triton
+from ddtree_chat.engine.tree import build_tree_topk_ref, walk_commit_ref, walk_topk_ref
 bad = []
 for d, k, b, follow in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(d * 100 + b + follow)
@@ -148,7 +150,13 @@ for d, k, b, follow in json.loads(sys.argv[1]):
     ok, bonus = walk_triton(tree, choice)
     rok, rbonus = walk_topk_ref(tree, choice)
     packed = pack_round_triton(tree, choice, ok, bonus)
-    if not (torch.equal(ancestor_mask_triton(tree), tree.mask_ref()) and torch.equal(ok, rok)
+    # the round's bookkeeping: path, slots and the state update, drafting or not
+    committed = True
+    for drafting in (True, False):
+        state, rstate = torch.tensor([40 + d, 17, 3]), torch.tensor([40 + d, 17, 3])
+        got, want = walk_commit_triton(tree, choice, state, drafting), walk_commit_ref(tree, choice, rstate, drafting)
+        committed &= all(torch.equal(x, y) for x, y in zip(got, want)) and torch.equal(state, rstate)
+    if not (torch.equal(ancestor_mask_triton(tree), tree.mask_ref()) and torch.equal(ok, rok) and committed
             and int(bonus) == int(rbonus) and torch.equal(packed, pack_round_ref(tree, choice, rok, rbonus))):
         bad.append([d, k, b, follow])
 print(json.dumps(bad))
@@ -168,7 +176,9 @@ with mock.patch.object(tda, "sm_count", lambda dev: 4):  # NOTE: no GPU: a small
         q, kb, vb = r(b, nh, d), r(b, nkv, d), r(b, nkv, d)
         kc, vc = r(n + 5, nkv, d)[:n], r(n + 5, nkv, d)[:n]  # views of a longer buffer, as the cache hands them
         mask = None
-        if masking:  # the graph path's form: the held entries, then the block (causal: to test its columns)
+        if masking == "held":  # the graphs' form: a device count of the visible entries
+            mask = torch.tensor([max(n - 7, 0)])
+        elif masking:  # the held entries, then the block (causal: to test its columns)
             block = torch.ones(b, b, dtype=torch.bool)
             block = block.tril() if masking == "causal" else block
             mask = torch.cat([(torch.arange(n) < max(n - 7, 0)).expand(b, n), block], -1)
@@ -298,12 +308,13 @@ def test_mask_and_walk_kernels_in_the_interpreter_equal_the_references():
 
 def test_draft_attention_kernel_in_the_interpreter_equals_the_reference():
     """The demo drafter's shapes (8 slots, 4 heads on 2 kv heads, d = 64) with no, one and 1000 context
-    entries over several splits, with and without the graph path's mask (and a causal block), fewer
-    slots than a tile, one kv head per query head."""
+    entries over several splits, with and without a mask (and a causal block) or the graphs' device count
+    of held entries (0, 1, a few splits' worth), fewer slots than a tile, one kv head per query head."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [(8, 4, 2, 64, 300, "entries"), (8, 4, 2, 64, 0, None), (8, 4, 2, 64, 1, "causal"),
-             (8, 4, 2, 64, 1000, None), (3, 16, 2, 32, 70, "causal"), (8, 8, 8, 16, 17, "entries")]
+             (8, 4, 2, 64, 1000, None), (3, 16, 2, 32, 70, "causal"), (8, 8, 8, 16, 17, "entries"),
+             (8, 4, 2, 64, 300, "held"), (8, 4, 2, 64, 7, "held"), (8, 4, 2, 64, 8, "held")]
     assert interpret(DRAFT_ATTENTION_SCRIPT, cases) == []
 
 

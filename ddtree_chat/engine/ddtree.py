@@ -159,12 +159,13 @@ class Decoder:
         return self.block_logits(block, pos, self.dcache.layers())
 
     @staticmethod
-    def tree_from_logits(root, logits: torch.Tensor, mode: str, budget: int) -> DraftTree:
-        """dflash: the argmax chain; ddtree: the top-`budget` prefixes (both without host syncs)."""
+    def tree_from_logits(root, logits: torch.Tensor, mode: str, budget: int, out=None) -> DraftTree:
+        """dflash: the argmax chain; ddtree: the top-`budget` prefixes (both without host syncs). out: buffers
+        the tree kernel may build into (tree.build_tree_topk)."""
         if mode == "dflash":
-            return build_tree_topk(root, *ops.topk_logprobs(logits, 1), logits.shape[0])
+            return build_tree_topk(root, *ops.topk_logprobs(logits, 1), logits.shape[0], out)
         depth = min(logits.shape[0], budget)
-        return build_tree_topk(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget)
+        return build_tree_topk(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
 
     @torch.no_grad()
     def draft(self, root: int, mode: str, budget: int) -> DraftTree:

@@ -49,7 +49,8 @@ class DraftAttention(nn.Module):
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None):
         """x [..., B, H] (normed block states); k_ctx/v_ctx [..., n, kv, d]; mask [B, n + B] bool or None
-        (None: everything visible — context fully, the block bidirectionally), or [..., 1, B, n + B] for
+        (None: everything visible — context fully, the block bidirectionally), an integer tensor [1] (the
+        first that many context entries visible, as ops.draft_attention), or [..., 1, B, n + B] for
         batched rows."""
         if self.qk_norm_weight is not None:  # the fused product's q and k heads: [..., B, nh + nkv, d], normed at once
             qk, v = ops.linear(x, self.qkv_weight).split([(self.nh + self.nkv) * self.d, self.nkv * self.d], -1)

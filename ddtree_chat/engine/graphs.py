@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .tree import DraftTree, path_scores, walk_topk
+from .tree import DraftTree, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
 MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
@@ -76,7 +76,13 @@ class StaticRound:
         self.dec, self.capture = dec, capture
         dev, n = dec.device, MAX_NODES
         long = dict(dtype=torch.long, device=dev)
-        self.state = torch.zeros(3, **long)  # committed length, drafter entries, root token
+        # committed length, drafter entries, root token; then the block's mask tokens, so that the draft's
+        # block [root, mask, ...] is a view (no concatenation per round)
+        block = dec.block if dec.dcfg else 1
+        self._state_block = torch.zeros(2 + block, **long)
+        if dec.dcfg:
+            self._state_block[3:] = dec.dcfg.mask_token_id
+        self.state = self._state_block[:3]
         self._host = torch.zeros(3, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.tokens, self.depth, self.choice = (torch.zeros(n, **long) for _ in range(3))
         self.parents = torch.full((n,), -1, **long)  # NOTE: node 0 keeps parent -1, depth 0, log-prob 0
@@ -85,9 +91,6 @@ class StaticRound:
         self.block = dec.block
         cap = dec.dcache.capacity if dec.dcache is not None else 0
         self.arange = torch.arange(max(n, cap, self.block), **long)
-        if dec.dcfg:
-            self.mask_ids = torch.full((self.block - 1,), dec.dcfg.mask_token_id, **long)
-            self.block_visible = torch.ones(self.block, self.block, dtype=torch.bool, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, tuple] = {}  # key -> (CUDAGraph, static outputs)
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
@@ -253,16 +256,17 @@ class StaticRound:
     # -- the programs (static shapes, no host synchronisation) ---------------------------------------
     def draft(self, mode: str, budget: int, span: int, choosing: bool) -> None:
         dec, b = self.dec, self.block
-        length, entries, root = self.state[0], self.state[1], self.state[2:3]
-        visible = (self.arange[:span] < entries).expand(b, span)  # the context entries held
-        mask = torch.cat([visible, self.block_visible], dim=-1)  # [B, span + B]
+        length, root = self.state[0], self.state[2:3]
         ctx = [(dec.dcache.k[i, :span], dec.dcache.v[i, :span]) for i in range(dec.dcache.k.shape[0])]
-        logits = dec.block_logits(torch.cat([root, self.mask_ids]), length + self.arange[:b], ctx, mask)
-        tree = dec.tree_from_logits(root, logits, mode, budget)
+        # NOTE: the context's visible entries are the first state[1] of the span (a device count, no mask)
+        logits = dec.block_logits(self._state_block[2:], length + self.arange[:b], ctx, self.state[1:2])
+        n = self.plan(mode, budget, False)[0]
+        bufs = (self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n])
+        tree = dec.tree_from_logits(root, logits, mode, budget, bufs)
         n = tree.size
-        for buf, t in ((self.tokens, tree.tokens), (self.parents, tree.parents), (self.depth, tree.depth),
-                       (self.logprobs, tree.logprobs)):
-            buf[:n].copy_(t)
+        for buf, t in zip(bufs, (tree.tokens, tree.parents, tree.depth, tree.logprobs)):
+            if t.data_ptr() != buf.data_ptr():  # the reference built it elsewhere
+                buf[:n].copy_(t)
         if choosing:
             self.cum_mass[:n].copy_(path_scores(tree).exp().cumsum(0))
 
@@ -285,19 +289,13 @@ class StaticRound:
         dec = self.dec
         tree = self.tree(n)
         choice = self.choice[:n]
-        ok, bonus = walk_topk(tree, choice)
-        levels = self.arange[: tree.depth_bound + 1]
-        at_level = ok[None, :] & (tree.depth[None, :] == levels[:, None])  # [D + 1, n]
-        path = at_level.int().argmax(-1)  # the accepted node at each depth (node 0 past the path's end)
-        start = self.state[0]
-        if not chain:  # NOTE: from depth 1 (the root is in place): path[k] >= k rises, so no row is read after it is written
-            dec.cache.move_slots(start + path[1:], start + levels[1:])
         drafting = dec.drafter is not None and feats is not None
+        # NOTE: state moves on to the next round's here (in case that is launched before the host has read
+        # this one); what follows reads the slots computed from the old state
+        ok, bonus, path, slots = walk_commit(tree, choice, self.state, drafting)
+        if not chain:  # NOTE: from depth 1 (the root is in place): path[k] >= k rises, so no row is read after it is written
+            dec.cache.move_slots(slots[0, 1:], slots[1, 1:])
         if drafting:
-            k, v = dec.drafter.context_kv_stacked(feats[path].to(dec.draft_dtype), start + levels)
-            dec.dcache.write_slots(k, v, self.state[1] + levels)
-        packed = pack_round(tree, choice, ok, bonus)
-        # NOTE: the next round's state, in case it is launched before the host has read this one
-        self.state[: 2 if drafting else 1] += ok.sum()
-        self.state[2:].copy_(bonus.view(1))
-        return packed
+            k, v = dec.drafter.context_kv_stacked(feats[path].to(dec.draft_dtype), slots[1])
+            dec.dcache.write_slots(k, v, slots[2])
+        return pack_round(tree, choice, ok, bonus)

@@ -105,13 +105,15 @@ def build_tree(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor, b
 
 
 def build_tree_topk(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
-                    budget: int) -> DraftTree:
-    """build_tree_topk_ref, through the one-program GPU kernel where one is registered (ops/triton_tree)."""
+                    budget: int, out: tuple[torch.Tensor, ...] | None = None) -> DraftTree:
+    """build_tree_topk_ref, through the one-program GPU kernel where one is registered (ops/triton_tree).
+    out: (tokens, parents, depth, logprobs) buffers of budget + 1 the kernel writes into (the graphs'
+    static tree: no copies); the reference ignores them (the caller copies)."""
     fn = fast("build_tree", top_logp)
-    out = fn(root_token, top_logp, top_ids, budget) if fn is not None else None
-    if out is None:
+    built = fn(root_token, top_logp, top_ids, budget, out=out) if fn is not None else None
+    if built is None:
         return build_tree_topk_ref(root_token, top_logp, top_ids, budget)
-    return DraftTree(*out, max_depth=min(top_logp.shape[0], budget))
+    return DraftTree(*built, max_depth=min(top_logp.shape[0], budget))
 
 
 def build_tree_topk_ref(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
@@ -167,6 +169,28 @@ def walk_topk_ref(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, 
         ok = hit & (ok[parent] | (tree.parents < 0))
     deepest = torch.where(ok, tree.depth, -1).argmax().view(1)  # NOTE: a 0-dim index would sync (item())
     return ok, choice[deepest].view(())
+
+
+def walk_commit(tree: DraftTree, choice: torch.Tensor, state: torch.Tensor, drafting: bool):
+    """walk_topk plus the round's bookkeeping, for the graphs' accept: state [3] int64 (committed length,
+    drafter entries, root token) -> (ok [N], bonus [], path [D + 1]: the accepted node at each depth, node 0
+    past the path's end, slots [3, D + 1]: length + path, length + depth, entries + depth), and state
+    advanced in place (length and, when drafting, entries by the accepted count; root = bonus)."""
+    return dispatch("walk_commit", tree.parents, walk_commit_ref, tree, choice, state, drafting)
+
+
+def walk_commit_ref(tree: DraftTree, choice: torch.Tensor, state: torch.Tensor, drafting: bool):
+    ok, bonus = walk_topk(tree, choice)
+    levels = torch.arange(tree.depth_bound + 1, device=tree.depth.device)
+    at_level = ok[None, :] & (tree.depth[None, :] == levels[:, None])  # [D + 1, N]
+    path = at_level.int().argmax(-1)
+    slots = torch.stack([state[0] + path, state[0] + levels, state[1] + levels])
+    count = ok.sum()
+    state[0] += count
+    if drafting:
+        state[1] += count
+    state[2] = bonus
+    return ok, bonus, path, slots
 
 
 def path_scores(tree: DraftTree) -> torch.Tensor:

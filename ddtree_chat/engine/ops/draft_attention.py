@@ -11,9 +11,14 @@ from .registry import dispatch
 
 def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
                         v_blk: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """q [B, nh, d]; k_ctx/v_ctx [n, kv, d]; k_blk/v_blk [B, kv, d]; mask [B, n + B] bool or None
-    (everything visible) -> [B, nh, d]. Query head h reads kv head h // (nh / kv)."""
+    """q [B, nh, d]; k_ctx/v_ctx [n, kv, d]; k_blk/v_blk [B, kv, d]; mask [B, n + B] bool, or an integer
+    tensor [1] (the graphs' device count: the first that many context entries and the whole block are
+    visible), or None (everything visible) -> [B, nh, d]. Query head h reads kv head h // (nh / kv)."""
     nkv = k_ctx.shape[-2]
+    if mask is not None and mask.dtype != torch.bool:
+        b, n = q.shape[0], k_ctx.shape[0]
+        held = torch.arange(n, device=q.device) < mask.to(q.device)
+        mask = torch.cat([held.expand(b, n), torch.ones(b, b, dtype=torch.bool, device=q.device)], -1)
     q = q.unflatten(-2, (nkv, q.shape[-2] // nkv)) * scale  # [B, kv, rep, d]
     s = torch.cat([torch.einsum("bgrd,ngd->grbn", q, k_ctx), torch.einsum("bgrd,mgd->grbm", q, k_blk)], -1)
     if mask is not None:

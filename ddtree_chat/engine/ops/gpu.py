@@ -112,6 +112,7 @@ def register_all() -> list[str]:
     triton_op("draft_attention", triton_draft_attention.draft_attention_triton, half + (torch.float32,))
     triton_op("ancestor_mask", triton_tree.ancestor_mask_triton)
     triton_op("walk", triton_tree.walk_triton)
+    triton_op("walk_commit", triton_tree.walk_commit_triton)
     triton_op("pack_round", triton_tree.pack_round_triton)
     triton_op("topk_logprobs", triton_topk.topk_logprobs_triton)
     return enabled_ops

@@ -36,10 +36,12 @@ def _attend(q, K, V, MASK, keys, key_ok, mcol, b_row, m_ok, skn, svn, sm_b, m_i,
 
 
 @triton.jit(do_not_specialize=["N", "B", "n_splits"])
-def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, OP, LP, N, B, n_splits, scale_log2,
+def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, HELD, OP, LP, N, B, n_splits, scale_log2,
                        sq_b, sq_h, skc_n, skc_g, svc_n, svc_g, skb_n, skb_g, svb_n, svb_g, sm_b,
                        NH: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr):
+                       BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, HAS_HELD: tl.constexpr, PREC: tl.constexpr):
+    """HAS_HELD: HELD [1] (device) counts the visible context entries, the first ones (no mask tile loads,
+    and the splits share only those keys)."""
     g = tl.program_id(0)
     sid = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)  # row m = (block slot m // REP, head g * REP + m % REP)
@@ -53,9 +55,12 @@ def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, OP, LP, N, B, n_splits, scale_lo
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     is_blk = sid == n_splits
-    chunk = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
+    n_ctx = N
+    if HAS_HELD:
+        n_ctx = tl.minimum(tl.load(HELD).to(tl.int32), N)
+    chunk = tl.cdiv(tl.cdiv(n_ctx, n_splits), BLOCK_N) * BLOCK_N
     c_start = tl.where(is_blk, 0, sid * chunk)
-    c_end = tl.where(is_blk, 0, tl.minimum(sid * chunk + chunk, N))
+    c_end = tl.where(is_blk, 0, tl.minimum(sid * chunk + chunk, n_ctx))
     for n0 in range(c_start, c_end, BLOCK_N):  # this split's context keys
         keys = n0 + tl.arange(0, BLOCK_N)
         m_i, l_i, acc = _attend(q, KC + g * skc_g, VC + g * svc_g, MASK, keys, keys < c_end, keys, b_row, m_ok,
@@ -86,6 +91,11 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
     if nh % nkv or k_blk.shape != (b, nkv, d) or v_blk.shape != k_blk.shape or v_ctx.shape != k_ctx.shape \
             or len({t.dtype for t in (q, k_ctx, v_ctx, k_blk, v_blk)}) != 1:
         return None
+    held = mask if mask is not None and mask.dtype != torch.bool else None
+    if held is not None:
+        mask = None
+        if held.numel() != 1 or held.device != q.device:
+            return None
     if mask is not None and (mask.shape != (b, n + b) or mask.dtype != torch.bool):
         return None
     rep = nh // nkv
@@ -101,10 +111,10 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
     out = torch.empty(b, nh, d, dtype=q.dtype, device=q.device)
     m8 = mask.contiguous().view(torch.uint8) if mask is not None else op  # NOTE: a view (no kernel); unused without a mask
     _draft_attn_kernel[(nkv, ns + 1)](
-        q, k_ctx, v_ctx, k_blk, v_blk, m8, op, lp, n, b, ns, scale * 1.4426950408889634,
+        q, k_ctx, v_ctx, k_blk, v_blk, m8, held if held is not None else op, op, lp, n, b, ns, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), k_ctx.stride(0), k_ctx.stride(1), v_ctx.stride(0), v_ctx.stride(1),
         k_blk.stride(0), k_blk.stride(1), v_blk.stride(0), v_blk.stride(1), m8.stride(0) if mask is not None else 0,
-        NH=nh, REP=rep, D=d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=mask is not None,
+        NH=nh, REP=rep, D=d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=mask is not None, HAS_HELD=held is not None,
         # NOTE: 3xTF32 (float32-level error) measured 6.9 -> 5.0 us per call vs IEEE dots (BENCHMARKS.md)
         PREC="tf32x3" if q.dtype == torch.float32 else "tf32", num_warps=4)
     merge_splits(op, lp, out)

@@ -111,10 +111,12 @@ def fits(top_logp: torch.Tensor, budget: int) -> bool:
     return total >= budget and budget >= 1
 
 
-def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int):
+def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int,
+                      out: tuple[torch.Tensor, ...] | None = None):
     """root [1] or [] int64 (device), top_logp [D, K] float32 (rows sorted descending), top_ids [D, K]
-    -> (tokens, parents, depth, logprobs) [budget + 1] as build_tree_topk_ref builds them; None when the
-    depths hold fewer than `budget` candidates (the reference then builds a smaller tree)."""
+    -> (tokens, parents, depth, logprobs) [budget + 1] as build_tree_topk_ref builds them (into `out`'s
+    contiguous buffers when given); None when the depths hold fewer than `budget` candidates (the
+    reference then builds a smaller tree)."""
     if not fits(top_logp, budget):
         return None
     dev = top_logp.device
@@ -124,8 +126,9 @@ def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budge
     g = triton.next_power_of_2(d * bp)
     n = budget + 1
     long = dict(dtype=torch.long, device=dev)
-    out = (torch.empty(n, **long), torch.empty(n, **long), torch.empty(n, **long),
-           torch.empty(n, dtype=torch.float32, device=dev))
+    want = (torch.long, torch.long, torch.long, torch.float32)
+    if out is None or any(t.shape != (n,) or t.dtype != w or t.stride(0) != 1 for t, w in zip(out, want)):
+        out = tuple(torch.empty(n, dtype=w, device=dev) for w in want)
     ksc = torch.empty(d * bp, dtype=torch.float32, device=dev)
     kpar = torch.empty(d * bp, dtype=torch.int32, device=dev)
     ktok = torch.empty(d * bp, **long)
@@ -151,10 +154,12 @@ def _ancestor_kernel(PAR, M, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["N"])
-def _walk_kernel(PAR, TOK, CHOICE, OK, BONUS, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
+def _walk_kernel(PAR, TOK, CHOICE, OK, BONUS, DEP, STATE, PATH, SLOTS, N, DEPTH: tl.constexpr, BLOCK: tl.constexpr,
+                 COMMIT: tl.constexpr, LB: tl.constexpr, DRAFTING: tl.constexpr):
     """A node is accepted iff the target chose its token at its parent and every ancestor is accepted:
     each node climbs its own chain (no cross-thread gathers), then the deepest accepted node's choice
-    is the bonus token."""
+    is the bonus token. COMMIT: also tree.walk_commit_ref's path, slots and state update (LB: levels
+    DEPTH + 1 padded to a power of two)."""
     nodes = tl.arange(0, BLOCK)
     live = nodes < N
     a = nodes
@@ -169,7 +174,27 @@ def _walk_kernel(PAR, TOK, CHOICE, OK, BONUS, N, DEPTH: tl.constexpr, BLOCK: tl.
         a = tl.where(up, p, a)
     tl.store(OK + nodes, ok.to(tl.int8), mask=live)
     deepest = tl.argmax(tl.where(ok, depth, -1), 0)
-    tl.store(BONUS, tl.load(CHOICE + deepest))
+    bonus = tl.load(CHOICE + deepest)
+    tl.store(BONUS, bonus)
+    if COMMIT:
+        lv = tl.arange(0, LB)
+        dep = tl.load(DEP + nodes, mask=live, other=-1)
+        # at most one accepted node per depth: the max picks it (0 where none)
+        hit2 = ok[None, :] & (dep[None, :] == lv[:, None])
+        path = tl.max(tl.where(hit2, nodes[None, :], 0), 1).to(tl.int64)  # [LB]
+        start = tl.load(STATE)
+        entries = tl.load(STATE + 1)
+        lv_ok = lv < DEPTH + 1
+        tl.store(PATH + lv, path, mask=lv_ok)
+        tl.store(SLOTS + lv, start + path, mask=lv_ok)
+        tl.store(SLOTS + (DEPTH + 1) + lv, start + lv, mask=lv_ok)
+        tl.store(SLOTS + 2 * (DEPTH + 1) + lv, entries + lv, mask=lv_ok)
+        count = tl.sum(ok.to(tl.int64), 0)
+        tl.debug_barrier()  # every lane has read STATE before it moves
+        tl.store(STATE, start + count)
+        if DRAFTING:
+            tl.store(STATE + 1, entries + count)
+        tl.store(STATE + 2, bonus)
 
 
 def _block(n: int) -> int:
@@ -188,13 +213,30 @@ def ancestor_mask_triton(tree) -> torch.Tensor:
 
 def walk_triton(tree, choice: torch.Tensor):
     """(accepted mask [N] bool, bonus token [] int64) as tree.walk_topk_ref computes them, in one launch."""
+    return _walk(tree, choice)
+
+
+def walk_commit_triton(tree, choice: torch.Tensor, state: torch.Tensor, drafting: bool):
+    """tree.walk_commit_ref in one launch: (ok, bonus, path, slots), state advanced in place."""
+    if state.dtype != torch.long or state.numel() != 3 or state.stride(0) != 1:
+        return None
+    return _walk(tree, choice, (state, drafting))
+
+
+def _walk(tree, choice, commit=None):
     parents, tokens, depth_bound = tree.parents, tree.tokens, tree.depth_bound
     n = parents.numel()
-    ok = torch.empty(n, dtype=torch.uint8, device=parents.device)
-    bonus = torch.empty((), dtype=torch.long, device=parents.device)
-    _walk_kernel[(1,)](parents.contiguous(), tokens.contiguous(), choice.contiguous(), ok, bonus, n,
-                       DEPTH=depth_bound, BLOCK=_block(n), num_warps=4 if n <= 1024 else 8)
-    return ok.view(torch.bool), bonus
+    dev = parents.device
+    ok = torch.empty(n, dtype=torch.uint8, device=dev)
+    bonus = torch.empty((), dtype=torch.long, device=dev)
+    state, drafting = commit if commit is not None else (ok, False)
+    path = torch.empty(depth_bound + 1, dtype=torch.long, device=dev) if commit is not None else ok
+    slots = torch.empty(3, depth_bound + 1, dtype=torch.long, device=dev) if commit is not None else ok
+    _walk_kernel[(1,)](parents.contiguous(), tokens.contiguous(), choice.contiguous(), ok, bonus,
+                       tree.depth.contiguous(), state, path, slots, n, DEPTH=depth_bound, BLOCK=_block(n),
+                       COMMIT=commit is not None, LB=triton.next_power_of_2(depth_bound + 1), DRAFTING=drafting,
+                       num_warps=4 if n <= 1024 else 8)
+    return (ok.view(torch.bool), bonus) if commit is None else (ok.view(torch.bool), bonus, path, slots)
 
 
 @triton.jit(do_not_specialize=["n"])
