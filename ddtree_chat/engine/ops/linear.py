@@ -44,6 +44,21 @@ def matmul_nt_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.
     return dispatch("matmul_nt_glu", x, matmul_nt_glu_ref, x, wg, wu)
 
 
+def routed_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
+                   weights: torch.Tensor) -> torch.Tensor:
+    """Every expert's GLU half on every token, scaled by the token's routing weight for that expert (0 if
+    not routed to it; id -1, another rank's expert, matches none): x [T, K], wg/wu [E, I, K], ids/weights
+    [T, k] -> [T, E, I]."""
+    dense = torch.zeros(x.shape[0], wg.shape[0] + 1, dtype=torch.float32, device=x.device)
+    dense.scatter_add_(1, ids.long() + 1, weights.float())  # column 0: other ranks' ids
+    return matmul_nt_glu(x, wg, wu).transpose(0, 1) * dense[:, 1:, None].to(x.dtype)
+
+
+def routed_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    return dispatch("routed_glu", x, routed_glu_ref, x, wg, wu, ids, weights)
+
+
 def linear_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
     """silu(F.linear(x, wg)) * F.linear(x, wu): x [..., K], wg/wu [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .int4 import Int4Weight
-from .linear import matmul_nt, matmul_nt_glu
+from .linear import linear, routed_glu
 from .registry import fast
 
 
@@ -53,14 +53,13 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
 
 def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
     """moe_experts_ref without host synchronisation (so a CUDA graph can capture it): every expert runs on
-    every token and the routing weights select. Dense weights only; worth it for few, small experts."""
-    e = experts.num_experts
-    dense = torch.zeros(x.shape[0], e + 1, dtype=torch.float32, device=x.device)  # column 0: other ranks' ids
-    dense.scatter_add_(1, ids.long() + 1, weights.float())
-    h = matmul_nt_glu(x, experts.gate, experts.up)  # [E, T, I]
-    y = matmul_nt(h, experts.down)  # [E, T, H]
-    # per token the routing-weighted sum over experts: [T, 1, E] x [T, E, H]
-    return matmul_nt(dense[:, None, 1:], y.float().permute(1, 2, 0))[:, 0].to(x.dtype)
+    every token, its GLU output scaled by the token's routing weight (0 unless routed), and the down
+    products plus the top-k sum are one product over the experts' concatenated intermediates:
+    [T, E * I] x [H, E * I]^T. Dense weights only; worth it for few, small experts."""
+    e, hidden, inter = experts.down.shape
+    h = routed_glu(x, experts.gate, experts.up, ids, weights)  # [T, E, I]
+    down = experts.down.permute(1, 0, 2).reshape(hidden, e * inter)  # NOTE: a view once prepare_experts laid it out
+    return linear(h.reshape(x.shape[0], e * inter), down).to(x.dtype)
 
 
 def moe_experts(x, ids, weights, experts: ExpertWeights):
@@ -75,8 +74,11 @@ def moe_experts(x, ids, weights, experts: ExpertWeights):
 
 
 def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
-    """Load-time hook: a registered kernel may repack the experts into its own layout."""
+    """Load-time hook: a registered kernel may repack the experts into its own layout. Dense experts keep
+    their values with down stored [H, E, I] underneath (moe_experts_dense reads it as one [H, E * I]
+    matrix without a copy)."""
     if torch.is_tensor(experts.down):
-        return experts
+        down = experts.down.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+        return ExpertWeights(experts.gate, experts.up, down)
     fn = fast("prepare_experts", experts.down.scale)  # NOTE: the scales carry the model's dtype
     return fn(experts) if fn else experts

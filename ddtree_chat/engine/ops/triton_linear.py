@@ -36,14 +36,17 @@ def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, M, N, K, BATCH, sxb, sxm, sxk, swb, swn, swk, sob, som, son,
-                  PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr):
+def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, M, N, K, BATCH, sxb, sxm, sxk, swb, swn,
+                  swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
+                  ROUTE: tl.constexpr):
     """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
     [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
     after) adds them in split order (deterministic) and stores the tile: split-K in one launch.
     NORM (SPLIT == 1): x's rows are RMS-normed first (weight NW [K], eps), as ops.rms_norm_ref does: a
-    first pass over K for the rows' mean square, then each k-step scales x by rstd, then by NW."""
+    first pass over K for the rows' mean square, then each k-step scales x by rstd, then by NW.
+    ROUTE (SPLIT == 1; ROUTE = n_top padded to a power of two): batch b is expert b; row m's output is
+    scaled by its routing weight for b, the sum of RW[m, j] over the j with IDS[m, j] == b (0 if none)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = (tl.program_id(2) // SPLIT).to(tl.int64)
@@ -78,6 +81,12 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, M, N, K, BATCH, sxb, sxm, sx
         w_off += BLOCK_K * swk
     if GLU:
         acc = acc / (1.0 + tl.exp(-acc)) * acc2  # silu(gate) * up
+    if ROUTE:
+        offs_j = tl.arange(0, ROUTE)
+        top = m_ok[:, None] & (offs_j < n_top)[None, :]
+        at = offs_m[:, None] * s_top + offs_j[None, :]
+        chosen = tl.load(IDS + at, mask=top, other=-1) == b
+        acc = acc * tl.sum(tl.where(chosen, tl.load(RW + at, mask=top, other=0.0), 0.0), 1)[:, None]
     op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
     if SPLIT == 1:
         tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -148,6 +157,16 @@ def _locks(device, n: int) -> torch.Tensor | None:
     return buf
 
 
+def routed_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
+                    weights: torch.Tensor) -> torch.Tensor | None:
+    """The registered routed_glu (ops.linear.routed_glu_ref) in one launch; None where the GLU kernel
+    would not serve."""
+    if x.dim() != 2 or wg.dim() != 3 or not _fits(x, wg) or wu.shape != wg.shape or wu.stride() != wg.stride() \
+            or wu.dtype != wg.dtype or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
+        return None
+    return matmul_nt_triton(x, wg, w2=wu, route=(ids.contiguous(), weights.float().contiguous()))
+
+
 def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor | None:
     """The registered rms_norm_linear: the norm folded into this kernel's product wherever matmul_nt_fast
     would take the kernel (a launch less per norm, e.g. a verify's q_a/kv_a, q_b and lm-head products);
@@ -162,19 +181,25 @@ def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: t
 
 def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
                      w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None,
-                     split: int = 1, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | None:
+                     split: int = 1, norm: tuple[torch.Tensor, float] | None = None,
+                     route: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
     output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
     the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
     programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture).
-    norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split)."""
+    norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split).
+    route: (ids, weights) [M, k] contiguous (int64, float32): batch b is expert b, each row scaled by its
+    routing weight for b, and the output is laid out [M, B, N] (routed_glu_ref's; not with split)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
     x3, sxb = _as3(x, batch)
     w3, swb = _as3(w, batch)
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
+    if route is not None:
+        assert split == 1, "routing scales the finished tile: no split-K"
+        out = torch.empty(m, batch, n, dtype=torch.float32, device=x.device).transpose(0, 1)
     block_m, block_n, block_k, warps, stages = tile or _tile(m, n)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
@@ -188,8 +213,14 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
         if lock is None:
             return None
         part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
-    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, m, n, k, batch, sxb, x3.stride(1), x3.stride(2),
-                        swb, w3.stride(1), w3.stride(2), out.stride(0), out.stride(1), out.stride(2), PREC=precision,
-                        GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                        NORM=norm is not None, num_warps=warps, num_stages=stages)
+    ids, rw = route if route is not None else (out, out)
+    n_top = ids.shape[1] if route is not None else 0
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, ids, rw, n_top, n_top, m, n, k, batch, sxb,
+                        x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2), out.stride(0), out.stride(1),
+                        out.stride(2), PREC=precision, GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                        BLOCK_K=block_k, SPLIT=split, NORM=norm is not None,
+                        ROUTE=max(2, triton.next_power_of_2(n_top)) if route is not None else 0, num_warps=warps,
+                        num_stages=stages)
+    if route is not None:
+        return out.transpose(0, 1)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
