@@ -586,6 +586,37 @@ def test_rms_norm_linear_matches_float64(m, k, n):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 33, 65])
+def test_dense_moe_routed_glu_matches_float64(t):
+    """The demo's dense experts (16 x 128 x 256, top 4): the routed GLU kernel (ids -1 included) against
+    float64, and the whole two-launch dense MoE against the grouped reference."""
+    from ddtree_chat.engine.ops import moe_experts_dense, moe_experts_ref, routed_glu
+    from ddtree_chat.engine.ops.moe import ExpertWeights, prepare_experts
+    from ddtree_chat.engine.ops.triton_linear import routed_glu_fast
+
+    gen = torch.Generator(device="cuda").manual_seed(t)
+    e, i, h = 16, 128, 256
+    x = torch.randn(t, h, device="cuda", generator=gen)
+    wg, wu = (torch.randn(e, i, h, device="cuda", generator=gen) * h**-0.5 for _ in range(2))
+    wd = torch.randn(e, h, i, device="cuda", generator=gen) * i**-0.5
+    ids = torch.stack([torch.randperm(e, device="cuda", generator=gen)[:4] for _ in range(t)])
+    ids[0, 2] = -1  # another rank's expert
+    w = torch.rand(t, 4, device="cuda", generator=gen)
+    dense = torch.zeros(t, e + 1, dtype=torch.float64, device="cuda").scatter_add_(1, ids + 1, w.double())[:, 1:]
+    xd = x.double()
+    want = torch.nn.functional.silu(xd @ wg.double().transpose(1, 2)) * (xd @ wu.double().transpose(1, 2))
+    want = want.transpose(0, 1) * dense[:, :, None]  # [t, e, i]
+    kernel = routed_glu_fast(x, wg, wu, ids, w)
+    assert kernel is not None and kernel.shape == (t, e, i) and rel(kernel, want) < 1e-6
+    assert torch.equal(routed_glu(x, wg, wu, ids, w), kernel)
+    experts = prepare_experts(ExpertWeights(wg, wu, wd))
+    assert torch.equal(experts.down, wd) and experts.down.permute(1, 0, 2).is_contiguous()
+    got, ref = moe_experts_dense(x, ids, w, experts), moe_experts_ref(x, ids, w, experts)
+    assert rel(got, ref) < 1e-5
+
+
+@gpu
+@pytest.mark.gpu
 def test_split_k_product_is_one_launch_and_replays():
     """The drafter's down projection ([8, 1536] x [256, 1536]) split over K in one launch: float32-level
     error, the same result on every call and graph replay (its counters reset themselves)."""
