@@ -459,6 +459,29 @@ def test_mla_small_latent_shapes(r, p, nh, t):
 
 @gpu
 @pytest.mark.gpu
+def test_float32_moe_layers_fold_their_shared_expert_on_gpu(synthetic_pair):
+    """A float32 model on CUDA joins each MoE layer's shared expert to its dense experts (one GLU and one
+    down product): the layer's output equals the grouped reference plus the shared MLP."""
+    from ddtree_chat.engine import Engine
+    from ddtree_chat.engine.model import MoE
+
+    eng = Engine.load(*synthetic_pair, device="cuda", graphs=False)
+    moes = [layer.mlp for layer in eng.decoder.target.layers if isinstance(layer.mlp, MoE)]
+    assert moes and all(m.experts.shared == 1 for m in moes)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for t in (1, 33):
+        x = torch.randn(t, moes[0].cfg.hidden_size, device="cuda", generator=gen)
+        for m in moes:
+            c = m.cfg
+            ids, w = route_ref(x @ m.gate.weight.float().T, m.gate.e_score_correction_bias, c.num_experts_per_tok,
+                               c.routed_scaling_factor, c.n_group, c.topk_group, c.norm_topk_prob)
+            routed = ExpertWeights(*(getattr(m.experts, f)[:-1] for f in ("gate", "up", "down")))
+            want = moe_experts_ref(x, ids, w, routed) + m.shared_experts(x)
+            assert rel(m(x), want) < 1e-5
+
+
+@gpu
+@pytest.mark.gpu
 def test_engine_on_gpu_is_lossless():
     """The shipped demo pair on CUDA (float32, its default there): ddtree and dflash emit ar's ids at T=0.
     NOTE: in bf16 the INT4 MoE / Triton MLA kernels round differently for different token counts, so
@@ -613,6 +636,13 @@ def test_dense_moe_routed_glu_matches_float64(t):
     assert torch.equal(experts.down, wd) and experts.down.permute(1, 0, 2).is_contiguous()
     got, ref = moe_experts_dense(x, ids, w, experts), moe_experts_ref(x, ids, w, experts)
     assert rel(got, ref) < 1e-5
+    # the last expert as a shared one (MoE.fuse_projections): weight 1 for every token, never routed
+    ids = ids.where(ids != e - 1, -1)
+    joined = ExpertWeights(wg, wu, experts.down, shared=1)
+    kernel = routed_glu_fast(x, wg, wu, ids, w, 1)
+    xs = torch.nn.functional.silu(xd @ wg[-1].double().T) * (xd @ wu[-1].double().T)
+    assert rel(kernel[:, e - 1], xs) < 1e-6
+    assert rel(moe_experts_dense(x, ids, w, joined), moe_experts_ref(x, ids, w, joined)) < 1e-5
 
 
 @gpu

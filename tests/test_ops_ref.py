@@ -109,6 +109,14 @@ def test_dense_moe_equals_the_grouped_reference():
     ids[0, 1] = -1  # an expert held by another rank (expert parallel)
     w = torch.rand(t, k, generator=g)
     assert torch.allclose(moe_experts_dense(x, ids, w, experts), moe_experts_ref(x, ids, w, experts), atol=1e-4)
+    # a shared expert folded in as the last one (MoE.fuse_projections): every token takes it at weight 1
+    sg, su, sd = torch.randn(inter, hdim, generator=g), torch.randn(inter, hdim, generator=g), torch.randn(hdim, inter, generator=g)
+    shared = torch.nn.functional.silu(x @ sg.T) * (x @ su.T) @ sd.T
+    joined = ExpertWeights(torch.cat([experts.gate, sg[None]]), torch.cat([experts.up, su[None]]),
+                           torch.cat([experts.down, sd[None]]), shared=1)
+    want = moe_experts_ref(x, ids, w, experts) + shared
+    assert torch.allclose(moe_experts_ref(x, ids, w, joined), want, atol=1e-4)
+    assert torch.allclose(moe_experts_dense(x, ids, w, joined), want, atol=1e-4)
 
 
 def test_rope_table_serves_the_computed_values_bit_for_bit():

@@ -15,7 +15,7 @@ TREE_SIGNATURE = {"LOGP": "*fp32", "IDS": "*i64", "ROOT": "*i64", "PI": "*i32", 
                   "BP": "constexpr", "G": "constexpr"}
 MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32", "PART": "*fp32", "LOCK": "*i32",
                      "NW": "*fp32", "eps": "fp32", "IDS": "*i64", "RW": "*fp32"},
-                    **dict.fromkeys(["n_top", "s_top", "M", "N", "K", "BATCH", "sxb", "sxm", "sxk", "swb", "swn", "swk",
+                    **dict.fromkeys(["n_top", "s_top", "n_routed", "M", "N", "K", "BATCH", "sxb", "sxm", "sxk", "swb", "swn", "swk",
                                      "sob", "som", "son"], "i32"),
                     **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT", "NORM", "ROUTE"],
                                     "constexpr"))

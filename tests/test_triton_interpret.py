@@ -207,17 +207,19 @@ for shape_x, shape_w, glu, split, *normed in json.loads(sys.argv[1]):
                                w2=w2 if glu else None, split=split, norm=norm)
         if got.shape != ref.shape or (got.double() - ref).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
             bad.append([shape_x, shape_w, glu, split])
-    if glu and len(shape_w) == 3 and len(shape_x) == 2:  # the routed form: top-2 of the experts, -1 = another rank's
+    if glu and len(shape_w) == 3 and len(shape_x) == 2:
+        # the routed form: top-2 of the experts but the last (a shared one: weight 1), -1 = another rank's
         e, t = shape_w[0], shape_x[0]
-        ids = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)])
+        ids = torch.stack([torch.randperm(e - 1, generator=g)[:2] for _ in range(t)])
         ids[0, 1] = -1
         rw = torch.rand(t, 2, generator=g)
         want = torch.zeros(t, e, shape_w[1], dtype=torch.float64)
+        want[:, e - 1] = ref[e - 1]
         for i in range(t):
             for j in range(2):
                 if ids[i, j] >= 0:
                     want[i, ids[i, j]] += rw[i, j].double() * ref[ids[i, j], i]
-        got = matmul_nt_triton(x, w, precision="ieee", w2=w2, route=(ids, rw))
+        got = matmul_nt_triton(x, w, precision="ieee", w2=w2, route=(ids, rw, e - 1))
         if got.shape != want.shape or (got.double() - want).abs().max() > 1e-4 * max(1.0, want.abs().max().item()):
             bad.append([shape_x, shape_w, glu, "routed"])
 print(json.dumps(bad))
@@ -349,7 +351,8 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
     """x @ w^T and the GLU epilogue: masked edges (no dimension a tile multiple), a column-major x, a
     shared 2-D x against stacked experts, batched both sides; split-K (the drafter's K = 1536, a K that
     is no multiple of a split, batched); the RMSNorm prologue (a K over several k-steps, a strided x); the
-    routed GLU (stacked experts scaled by each row's routing weight, an id of another rank's expert)."""
+    routed GLU (stacked experts scaled by each row's routing weight, an id of another rank's expert, a
+    shared expert at weight 1)."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [([5, 70], [40, 70], False, 1), ([5, 70], [40, 70], True, 1), ([33, 64], [3, 24, 64], True, 1),

@@ -156,6 +156,23 @@ class MoE(nn.Module):
             if cfg.n_shared_experts else None
         self.experts: ExpertWeights | None = None  # assigned by the loader
 
+    def fuse_projections(self) -> None:
+        """Dense experts on a GPU (small float32 models): the shared expert joins the routed ones as one
+        more expert that every token takes at weight 1 (ExpertWeights.shared), so routed + shared is one
+        GLU and one down product (ops.moe_experts_dense: 2 launches instead of 5). The shared MLP's
+        parameters become views of the joined weights. The CPU path keeps them apart."""
+        ex, sh = self.experts, self.shared_experts
+        if ex is None or ex.shared or sh is None or not torch.is_tensor(ex.down) or not ex.down.is_cuda \
+                or sh.gate_proj.weight.shape != ex.gate.shape[1:] or sh.gate_proj.weight.dtype != ex.gate.dtype:
+            return
+        gate = torch.cat([ex.gate, sh.gate_proj.weight.detach()[None]])  # [E + 1, I, H]
+        up = torch.cat([ex.up, sh.up_proj.weight.detach()[None]])
+        down = torch.cat([ex.down.permute(1, 0, 2), sh.down_proj.weight.detach()[:, None]], 1)  # [H, E + 1, I]
+        e = ex.num_experts
+        for lin, w in ((sh.gate_proj, gate[e]), (sh.up_proj, up[e]), (sh.down_proj, down[:, e])):
+            lin.weight = nn.Parameter(w, requires_grad=False)
+        self.experts = ExpertWeights(gate, up, down.permute(1, 0, 2), shared=1)
+
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
@@ -167,7 +184,7 @@ class MoE(nn.Module):
             mine = (ids >= self.e0) & (ids < self.e1)
             ids, w = torch.where(mine, ids - self.e0, -1), w * mine  # NOTE: id -1 = on another rank
         y = ops.moe_experts(x2, ids, w, self.experts)
-        if self.shared_experts is not None:
+        if self.shared_experts is not None and not self.experts.shared:
             y = y + self.shared_experts(x2)
         return self.tp.all_reduce(y).view(shape)  # one all-reduce for routed + shared partial sums
 
@@ -202,9 +219,12 @@ class KimiModel(ops.RopeOwner, nn.Module):
         return ops.yarn_inv_freq(self.cfg.qk_rope_head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
 
     def fuse_projections(self) -> None:
-        """Every layer's q_a and kv_a products as one (MLA.fuse_projections)."""
+        """Every layer's q_a and kv_a products as one (MLA.fuse_projections); dense experts with their
+        shared expert (MoE.fuse_projections)."""
         for layer in self.layers:
             layer.self_attn.fuse_projections()
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.fuse_projections()
 
     def forward(self, tokens, positions, tree_mask, cache: LatentCache | None = None, capture: tuple[int, ...] = ()):
         """tokens [..., T], positions [T], tree_mask [T, T] bool (row i sees column j).

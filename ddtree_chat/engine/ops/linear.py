@@ -45,18 +45,20 @@ def matmul_nt_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.
 
 
 def routed_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
-                   weights: torch.Tensor) -> torch.Tensor:
+                   weights: torch.Tensor, shared: int = 0) -> torch.Tensor:
     """Every expert's GLU half on every token, scaled by the token's routing weight for that expert (0 if
-    not routed to it; id -1, another rank's expert, matches none): x [T, K], wg/wu [E, I, K], ids/weights
-    [T, k] -> [T, E, I]."""
-    dense = torch.zeros(x.shape[0], wg.shape[0] + 1, dtype=torch.float32, device=x.device)
+    not routed to it; id -1, another rank's expert, matches none; the last `shared` experts: 1 for every
+    token): x [T, K], wg/wu [E, I, K], ids/weights [T, k] -> [T, E, I]."""
+    e = wg.shape[0]
+    dense = torch.zeros(x.shape[0], e + 1, dtype=torch.float32, device=x.device)
     dense.scatter_add_(1, ids.long() + 1, weights.float())  # column 0: other ranks' ids
+    dense[:, e + 1 - shared :] = 1.0
     return matmul_nt_glu(x, wg, wu).transpose(0, 1) * dense[:, 1:, None].to(x.dtype)
 
 
 def routed_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
-               weights: torch.Tensor) -> torch.Tensor:
-    return dispatch("routed_glu", x, routed_glu_ref, x, wg, wu, ids, weights)
+               weights: torch.Tensor, shared: int = 0) -> torch.Tensor:
+    return dispatch("routed_glu", x, routed_glu_ref, x, wg, wu, ids, weights, shared)
 
 
 def linear_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:

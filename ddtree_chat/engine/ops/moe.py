@@ -14,11 +14,13 @@ from .registry import fast
 
 @dataclass
 class ExpertWeights:
-    """gate/up [E, I, H] and down [E, H, I]: dense tensors or packed INT4."""
+    """gate/up [E, I, H] and down [E, H, I]: dense tensors or packed INT4. The last `shared` experts are
+    shared experts folded in (dense only, MoE.fuse_projections): every token takes them at weight 1."""
 
     gate: torch.Tensor | Int4Weight
     up: torch.Tensor | Int4Weight
     down: torch.Tensor | Int4Weight
+    shared: int = 0
 
     @property
     def num_experts(self) -> int:
@@ -44,11 +46,16 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
             continue
         tok = tok_all[start : start + n]
         xe = x[tok]
-        h = F.silu(xe @ experts.matrix("gate", e, x.dtype).T) * (xe @ experts.matrix("up", e, x.dtype).T)
-        ye = h @ experts.matrix("down", e, x.dtype).T
-        out.index_add_(0, tok, ye.float() * w_all[start : start + n, None])
+        out.index_add_(0, tok, _expert(xe, experts, e).float() * w_all[start : start + n, None])
         start += n
+    for e in range(experts.num_experts - experts.shared, experts.num_experts):
+        out += _expert(x, experts, e).float()
     return out.to(x.dtype)
+
+
+def _expert(x: torch.Tensor, experts: ExpertWeights, e: int) -> torch.Tensor:
+    h = F.silu(x @ experts.matrix("gate", e, x.dtype).T) * (x @ experts.matrix("up", e, x.dtype).T)
+    return h @ experts.matrix("down", e, x.dtype).T
 
 
 def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
@@ -57,7 +64,7 @@ def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     products plus the top-k sum are one product over the experts' concatenated intermediates:
     [T, E * I] x [H, E * I]^T. Dense weights only; worth it for few, small experts."""
     e, hidden, inter = experts.down.shape
-    h = routed_glu(x, experts.gate, experts.up, ids, weights)  # [T, E, I]
+    h = routed_glu(x, experts.gate, experts.up, ids, weights, experts.shared)  # [T, E, I]
     down = experts.down.permute(1, 0, 2).reshape(hidden, e * inter)  # NOTE: a view once prepare_experts laid it out
     return linear(h.reshape(x.shape[0], e * inter), down).to(x.dtype)
 
@@ -79,6 +86,6 @@ def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
     matrix without a copy)."""
     if torch.is_tensor(experts.down):
         down = experts.down.permute(1, 0, 2).contiguous().permute(1, 0, 2)
-        return ExpertWeights(experts.gate, experts.up, down)
+        return ExpertWeights(experts.gate, experts.up, down, experts.shared)
     fn = fast("prepare_experts", experts.down.scale)  # NOTE: the scales carry the model's dtype
     return fn(experts) if fn else experts

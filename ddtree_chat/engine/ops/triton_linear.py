@@ -36,7 +36,8 @@ def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, M, N, K, BATCH, sxb, sxm, sxk, swb, swn,
+def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_routed, M, N, K, BATCH, sxb, sxm, sxk,
+                  swb, swn,
                   swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
                   ROUTE: tl.constexpr):
@@ -46,7 +47,8 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, M, N,
     NORM (SPLIT == 1): x's rows are RMS-normed first (weight NW [K], eps), as ops.rms_norm_ref does: a
     first pass over K for the rows' mean square, then each k-step scales x by rstd, then by NW.
     ROUTE (SPLIT == 1; ROUTE = n_top padded to a power of two): batch b is expert b; row m's output is
-    scaled by its routing weight for b, the sum of RW[m, j] over the j with IDS[m, j] == b (0 if none)."""
+    scaled by its routing weight for b, the sum of RW[m, j] over the j with IDS[m, j] == b (0 if none);
+    experts b >= n_routed are shared ones (weight 1)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = (tl.program_id(2) // SPLIT).to(tl.int64)
@@ -86,7 +88,8 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, M, N,
         top = m_ok[:, None] & (offs_j < n_top)[None, :]
         at = offs_m[:, None] * s_top + offs_j[None, :]
         chosen = tl.load(IDS + at, mask=top, other=-1) == b
-        acc = acc * tl.sum(tl.where(chosen, tl.load(RW + at, mask=top, other=0.0), 0.0), 1)[:, None]
+        scale = tl.sum(tl.where(chosen, tl.load(RW + at, mask=top, other=0.0), 0.0), 1)
+        acc = acc * tl.where(b >= n_routed, 1.0, scale)[:, None]
     op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
     if SPLIT == 1:
         tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -158,13 +161,13 @@ def _locks(device, n: int) -> torch.Tensor | None:
 
 
 def routed_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
-                    weights: torch.Tensor) -> torch.Tensor | None:
+                    weights: torch.Tensor, shared: int = 0) -> torch.Tensor | None:
     """The registered routed_glu (ops.linear.routed_glu_ref) in one launch; None where the GLU kernel
     would not serve."""
     if x.dim() != 2 or wg.dim() != 3 or not _fits(x, wg) or wu.shape != wg.shape or wu.stride() != wg.stride() \
             or wu.dtype != wg.dtype or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
         return None
-    return matmul_nt_triton(x, wg, w2=wu, route=(ids.contiguous(), weights.float().contiguous()))
+    return matmul_nt_triton(x, wg, w2=wu, route=(ids.contiguous(), weights.float().contiguous(), wg.shape[0] - shared))
 
 
 def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor | None:
@@ -182,15 +185,16 @@ def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: t
 def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
                      w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None,
                      split: int = 1, norm: tuple[torch.Tensor, float] | None = None,
-                     route: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+                     route: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
     output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
     the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
     programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture).
     norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split).
-    route: (ids, weights) [M, k] contiguous (int64, float32): batch b is expert b, each row scaled by its
-    routing weight for b, and the output is laid out [M, B, N] (routed_glu_ref's; not with split)."""
+    route: (ids, weights [M, k] contiguous (int64, float32), routed experts): batch b is expert b, each row
+    scaled by its routing weight for b (1 from the routed count on: shared experts), and the output is
+    laid out [M, B, N] (routed_glu_ref's; not with split)."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
@@ -213,9 +217,9 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
         if lock is None:
             return None
         part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
-    ids, rw = route if route is not None else (out, out)
+    ids, rw, n_routed = route if route is not None else (out, out, batch)
     n_top = ids.shape[1] if route is not None else 0
-    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, ids, rw, n_top, n_top, m, n, k, batch, sxb,
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, ids, rw, n_top, n_top, n_routed, m, n, k, batch, sxb,
                         x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2), out.stride(0), out.stride(1),
                         out.stride(2), PREC=precision, GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
                         BLOCK_K=block_k, SPLIT=split, NORM=norm is not None,
