@@ -233,7 +233,7 @@ class StaticRound:
         scratch (tree buffers past the root, cache rows past the committed length)."""
         dec = self.dec
         self.begin(dec.cache.length, dec.dcache.length if dec.dcache is not None else 0, int(tokens[0]))
-        self.tokens[1:n].copy_(tokens[1:n])
+        self.tokens[:n].copy_(tokens[:n])  # NOTE: the root too (a drafting verify reads the draft's)
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
         key = ("verify", n, True)  # NOTE: as a ddtree round replays it
         if self.capture:
@@ -273,11 +273,12 @@ class StaticRound:
     def verify(self, n: int, features: bool = True):
         dec = self.dec
         length = self.state[0:1]
-        self.tokens[:1].copy_(self.state[2:3])  # the root (AR rounds draft nothing)
+        if not features:  # NOTE: a drafting round's draft wrote the root with its tree; AR rounds draft nothing
+            self.tokens[:1].copy_(self.state[2:3])
         tree = self.tree(n)
         view = SlotView(dec.cache, length, length + self.arange[:n])
         logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view, features)
-        self.choice[:n].copy_(logits.argmax(-1))  # NOTE: T > 0 overwrites it with samples
+        torch.argmax(logits, -1, out=self.choice[:n])  # NOTE: T > 0 overwrites it with samples
         return logits, feats
 
     def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False) -> torch.Tensor:
