@@ -21,11 +21,12 @@ MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32", "P
                                     "constexpr"))
 
 ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "W": "*bf16"},
-                      **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner", "s_w"], "i32"), eps="fp32",
+                      **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner", "s_w", "s_cs"], "i32"), eps="fp32",
                       **dict.fromkeys(["HALF", "BLOCK_D", "INTERLEAVED", "BLOCK_R", "NORM"], "constexpr"))
 
 LATENT_SIGNATURE = dict({"KV": "*bf16", "W": "*bf16", "COS": "*bf16", "SIN": "*bf16", "CKV": "*bf16", "KPE": "*bf16",
-                         "SLOTS": "*i64", "slot0": "i32", "skv": "i32", "sc": "i32", "sp": "i32", "eps": "fp32"},
+                         "SLOTS": "*i64", "slot0": "i32", "skv": "i32", "sc": "i32", "sp": "i32", "s_cs": "i32",
+                         "eps": "fp32"},
                         **dict.fromkeys(["R", "HALF", "BLOCK_R", "BLOCK_H", "HAS_SLOTS"], "constexpr"))
 
 NORM_SIGNATURE = dict({"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16", "RES_OUT": "*bf16", "inner": "i32",

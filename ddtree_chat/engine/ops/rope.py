@@ -45,7 +45,7 @@ class RopeTable:
 
     def __init__(self):
         self.n = 0
-        self.tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tables: dict[torch.dtype, torch.Tensor] = {}
 
     def reserve(self, n: int) -> None:
         """Serve positions < n from tables (NOTE: the caller bounds its positions: no check on the device)."""
@@ -56,18 +56,20 @@ class RopeTable:
         """inv_freq changed (or moved): drop the tables, keep the reservation."""
         self.tables = {}
 
-    def table(self, inv_freq: torch.Tensor, attention_factor: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The reserved positions' cos, sin [n, dim/2] in dtype (built on first use)."""
+    def table(self, inv_freq: torch.Tensor, attention_factor: float, dtype) -> torch.Tensor:
+        """The reserved positions' cos and sin [n, 2, dim/2] in dtype (built on first use): one row per
+        position holds both, so a forward gathers them in one launch."""
         if dtype not in self.tables:
-            self.tables[dtype] = rope_cos_sin(torch.arange(self.n, device=inv_freq.device), inv_freq,
-                                              attention_factor, dtype)
+            cos, sin = rope_cos_sin(torch.arange(self.n, device=inv_freq.device), inv_freq, attention_factor, dtype)
+            self.tables[dtype] = torch.stack([cos, sin], 1)
         return self.tables[dtype]
 
     def cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype):
+        """cos, sin [T, dim/2] (from a table: views of one gathered [T, 2, dim/2], row stride dim)."""
         if not self.n:
             return rope_cos_sin(positions, inv_freq, attention_factor, dtype)
-        cos, sin = self.table(inv_freq, attention_factor, dtype)
-        return cos[positions], sin[positions]
+        both = self.table(inv_freq, attention_factor, dtype)[positions]
+        return both[..., 0, :], both[..., 1, :]
 
 
 class RopeOwner:

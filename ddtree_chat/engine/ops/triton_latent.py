@@ -9,9 +9,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_rope import table_rows
 
-@triton.jit(do_not_specialize=["slot0", "skv", "sc", "sp"])
-def _latent_kernel(KV, W, COS, SIN, CKV, KPE, SLOTS, slot0, skv, sc, sp, eps, R: tl.constexpr,
+
+@triton.jit(do_not_specialize=["slot0", "skv", "sc", "sp", "s_cs"])
+def _latent_kernel(KV, W, COS, SIN, CKV, KPE, SLOTS, slot0, skv, sc, sp, s_cs, eps, R: tl.constexpr,
                    HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SLOTS: tl.constexpr):
     t = tl.program_id(0)
     if HAS_SLOTS:
@@ -28,8 +30,8 @@ def _latent_kernel(KV, W, COS, SIN, CKV, KPE, SLOTS, slot0, skv, sc, sp, eps, R:
     ok = j < HALF
     x1 = tl.load(row + R + 2 * j, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(row + R + 2 * j + 1, mask=ok, other=0.0).to(tl.float32)
-    c = tl.load(COS + t * HALF + j, mask=ok, other=0.0).to(tl.float32)
-    s = tl.load(SIN + t * HALF + j, mask=ok, other=0.0).to(tl.float32)
+    c = tl.load(COS + t * s_cs + j, mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(SIN + t * s_cs + j, mask=ok, other=0.0).to(tl.float32)
     out = KPE + dst * sp
     tl.store(out + 2 * j, (x1 * c - x2 * s).to(KPE.dtype.element_ty), mask=ok)
     tl.store(out + 2 * j + 1, (x2 * c + x1 * s).to(KPE.dtype.element_ty), mask=ok)
@@ -48,10 +50,11 @@ def latent_write_triton(kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where):
     if slots is not None and (slots.shape != (t,) or slots.dtype != torch.int64):
         return None
     if t:
+        cos, sin, s_cs = table_rows(cos, sin)
         _latent_kernel[(t,)](
-            kv, weight.contiguous(), cos.contiguous(), sin.contiguous(), ckv_buf, kpe_buf,
+            kv, weight.contiguous(), cos, sin, ckv_buf, kpe_buf,
             slots if slots is not None else kv, 0 if slots is not None else int(where),
-            kv.stride(0), ckv_buf.stride(0), kpe_buf.stride(0), float(eps), R=r, HALF=p // 2,
+            kv.stride(0), ckv_buf.stride(0), kpe_buf.stride(0), s_cs, float(eps), R=r, HALF=p // 2,
             BLOCK_R=triton.next_power_of_2(r), BLOCK_H=triton.next_power_of_2(p // 2),
             HAS_SLOTS=slots is not None, num_warps=4 if r >= 256 else 1)
     return ckv_buf, kpe_buf

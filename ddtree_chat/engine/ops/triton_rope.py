@@ -16,8 +16,9 @@ import triton.language as tl
 from .layout import row_layout
 
 
-@triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner", "s_w"])
-def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, s_w, eps, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+@triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner", "s_w", "s_cs"])
+def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, s_w, s_cs, eps, HALF: tl.constexpr,
+                 BLOCK_D: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     j = tl.arange(0, BLOCK_D)
@@ -40,11 +41,19 @@ def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, s_w, eps, 
         wr = W + ((rows % H) * s_w)[:, None]
         x = x * inv * tl.load(wr + j[None, :], mask=ok, other=0.0).to(tl.float32)
         xp = xp * inv * tl.load(wr + partner[None, :], mask=ok, other=0.0).to(tl.float32)
-    cs = t[:, None] * HALF + f[None, :]
+    cs = t[:, None] * s_cs + f[None, :]
     c = tl.load(COS + cs, mask=ok, other=0.0).to(tl.float32)
     s = tl.load(SIN + cs, mask=ok, other=0.0).to(tl.float32)
     out = x * c + tl.where(first, -1.0, 1.0)[None, :] * xp * s
     tl.store(O + rows[:, None].to(tl.int64) * (2 * HALF) + j[None, :], out.to(O.dtype.element_ty), mask=ok)
+
+
+def table_rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """cos, sin [T, d/2] as the kernels read them: (cos, sin, their row stride). Views of one rope table
+    gather (RopeTable.cos_sin) pass as they are; other layouts are made contiguous."""
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin, cos.stride(0)
 
 
 def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool, interleaved: bool,
@@ -66,8 +75,9 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bo
     if r:
         block_d = triton.next_power_of_2(d)
         block_r = max(1, min(32, 2048 // block_d))
+        cos, sin, s_cs = table_rows(cos, sin)
         _rope_kernel[(triton.cdiv(r, block_r),)](
-            x, cos.contiguous(), sin.contiguous(), out, weight.contiguous() if weight is not None else out, r,
-            x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, d if per_head else 0, float(eps), HALF=d // 2,
+            x, cos, sin, out, weight.contiguous() if weight is not None else out, r,
+            x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, d if per_head else 0, s_cs, float(eps), HALF=d // 2,
             BLOCK_D=block_d, INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None)
     return out
