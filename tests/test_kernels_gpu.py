@@ -609,6 +609,23 @@ def test_rms_norm_linear_matches_float64(m, k, n):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,k", [(1, 128), (33, 128), (33, 2048), (600, 256)])
+def test_linear_add_matches_float64(m, k):
+    """A layer's last product with the residual added in its store: the Triton kernel (33 rows; split-K
+    at K = 2048, the dense MoE's concatenated down product) or cuBLAS's addmm (1 and 600 rows)."""
+    from ddtree_chat.engine.ops import linear_add
+    from ddtree_chat.engine.ops.triton_linear import linear_add_fast
+
+    gen = torch.Generator(device="cuda").manual_seed(m + k)
+    x, w = torch.randn(m, k, device="cuda", generator=gen), torch.randn(256, k, device="cuda", generator=gen)
+    res = torch.randn(m, 256, device="cuda", generator=gen)
+    want = res.double() + x.double() @ w.double().T
+    for out in (linear_add_fast(x, w, res), linear_add(x, w, res)):
+        assert out.shape == (m, 256) and rel(out, want) < 1e-6
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 33, 65])
 def test_dense_moe_routed_glu_matches_float64(t):
     """The demo's dense experts (16 x 128 x 256, top 4): the routed GLU kernel (ids -1 included) against

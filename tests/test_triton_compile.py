@@ -14,10 +14,10 @@ TREE_SIGNATURE = {"LOGP": "*fp32", "IDS": "*i64", "ROOT": "*i64", "PI": "*i32", 
                   "ODEP": "*i64", "OLP": "*fp32", "K": "i32", "B": "i32", "D": "constexpr", "C": "constexpr",
                   "BP": "constexpr", "G": "constexpr"}
 MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32", "PART": "*fp32", "LOCK": "*i32",
-                     "NW": "*fp32", "eps": "fp32", "IDS": "*i64", "RW": "*fp32"},
-                    **dict.fromkeys(["n_top", "s_top", "n_routed", "M", "N", "K", "BATCH", "sxb", "sxm", "sxk", "swb", "swn", "swk",
+                     "NW": "*fp32", "eps": "fp32", "IDS": "*i64", "RW": "*fp32", "RES": "*fp32"},
+                    **dict.fromkeys(["n_top", "s_top", "n_routed", "srm", "M", "N", "K", "BATCH", "sxb", "sxm", "sxk", "swb", "swn", "swk",
                                      "sob", "som", "son"], "i32"),
-                    **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT", "NORM", "ROUTE"],
+                    **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT", "NORM", "ROUTE", "ADD"],
                                     "constexpr"))
 
 ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "W": "*bf16"},
@@ -72,9 +72,10 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
     mm = [ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
                     constexprs={"PREC": "tf32x3", "GLU": glu, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32,
-                                "SPLIT": split, "NORM": norm, "ROUTE": route})
-          # GLU; split-K; the norm; the routed GLU
-          for glu, split, norm, route in ((True, 1, False, 0), (False, 6, False, 0), (False, 1, True, 0), (True, 1, False, 8))]
+                                "SPLIT": split, "NORM": norm, "ROUTE": route, "ADD": add})
+          # GLU; split-K with the residual add; the norm; the routed GLU
+          for glu, split, norm, route, add in ((True, 1, False, 0, False), (False, 6, False, 0, True),
+                                               (False, 1, True, 0, False), (True, 1, False, 8, False))]
     rope = ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,
                      constexprs={"HALF": 32, "BLOCK_D": 64, "INTERLEAVED": False, "BLOCK_R": 32, "NORM": True})
     latent = ASTSource(fn=triton_latent._latent_kernel, signature=LATENT_SIGNATURE,

@@ -210,6 +210,11 @@ for shape_x, shape_w, glu, split, *normed in json.loads(sys.argv[1]):
                                w2=w2 if glu else None, split=split, norm=norm)
         if got.shape != ref.shape or (got.double() - ref).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
             bad.append([shape_x, shape_w, glu, split])
+    if not glu and len(shape_x) == len(shape_w) == 2:  # a residual added in the store (row-strided)
+        res = torch.randn(shape_x[0], shape_w[0] + 3, generator=g)[:, :shape_w[0]]
+        got = matmul_nt_triton(x, w, precision="ieee", split=split, norm=norm, residual=res)
+        if (got.double() - ref - res.double()).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
+            bad.append([shape_x, shape_w, glu, split, "residual"])
     if glu and len(shape_w) == 3 and len(shape_x) == 2:
         # the routed form: top-2 of the experts but the last (a shared one: weight 1), -1 = another rank's
         e, t = shape_w[0], shape_x[0]
@@ -356,7 +361,7 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
     shared 2-D x against stacked experts, batched both sides; split-K (the drafter's K = 1536, a K that
     is no multiple of a split, batched); the RMSNorm prologue (a K over several k-steps, a strided x); the
     routed GLU (stacked experts scaled by each row's routing weight, an id of another rank's expert, a
-    shared expert at weight 1)."""
+    shared expert at weight 1); a residual added in the store (plain, split-K, after the norm)."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [([5, 70], [40, 70], False, 1), ([5, 70], [40, 70], True, 1), ([33, 64], [3, 24, 64], True, 1),

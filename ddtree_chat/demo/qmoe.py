@@ -37,7 +37,7 @@ def export_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pack_int4(q.to(torch.int8)), scale
 
 
-def _moe_train_forward(self: MoE, x):
+def _moe_train_forward(self: MoE, x, residual=None):
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     c = self.cfg
@@ -57,7 +57,7 @@ def _moe_train_forward(self: MoE, x):
     y = act.reshape(-1, e * i) @ d.permute(1, 0, 2).reshape(h, e * i).T
     if self.shared_experts is not None:
         y = y + self.shared_experts(x2)
-    return y.view(shape)
+    return y.view(shape) if residual is None else residual + y.view(shape)
 
 
 class TrainTarget(nn.Module):

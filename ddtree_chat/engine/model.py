@@ -58,9 +58,14 @@ class MLP(nn.Module):
         self.up_proj = ops.Linear(hidden, local, bias=False)
         self.down_proj = ops.Linear(local, hidden, bias=False)
 
-    def forward(self, x):
-        y = self.down_proj(ops.linear_glu(x, self.gate_proj.weight, self.up_proj.weight))
-        return self.tp.all_reduce(y) if self.reduce else y
+    def forward(self, x, residual=None):
+        """residual: added to the output (inside the down product, unless a TP all-reduce comes first)."""
+        h = ops.linear_glu(x, self.gate_proj.weight, self.up_proj.weight)
+        if residual is not None and not self.reduce:
+            return ops.linear_add(h, self.down_proj.weight, residual)
+        y = self.down_proj(h)
+        y = self.tp.all_reduce(y) if self.reduce else y
+        return y if residual is None else residual + y
 
 
 class VocabEmbedding(nn.Module):
@@ -173,7 +178,8 @@ class MoE(nn.Module):
             lin.weight = nn.Parameter(w, requires_grad=False)
         self.experts = ExpertWeights(gate, up, down.permute(1, 0, 2), shared=1)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """residual: added to the output (inside the experts' last product when nothing comes after it)."""
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         c = self.cfg
@@ -183,10 +189,13 @@ class MoE(nn.Module):
         if self.tp.expert_parallel and self.tp.world > 1:
             mine = (ids >= self.e0) & (ids < self.e1)
             ids, w = torch.where(mine, ids - self.e0, -1), w * mine  # NOTE: id -1 = on another rank
-        y = ops.moe_experts(x2, ids, w, self.experts)
-        if self.shared_experts is not None and not self.experts.shared:
+        separate = self.shared_experts is not None and not self.experts.shared
+        inside = residual is not None and self.tp.world == 1 and not separate
+        y = ops.moe_experts(x2, ids, w, self.experts, residual.reshape(x2.shape) if inside else None)
+        if separate:
             y = y + self.shared_experts(x2)
-        return self.tp.all_reduce(y).view(shape)  # one all-reduce for routed + shared partial sums
+        y = self.tp.all_reduce(y).view(shape)  # one all-reduce for routed + shared partial sums
+        return y if residual is None or inside else residual + y
 
 
 class DecoderLayer(nn.Module):
@@ -199,7 +208,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, tree_mask, cache=None):
         h, x = self.post_attention_layernorm.add(self.self_attn(x, cos, sin, tree_mask, cache, self.input_layernorm), x)
-        return x + self.mlp(h)
+        return self.mlp(h, residual=x)
 
 
 class KimiModel(ops.RopeOwner, nn.Module):

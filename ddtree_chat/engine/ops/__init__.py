@@ -5,8 +5,8 @@ The model calls only the dispatching names exported here."""
 
 from .draft_attention import draft_attention, draft_attention_ref
 from .latent import latent_write, latent_write_ref, move_rows, move_rows_ref
-from .linear import (Linear, linear, linear_glu, matmul_nt, matmul_nt_glu, matmul_nt_glu_ref, matmul_nt_ref,
-                     rms_norm_linear, rms_norm_linear_ref, routed_glu, routed_glu_ref, stack_weights)
+from .linear import (Linear, linear, linear_add, linear_add_ref, linear_glu, matmul_nt, matmul_nt_glu, matmul_nt_glu_ref,
+                     matmul_nt_ref, rms_norm_linear, rms_norm_linear_ref, routed_glu, routed_glu_ref, stack_weights)
 from .mla_attention import mla_attention, mla_attention_ref, mla_attention_naive_ref
 from .moe import moe_experts, moe_experts_dense, moe_experts_ref
 from .norm import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
@@ -22,7 +22,7 @@ __all__ = [
     "draft_attention", "draft_attention_ref",
     "latent_write", "latent_write_ref", "move_rows", "move_rows_ref",
     "Linear", "linear", "linear_glu", "matmul_nt", "matmul_nt_glu", "matmul_nt_glu_ref", "matmul_nt_ref", "stack_weights",
-    "rms_norm_linear", "rms_norm_linear_ref", "routed_glu", "routed_glu_ref",
+    "rms_norm_linear", "rms_norm_linear_ref", "routed_glu", "routed_glu_ref", "linear_add", "linear_add_ref",
     "mla_attention", "mla_attention_ref", "mla_attention_naive_ref",
     "moe_experts", "moe_experts_dense", "moe_experts_ref",
     "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",

@@ -30,6 +30,18 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return dispatch("matmul_nt", x2, F.linear, x2, w).view(*x.shape[:-1], w.shape[0])
 
 
+def linear_add_ref(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + F.linear(x, w): x [..., K], w [N, K], residual [..., N] (a layer's last product and the
+    residual stream's add)."""
+    return residual + linear(x, w)
+
+
+def linear_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """linear_add_ref in one launch where a kernel serves it (the add in the product's store)."""
+    x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, w.shape[0])
+    return dispatch("linear_add", x2, linear_add_ref, x2, w, r2).view(residual.shape)
+
+
 def rms_norm_linear_ref(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
     """F.linear(rms_norm(x), w): x [..., K], norm_w [K], w [N, K] -> [..., N] (each op dispatched alone)."""
     return linear(rms_norm(x, norm_w, eps), w)

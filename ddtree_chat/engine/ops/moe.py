@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .int4 import Int4Weight
-from .linear import linear, routed_glu
+from .linear import linear, linear_add, routed_glu
 from .registry import fast
 
 
@@ -58,26 +58,28 @@ def _expert(x: torch.Tensor, experts: ExpertWeights, e: int) -> torch.Tensor:
     return h @ experts.matrix("down", e, x.dtype).T
 
 
-def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
+def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights,
+                      residual: torch.Tensor | None = None) -> torch.Tensor:
     """moe_experts_ref without host synchronisation (so a CUDA graph can capture it): every expert runs on
     every token, its GLU output scaled by the token's routing weight (0 unless routed), and the down
     products plus the top-k sum are one product over the experts' concatenated intermediates:
-    [T, E * I] x [H, E * I]^T. Dense weights only; worth it for few, small experts."""
+    [T, E * I] x [H, E * I]^T (residual [T, H]: added in that product). Dense weights only; worth it for
+    few, small experts."""
     e, hidden, inter = experts.down.shape
-    h = routed_glu(x, experts.gate, experts.up, ids, weights, experts.shared)  # [T, E, I]
+    h = routed_glu(x, experts.gate, experts.up, ids, weights, experts.shared).reshape(x.shape[0], e * inter)
     down = experts.down.permute(1, 0, 2).reshape(hidden, e * inter)  # NOTE: a view once prepare_experts laid it out
-    return linear(h.reshape(x.shape[0], e * inter), down).to(x.dtype)
+    return (linear(h, down) if residual is None else linear_add(h, down, residual)).to(x.dtype)
 
 
-def moe_experts(x, ids, weights, experts: ExpertWeights):
+def moe_experts(x, ids, weights, experts: ExpertWeights, residual: torch.Tensor | None = None):
+    """residual [T, H] or None: added to the output (inside the last product where one serves)."""
     fn = fast("moe_experts", x)
-    if fn:
-        return fn(x, ids, weights, experts)
-    if x.is_cuda and torch.is_tensor(experts.down):
+    if not fn and x.is_cuda and torch.is_tensor(experts.down):
         # NOTE: dense experts on a GPU belong to small float32 models (engine.default_dtype): few experts,
         # and a CUDA graph cannot capture the grouped form's host sync.
-        return moe_experts_dense(x, ids, weights, experts)
-    return moe_experts_ref(x, ids, weights, experts)
+        return moe_experts_dense(x, ids, weights, experts, residual)
+    y = fn(x, ids, weights, experts) if fn else moe_experts_ref(x, ids, weights, experts)
+    return y if residual is None else residual + y
 
 
 def prepare_experts(experts: ExpertWeights) -> ExpertWeights:

@@ -36,11 +36,10 @@ def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_routed, M, N, K, BATCH, sxb, sxm, sxk,
-                  swb, swn,
-                  swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
+def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_routed, RES, srm, M, N, K, BATCH, sxb,
+                  sxm, sxk, swb, swn, swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                  ROUTE: tl.constexpr):
+                  ROUTE: tl.constexpr, ADD: tl.constexpr):
     """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
     [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
     after) adds them in split order (deterministic) and stores the tile: split-K in one launch.
@@ -48,7 +47,8 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
     first pass over K for the rows' mean square, then each k-step scales x by rstd, then by NW.
     ROUTE (SPLIT == 1; ROUTE = n_top padded to a power of two): batch b is expert b; row m's output is
     scaled by its routing weight for b, the sum of RW[m, j] over the j with IDS[m, j] == b (0 if none);
-    experts b >= n_routed are shared ones (weight 1)."""
+    experts b >= n_routed are shared ones (weight 1).
+    ADD (2-D, not with GLU): the finished tile plus RES [M, N] (row stride srm): a residual added in the store."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = (tl.program_id(2) // SPLIT).to(tl.int64)
@@ -91,7 +91,10 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
         scale = tl.sum(tl.where(chosen, tl.load(RW + at, mask=top, other=0.0), 0.0), 1)
         acc = acc * tl.where(b >= n_routed, 1.0, scale)[:, None]
     op = O + b * sob + offs_m[:, None] * som + offs_n[None, :] * son
+    rp = RES + offs_m[:, None] * srm + offs_n[None, :]
     if SPLIT == 1:
+        if ADD:
+            acc += tl.load(rp, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
         tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
     else:
         tile = (b * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
@@ -103,6 +106,8 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
             total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT):
                 total += tl.load(part + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")  # NOTE: L2, not a stale L1
+            if ADD:
+                total += tl.load(rp, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
             tl.store(op, total, mask=m_ok[:, None] & n_ok[None, :])
             tl.atomic_xchg(LOCK + tile, 0)  # ready for the next launch (graph replays reuse the counters)
 
@@ -120,20 +125,34 @@ def _fits(x: torch.Tensor, w: torch.Tensor, max_k: int = MAX_K) -> bool:
             and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]))
 
 
-def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The registered op: this kernel where it measured faster than cuBLAS, else torch.matmul. A long K
-    (the drafter's 1536-wide MLP down projection) is split over programs, in one launch (cuBLAS: two).
-    None (the op's reference) for operands above 3-D."""
-    if x.dim() > 3 or w.dim() > 3:
-        return None
+def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """This kernel where it measured faster than cuBLAS; a long K (the drafter's 1536-wide MLP down
+    projection) split over programs, in one launch (cuBLAS: two). None: cuBLAS's turn."""
     m, k = x.shape[-2:]
     if _fits(x, w) and (MIN_M <= m or (m >= 2 and w.shape[-2] >= WIDE_N)):
-        return matmul_nt_triton(x, w)
+        return matmul_nt_triton(x, w, residual=residual)
     if k > MAX_K and m >= 2 and _fits(x, w, MAX_SPLIT_K):
-        out = matmul_nt_triton(x, w, split=triton.cdiv(k, SPLIT_K_CHUNK))
-        if out is not None:
-            return out
-    return torch.matmul(x, w.transpose(-1, -2))  # also words shape errors as torch does
+        return matmul_nt_triton(x, w, split=triton.cdiv(k, SPLIT_K_CHUNK), residual=residual)
+    return None
+
+
+def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The registered op: _kernel_product, else torch.matmul. None (the op's reference) for operands
+    above 3-D."""
+    if x.dim() > 3 or w.dim() > 3:
+        return None
+    out = _kernel_product(x, w)
+    return out if out is not None else torch.matmul(x, w.transpose(-1, -2))  # also words shape errors as torch does
+
+
+def linear_add_fast(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
+    """The registered linear_add: residual + x @ w^T in one launch, the add in this kernel's store or in
+    cuBLAS's (addmm, beta = 1). None (the reference) for layouts it does not serve."""
+    if x.dim() != 2 or w.dim() != 2 or residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype \
+            or residual.stride(-1) != 1:
+        return None
+    out = _kernel_product(x, w, residual)
+    return out if out is not None else torch.addmm(residual, x, w.t())
 
 
 def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
@@ -185,7 +204,8 @@ def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: t
 def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3",
                      w2: torch.Tensor | None = None, tile: tuple[int, ...] | None = None,
                      split: int = 1, norm: tuple[torch.Tensor, float] | None = None,
-                     route: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor | None:
+                     route: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+                     residual: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
     output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
@@ -194,7 +214,8 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split).
     route: (ids, weights [M, k] contiguous (int64, float32), routed experts): batch b is expert b, each row
     scaled by its routing weight for b (1 from the routed count on: shared experts), and the output is
-    laid out [M, B, N] (routed_glu_ref's; not with split)."""
+    laid out [M, B, N] (routed_glu_ref's; not with split). residual [M, N] (2-D x and w, unit column
+    stride, not with w2): added to the output in the kernel's store."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
@@ -219,12 +240,14 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
         part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
     ids, rw, n_routed = route if route is not None else (out, out, batch)
     n_top = ids.shape[1] if route is not None else 0
-    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, ids, rw, n_top, n_top, n_routed, m, n, k, batch, sxb,
-                        x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2), out.stride(0), out.stride(1),
-                        out.stride(2), PREC=precision, GLU=w2 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                        BLOCK_K=block_k, SPLIT=split, NORM=norm is not None,
-                        ROUTE=max(2, triton.next_power_of_2(n_top)) if route is not None else 0, num_warps=warps,
-                        num_stages=stages)
+    assert residual is None or (batch == 1 and w2 is None), "the residual is one 2-D output's"
+    res = residual if residual is not None else out
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, norm_w, eps, ids, rw, n_top, n_top, n_routed, res, res.stride(-2),
+                        m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2), out.stride(0),
+                        out.stride(1), out.stride(2), PREC=precision, GLU=w2 is not None, BLOCK_M=block_m,
+                        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, NORM=norm is not None,
+                        ROUTE=max(2, triton.next_power_of_2(n_top)) if route is not None else 0,
+                        ADD=residual is not None, num_warps=warps, num_stages=stages)
     if route is not None:
         return out.transpose(0, 1)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
