@@ -50,11 +50,11 @@ MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf1
                      **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 
 DRAFT_ATTN_SIGNATURE = dict({"Q": "*fp32", "KC": "*fp32", "VC": "*fp32", "KB": "*fp32", "VB": "*fp32", "MASK": "*u8",
-                             "HELD": "*i64", "OP": "*fp32", "LP": "*fp32", "O": "*fp32", "LOCK": "*i32", "N": "i32", "B": "i32", "n_splits": "i32",
+                             "HELD": "*i64", "OP": "*fp32", "LP": "*fp32", "N": "i32", "B": "i32", "n_splits": "i32",
                              "scale_log2": "fp32"},
                             **dict.fromkeys(["sq_b", "sq_h", "skc_n", "skc_g", "svc_n", "svc_g", "skb_n", "skb_g",
                                              "svb_n", "svb_g", "sm_b"], "i32"),
-                            **dict.fromkeys(["NH", "REP", "D", "BLOCK_M", "BLOCK_N", "HAS_MASK", "HAS_HELD", "PREC", "MERGE"],
+                            **dict.fromkeys(["NH", "REP", "D", "BLOCK_M", "BLOCK_N", "HAS_MASK", "HAS_HELD", "PREC"],
                                             "constexpr"))
 
 TOPK_CHUNK_SIGNATURE = {"X": "*bf16", "CAND": "*i64", "STATS": "*fp32", "V": "i32", "sx": "i32", "C": "i32",
@@ -91,7 +91,7 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
                     constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": 16, "BLOCK_N": 16})
     draft = ASTSource(fn=triton_draft_attention._draft_attn_kernel, signature=DRAFT_ATTN_SIGNATURE,
                       constexprs={"NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": False,
-                                  "HAS_HELD": True, "PREC": "tf32x3", "MERGE": True})
+                                  "HAS_HELD": True, "PREC": "tf32x3"})
     chunk, k, c = triton_topk.plan(163840, 64)  # K2.6's vocabulary at the largest budget the kernel serves
     topk = [ASTSource(fn=triton_topk._chunk_kernel, signature=TOPK_CHUNK_SIGNATURE, constexprs={"CHUNK": chunk, "K": k}),
             ASTSource(fn=triton_topk._merge_kernel, signature=TOPK_MERGE_SIGNATURE,

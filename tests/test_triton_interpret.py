@@ -185,10 +185,9 @@ with mock.patch.object(tda, "sm_count", lambda dev: 4):  # NOTE: no GPU: a small
             block = block.tril() if masking == "causal" else block
             mask = torch.cat([(torch.arange(n) < max(n - 7, 0)).expand(b, n), block], -1)
         want = draft_attention_ref(q, kc, vc, kb, vb, mask, d ** -0.5)
-        for _ in range(2):  # NOTE: twice: the merge's counters must be back at zero after a launch
-            got = tda.draft_attention_triton(q, kc, vc, kb, vb, mask, d ** -0.5)
-            if got is None or got.shape != want.shape or (got - want).abs().max() > 1e-4:
-                bad.append([b, nh, nkv, d, n, masking])
+        got = tda.draft_attention_triton(q, kc, vc, kb, vb, mask, d ** -0.5)
+        if got is None or got.shape != want.shape or (got - want).abs().max() > 1e-4:
+            bad.append([b, nh, nkv, d, n, masking])
 print(json.dumps(bad))
 """
 
@@ -333,13 +332,12 @@ def test_mask_and_walk_kernels_in_the_interpreter_equal_the_references():
 def test_draft_attention_kernel_in_the_interpreter_equals_the_reference():
     """The demo drafter's shapes (8 slots, 4 heads on 2 kv heads, d = 64) with no, one and 1000 context
     entries over several splits, with and without a mask (and a causal block) or the graphs' device count
-    of held entries (0, 1, a few splits' worth), fewer slots than a tile, one kv head per query head; the
-    partials merged in the kernel (few rows) and apart (the K2.6 drafter's 64 heads on 8)."""
+    of held entries (0, 1, a few splits' worth), fewer slots than a tile, one kv head per query head."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [(8, 4, 2, 64, 300, "entries"), (8, 4, 2, 64, 0, None), (8, 4, 2, 64, 1, "causal"),
              (8, 4, 2, 64, 1000, None), (3, 16, 2, 32, 70, "causal"), (8, 8, 8, 16, 17, "entries"),
-             (8, 4, 2, 64, 300, "held"), (8, 4, 2, 64, 7, "held"), (8, 4, 2, 64, 8, "held"), (8, 64, 8, 128, 90, "held")]
+             (8, 4, 2, 64, 300, "held"), (8, 4, 2, 64, 7, "held"), (8, 4, 2, 64, 8, "held")]
     assert interpret(DRAFT_ATTENTION_SCRIPT, cases) == []
 
 

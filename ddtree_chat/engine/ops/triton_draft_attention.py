@@ -13,14 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_linear import tile_counters
 from .triton_mla import merge_splits, sm_count
-
-# NOTE: the in-kernel merge is one program per kv head reading every split's [rows, d] partial: for the
-# demo drafter's <= 9 splits of 16 x 64 rows; the K2.6 drafter's 128 x 128 rows over ~33 splits keep the
-# separate merge (parallel over rows)
-MERGE_SPLITS = 16
-MERGE_VALUES = 4096
 
 
 @triton.jit
@@ -43,15 +36,12 @@ def _attend(q, K, V, MASK, keys, key_ok, mcol, b_row, m_ok, skn, svn, sm_b, m_i,
 
 
 @triton.jit(do_not_specialize=["N", "B", "n_splits"])
-def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, HELD, OP, LP, O, LOCK, N, B, n_splits, scale_log2,
+def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, HELD, OP, LP, N, B, n_splits, scale_log2,
                        sq_b, sq_h, skc_n, skc_g, svc_n, svc_g, skb_n, skb_g, svb_n, svb_g, sm_b,
                        NH: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, HAS_HELD: tl.constexpr, PREC: tl.constexpr,
-                       MERGE: tl.constexpr):
+                       BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, HAS_HELD: tl.constexpr, PREC: tl.constexpr):
     """HAS_HELD: HELD [1] (device) counts the visible context entries, the first ones (no mask tile loads,
-    and the splits share only those keys). MERGE: the last of a kv head's n_splits + 1 programs to finish
-    (a counter in LOCK, reset after) merges their partials into O [B, NH, D] (for few splits and rows:
-    one launch less than the separate merge)."""
+    and the splits share only those keys)."""
     g = tl.program_id(0)
     sid = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)  # row m = (block slot m // REP, head g * REP + m % REP)
@@ -86,26 +76,6 @@ def _draft_attn_kernel(Q, KC, VC, KB, VB, MASK, HELD, OP, LP, O, LOCK, N, B, n_s
     # NOTE: rows that saw no key (masked entries past the context) store only their -inf lse (the merge skips them)
     tl.store(OP + out_row[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=(m_ok & (l_i > 0))[:, None])
     tl.store(LP + out_row, lse, mask=m_ok)
-    if MERGE:
-        tl.debug_barrier()  # every thread's partial is stored before the counter moves (acq_rel atomic)
-        if tl.atomic_add(LOCK + g, 1) == n_splits:
-            top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            for s in range(0, n_splits + 1):
-                top = tl.maximum(top, tl.load(LP + s * B * NH + row, mask=m_ok, other=float("-inf"),
-                                              cache_modifier=".cg"))
-            top = tl.where(top == float("-inf"), 0.0, top)
-            den = tl.zeros([BLOCK_M], tl.float32)
-            out = tl.zeros([BLOCK_M, D], tl.float32)
-            for s in range(0, n_splits + 1):
-                at = (s * B * NH + row).to(tl.int64)
-                w_s = tl.exp2(tl.load(LP + at, mask=m_ok, other=float("-inf"), cache_modifier=".cg") - top)
-                o = tl.load(OP + at[:, None] * D + offs_d[None, :], mask=(m_ok & (w_s > 0))[:, None], other=0.0,
-                            cache_modifier=".cg")  # NOTE: a partial whose lse is -inf was never written
-                out += o * w_s[:, None]
-                den += w_s
-            out = out / tl.maximum(den, 1e-30)[:, None]
-            tl.store(O + row[:, None].to(tl.int64) * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=m_ok[:, None])
-            tl.atomic_xchg(LOCK + g, 0)  # ready for the next launch (graph replays reuse the counters)
 
 
 def _rows(t: torch.Tensor) -> bool:
@@ -140,15 +110,12 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
     lp = torch.empty(ns + 1, b * nh, dtype=torch.float32, device=q.device)
     out = torch.empty(b, nh, d, dtype=q.dtype, device=q.device)
     m8 = mask.contiguous().view(torch.uint8) if mask is not None else op  # NOTE: a view (no kernel); unused without a mask
-    lock = tile_counters(q.device, nkv) if ns + 1 <= MERGE_SPLITS and block_m * d <= MERGE_VALUES else None
     _draft_attn_kernel[(nkv, ns + 1)](
-        q, k_ctx, v_ctx, k_blk, v_blk, m8, held if held is not None else op, op, lp, out,
-        lock if lock is not None else lp, n, b, ns, scale * 1.4426950408889634,
+        q, k_ctx, v_ctx, k_blk, v_blk, m8, held if held is not None else op, op, lp, n, b, ns, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), k_ctx.stride(0), k_ctx.stride(1), v_ctx.stride(0), v_ctx.stride(1),
         k_blk.stride(0), k_blk.stride(1), v_blk.stride(0), v_blk.stride(1), m8.stride(0) if mask is not None else 0,
         NH=nh, REP=rep, D=d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=mask is not None, HAS_HELD=held is not None,
         # NOTE: 3xTF32 (float32-level error) measured 6.9 -> 5.0 us per call vs IEEE dots (BENCHMARKS.md)
-        PREC="tf32x3" if q.dtype == torch.float32 else "tf32", MERGE=lock is not None, num_warps=4)
-    if lock is None:
-        merge_splits(op, lp, out)
+        PREC="tf32x3" if q.dtype == torch.float32 else "tf32", num_warps=4)
+    merge_splits(op, lp, out)
     return out

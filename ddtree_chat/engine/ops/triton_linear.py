@@ -165,17 +165,17 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
 
 
-_COUNTERS: dict = {}  # device -> int32 counters, zero between launches (split-K tiles, the drafter attention's merge)
+_LOCKS: dict = {}  # device -> int32 split-K counters, zero between launches
 
 
-def tile_counters(device, n: int) -> torch.Tensor | None:
+def _locks(device, n: int) -> torch.Tensor | None:
     """Counters for n tiles; None under CUDA-graph capture when none are allocated yet (the warm-up
     before a capture allocates them: a capture must not own a buffer that outlives its graph)."""
-    buf = _COUNTERS.get(device)
+    buf = _LOCKS.get(device)
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        buf = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        buf = _LOCKS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
     return buf
 
 
@@ -234,7 +234,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     if split > 1:
         assert w2 is None, "split-K has no GLU epilogue"
         tiles = grid[0] * grid[1] * batch
-        lock = tile_counters(x.device, tiles)
+        lock = _locks(x.device, tiles)
         if lock is None:
             return None
         part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
