@@ -45,7 +45,7 @@ PACK_SIGNATURE = {"TOK": "*i64", "PAR": "*i64", "DEP": "*i64", "LP": "*fp32", "C
 
 MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf16", "PLEN": "*i64", "MASK": "*u8",
                       "OP": "*fp32", "LP": "*fp32"},
-                     **dict.fromkeys(["M", "T", "NH", "n_splits", "n_tree", "SCAP", "min_chunk"], "i32"), scale_log2="fp32",
+                     **dict.fromkeys(["M", "T", "NH", "n_splits", "n_tree", "SCAP"], "i32"), scale_log2="fp32",
                      **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
                      **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 

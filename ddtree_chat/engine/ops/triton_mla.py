@@ -72,9 +72,8 @@ def graph_ms(kernel_call, quantiles=None, cold: bool = False, calls: int = 8, re
 
 
 @triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], do_bench=graph_ms, cache_results=True)
-@triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "n_tree", "SCAP", "min_chunk"])
-def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, n_tree, SCAP, min_chunk, scale_log2,
-                      s_ckv, s_kpe,
+@triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "n_tree", "SCAP"])
+def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, n_tree, SCAP, scale_log2, s_ckv, s_kpe,
                       sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -95,8 +94,7 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
     qp = tl.load(QP + t_row[:, None] * sqp_t + h_row[:, None] * sqp_h + offs_p[None, :], mask=m_ok[:, None], other=0.0)
     L = tl.load(PLEN).to(tl.int32)  # NOTE: int32 or the engine's int64 device length
     is_tree = sid >= n_splits  # NOTE: the tree's keys are split too (a 33-65 node tree was the long pole)
-    # NOTE: at least min_chunk keys per split: a short prefix under a plan made for the longest fills fewer splits
-    chunk = tl.cdiv(tl.maximum(tl.cdiv(L, n_splits), min_chunk), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(L, n_splits), BLOCK_N) * BLOCK_N
     tchunk = tl.cdiv(tl.cdiv(T, n_tree), BLOCK_N) * BLOCK_N
     tid = sid - n_splits
     start = tl.where(is_tree, L + tid * tchunk, sid * chunk)
@@ -212,7 +210,6 @@ def sm_count(device) -> int:
 
 MIN_SPLIT_KEYS = 256  # NOTE: each split writes [rows, 512] fp32 partials: 64 heads' equal 114 keys of cache
 SPLIT_WAVES: int | None = None  # programs per SM the plan aims at (None: the measured rule below)
-MIN_CHUNK_KEYS = 0  # prefix keys a split takes at least, at the device length (0: spread over every split)
 
 
 def plan_splits(m_rows: int, max_prefix: int, device) -> int:
@@ -272,8 +269,7 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
 
     def launch(length, kernel=_mla_split_kernel, **tile):
         grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), ns + nt)  # noqa: E731
-        kernel[grid](ql, qp, ckv, kpe, length, mask, op, lp, m, t, nh, ns, nt, scap, MIN_CHUNK_KEYS,
-                     scale * 1.4426950408889634,
+        kernel[grid](ql, qp, ckv, kpe, length, mask, op, lp, m, t, nh, ns, nt, scap, scale * 1.4426950408889634,
                      ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1), R=r, P=p,
                      RC=r // 4,
                      # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (9.7 -> 14 us per call at
