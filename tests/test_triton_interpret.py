@@ -49,8 +49,7 @@ for lead, t, h, d, width, inter, dt, norm in json.loads(sys.argv[1]):
         shape = tuple(lead) + (t,) + ((h,) if h else ()) + (width,)
         x = torch.randn(*shape, generator=g).to(dtype)[..., width - d:]  # the rope part is a strided slice
     ang = torch.randn(t, d // 2, generator=g) * 3
-    both = torch.stack([ang.cos(), ang.sin()], 1).to(dtype)  # a rope table's rows: cos, sin views of one tensor
-    cos, sin = both[:, 0], both[:, 1]
+    cos, sin = torch.cat([ang.cos(), ang.sin()], -1).to(dtype).chunk(2, -1)  # a rope table's rows: halves of one tensor
     w = (torch.rand(*((h, d) if norm == 2 else (d,)), generator=g) + 0.5).to(dtype) if norm else None  # 2: per head
     xin = rms_norm_ref(x.float(), w.float(), 1e-6) if norm else x.float()
     ref = (apply_rope_interleaved_ref if inter else apply_rope_half_ref)(xin, cos.float(), sin.float(), h is not None)
@@ -95,8 +94,8 @@ for t, q, r, p, s, slots, dt in json.loads(sys.argv[1]):
     kv = torch.randn(t, q + r + p, generator=g).to(dtype)[:, q:]  # the kv_a part of a fused projection
     w = (torch.rand(r, generator=g) + 0.5).to(dtype)
     ang = torch.randn(t, p // 2, generator=g) * 3
-    both = torch.stack([ang.cos(), ang.sin()], 1).to(dtype)  # a rope table's rows: cos, sin views of one tensor
-    cos, sin = (both[:, 0], both[:, 1]) if t % 2 else (ang.cos().to(dtype), ang.sin().to(dtype))
+    both = torch.cat([ang.cos(), ang.sin()], -1).to(dtype).chunk(2, -1)  # a rope table's rows: halves of one tensor
+    cos, sin = both if t % 2 else (ang.cos().to(dtype), ang.sin().to(dtype))
     where = torch.randperm(s, generator=g)[:t] if slots else s - t
     bufs = [torch.full((s, n), float("nan"), dtype=dtype) for n in (r, p)]  # untouched slots stay NaN
     got = latent_write_triton(kv, w, 1e-6, cos, sin, *[b.clone() for b in bufs], where)

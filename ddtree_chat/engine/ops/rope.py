@@ -39,7 +39,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_fact
 
 class RopeTable:
     """rope_cos_sin's values for positions 0..n-1, computed once per dtype after reserve(n): a forward then
-    gathers its rows (2 kernels) instead of computing them (8 torch ops per forward, x3 per round;
+    gathers its rows (1 kernel) instead of computing them (8 torch ops per forward, x3 per round;
     benchmarks/op_counts.py counts the references).
     Without a reservation (training, direct forwards) the values are computed per call."""
 
@@ -57,19 +57,20 @@ class RopeTable:
         self.tables = {}
 
     def table(self, inv_freq: torch.Tensor, attention_factor: float, dtype) -> torch.Tensor:
-        """The reserved positions' cos and sin [n, 2, dim/2] in dtype (built on first use): one row per
-        position holds both, so a forward gathers them in one launch."""
+        """The reserved positions' [cos | sin] rows [n, dim] in dtype (built on first use): one row per
+        position holds both, so a forward gathers them in one launch (a 2-D gather: a [n, 2, dim/2] table
+        took torch's slower index_select kernel, 4.3 us vs ~1.2)."""
         if dtype not in self.tables:
             cos, sin = rope_cos_sin(torch.arange(self.n, device=inv_freq.device), inv_freq, attention_factor, dtype)
-            self.tables[dtype] = torch.stack([cos, sin], 1)
+            self.tables[dtype] = torch.cat([cos, sin], -1)
         return self.tables[dtype]
 
     def cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype):
-        """cos, sin [T, dim/2] (from a table: views of one gathered [T, 2, dim/2], row stride dim)."""
+        """cos, sin [T, dim/2] (from a table: the halves of one gathered [T, dim], row stride dim)."""
         if not self.n:
             return rope_cos_sin(positions, inv_freq, attention_factor, dtype)
         both = self.table(inv_freq, attention_factor, dtype)[positions]
-        return both[..., 0, :], both[..., 1, :]
+        return both.chunk(2, -1)
 
 
 class RopeOwner:
