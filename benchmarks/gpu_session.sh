@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the standard checks and benchmarks of issues 5 and 9, each step under its
 # own time limit, so one slow step cannot eat the call; everything lands in $OUT (one log, the JSON
-# files, the cache archive in 15 MB parts: at most 8 files).
+# files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
+# archive's parts count (a call that also wrote 4 parts lost its log).
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests e2e programs k26 layer kernels moemla small
-#                                               tiles mlatiles compile (tests: a quick subset; gputests: every GPU
-#                                               test of the kernels and graphs, ~250 s)
+#                                               tiles mlatiles compile cache (tests: a quick subset; gputests:
+#                                               every GPU test of the kernels and graphs, ~300 s)
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
-# Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist and saves them to
-# $OUT/cache.tgz.part-* at the end: copy those into .tc/ (a folder git ignores: add /.tc/ to
+# Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist; the `cache` step
+# saves them to $OUT/cache.tgz.part-*: copy those into .tc/ (a folder git ignores: add /.tc/ to
 # .git/info/exclude) and carry .tc on the next call. The archive keeps every kernel version restored or
-# compiled, so it grows: the carry (working tree ~27 MB + .tc) must stay under 64 MiB; when it does not,
-# carry an older, smaller archive or none (a cold call compiles for ~80 s).
+# compiled, so it grows: the carry (working tree ~27 MB + .tc) must stay under 64 MiB, i.e. an archive
+# of <= ~35 MB (the tenth session's was 55 MB: unusable); when it is larger, carry an older one or none
+# (a cold call compiles for ~80 s).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 cache_root=${CACHE_ROOT:-/tmp/ddtree-gpu-cache}
@@ -51,8 +53,8 @@ for s in "$@"; do
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;
         mlatiles) step mlatiles 300 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
+        cache) tar czf - -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-" ;;
         *) echo "unknown step $s" >> "$log" ;;
     esac
 done
-tar czf - -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-"
 grep "^=== .* rc=" "$log" || true  # the summary: each step's exit status and time
