@@ -612,7 +612,7 @@ def test_rms_norm_linear_matches_float64(m, k, n):
 @pytest.mark.parametrize("m,k", [(1, 128), (33, 128), (33, 2048), (600, 256)])
 def test_linear_add_matches_float64(m, k):
     """A layer's last product with the residual added in its store: the Triton kernel (33 rows; split-K
-    at K = 2048, the dense MoE's concatenated down product) or cuBLAS's addmm (1 and 600 rows)."""
+    at K = 2048, the dense MoE's concatenated down product) or cuBLAS's addmm (1 and 600 rows, bf16)."""
     from ddtree_chat.engine.ops import linear_add
     from ddtree_chat.engine.ops.triton_linear import linear_add_fast
 
@@ -622,6 +622,9 @@ def test_linear_add_matches_float64(m, k):
     want = res.double() + x.double() @ w.double().T
     for out in (linear_add_fast(x, w, res), linear_add(x, w, res)):
         assert out.shape == (m, 256) and rel(out, want) < 1e-6
+    bf = [t.bfloat16() for t in (x, w, res)]  # bf16 (K2.6's shared experts): cuBLAS's addmm
+    for out in (linear_add_fast(*bf), linear_add(*bf)):
+        assert out.dtype == torch.bfloat16 and rel(out, want) < 2e-2
 
 
 @gpu

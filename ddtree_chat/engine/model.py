@@ -192,8 +192,8 @@ class MoE(nn.Module):
         separate = self.shared_experts is not None and not self.experts.shared
         inside = residual is not None and self.tp.world == 1 and not separate
         y = ops.moe_experts(x2, ids, w, self.experts, residual.reshape(x2.shape) if inside else None)
-        if separate:
-            y = y + self.shared_experts(x2)
+        if separate:  # NOTE: the routed sum is the shared expert's residual (added in its down product)
+            y = self.shared_experts(x2, residual=y)
         y = self.tp.all_reduce(y).view(shape)  # one all-reduce for routed + shared partial sums
         return y if residual is None or inside else residual + y
 

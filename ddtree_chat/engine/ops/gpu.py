@@ -101,7 +101,8 @@ def register_all() -> list[str]:
     triton_op("matmul_nt_glu", triton_linear.matmul_nt_glu_fast, (torch.float32,))
     triton_op("rms_norm_linear", triton_linear.rms_norm_linear_fast, (torch.float32,))
     triton_op("routed_glu", triton_linear.routed_glu_fast, (torch.float32,))
-    triton_op("linear_add", triton_linear.linear_add_fast, (torch.float32,))
+    # NOTE: bf16 takes cuBLAS's addmm (one launch instead of a product and an add)
+    triton_op("linear_add", triton_linear.linear_add_fast, half + (torch.float32,))
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,))
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))
     triton_op("norm_rope", lambda x, w, eps, cos, sin: triton_rope.rope_triton(x, cos, sin, True, False, w, eps),

@@ -146,12 +146,12 @@ def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_add_fast(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
-    """The registered linear_add: residual + x @ w^T in one launch, the add in this kernel's store or in
-    cuBLAS's (addmm, beta = 1). None (the reference) for layouts it does not serve."""
+    """The registered linear_add: residual + x @ w^T in one launch, the add in this kernel's store
+    (float32) or in cuBLAS's (addmm, beta = 1). None (the reference) for layouts it does not serve."""
     if x.dim() != 2 or w.dim() != 2 or residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype \
-            or residual.stride(-1) != 1:
+            or residual.stride(-1) != 1 or w.dtype != x.dtype:
         return None
-    out = _kernel_product(x, w, residual)
+    out = _kernel_product(x, w, residual) if x.dtype == torch.float32 else None
     return out if out is not None else torch.addmm(residual, x, w.t())
 
 
