@@ -4,7 +4,14 @@ drafted prefix that matches) at every anchor of ar's continuation. The two diffe
 fall (rounds vs every position); a large gap means the engine's drafter sees another context than training
 did. The training log's validation tau comes from another split: compare this script's two columns.
 
+At the same anchors it also builds each budget's best-first tree from the block's top-K log-probs (the
+engine's tree: tree.build_tree) and counts what the target's continuation accepts there (tokens per round
+at every anchor: an offline, CPU-fast measure of a tree policy or a drafter), and prints the drafter's
+calibration per depth given the chain before it matched: mean top-1 probability vs how often top-1 is
+right, the same for ranks 2-4 (a best-first tree assumes the two agree).
+
     python benchmarks/draft_tau.py [--target DIR --draft DIR] [--prompts 6] [--max-new 128] [--device cpu]
+                                   [--budgets 8 16 32 64]
 """
 
 from __future__ import annotations
@@ -28,6 +35,31 @@ def features(target, ids: list[int], capture) -> tuple[torch.Tensor, torch.Tenso
     return toks, target(toks, torch.arange(n, device=dev), causal_mask(n, dev), cache, capture)[1]
 
 
+def tree_tau(top_logp: torch.Tensor, top_ids: torch.Tensor, labels: torch.Tensor, budget: int) -> int:
+    """Tokens one round emits (accepted drafted tokens + the bonus) with the best-first `budget` tree over
+    top_logp/top_ids [D, K] when the target's continuation is labels [D]."""
+    from ddtree_chat.engine.tree import build_tree, walk
+
+    tree = build_tree(0, top_logp, top_ids, budget)
+    depth = tree.depth.clamp(max=labels.numel() - 1)
+    path, _ = walk(tree, labels[depth])  # NOTE: a node's choice is the next label (only matched paths are walked)
+    return len(path)
+
+
+def calibration(logp: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> list[dict]:
+    """Per depth, over anchors whose drafted chain matched up to it: mean probability and hit rate of the
+    top-1 token and of ranks 2-4. logp/ids [A, D, K] (top-K, sorted), labels [A, D]."""
+    hit = ids == labels[..., None]
+    chain = torch.cat([torch.ones_like(hit[:, :1, 0]), hit[:, :-1, 0].cumprod(-1).bool()], 1)  # [A, D]
+    rows = []
+    for d in range(logp.shape[1]):
+        p, h = logp[chain[:, d], d].exp(), hit[chain[:, d], d].float()
+        rows.append({"depth": d + 1, "anchors": int(chain[:, d].sum()), "top1_p": p[:, 0].mean().item(),
+                     "top1_hit": h[:, 0].mean().item(), "rank2_4_p": p[:, 1:4].mean().item(),
+                     "rank2_4_hit": h[:, 1:4].mean().item()})
+    return rows
+
+
 def main(argv=None) -> int:
     from ddtree_chat.demo.common import heldout_prompts
     from ddtree_chat.demo.train import block_logits
@@ -42,6 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32, 64])
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     target_dir, draft_dir = (a.target, a.draft) if a.target else shipped_demo_dirs()
@@ -49,7 +82,8 @@ def main(argv=None) -> int:
     dev = eng.device
     # NOTE: its own float32 drafter: the engine may run its copy in bf16 on a CPU (speed only)
     dcfg, drafter = load_drafter(draft_dir, eng.tcfg, dev, torch.float32)
-    block, rows = dcfg.block_size, []
+    block, rows, tops = dcfg.block_size, [], []
+    k = max([1] + a.budgets)
     with torch.no_grad():
         for p in heldout_prompts(a.prompts):
             ids = p["prompt_ids"]
@@ -67,18 +101,30 @@ def main(argv=None) -> int:
                                           torch.tensor([0], device=dev), anchors, dcfg.mask_token_id, block,
                                           torch.autocast(dev.type, enabled=False))
             tau = (1 + (logits.argmax(-1) == labels).long().cumprod(-1).sum(-1)).float().flatten()
+            top_logp, top_ids = torch.log_softmax(logits[0].float(), -1).topk(min(k, logits.shape[-1]), -1)
+            tops.append((top_logp, top_ids, labels[0]))
+            trees = {b: sum(tree_tau(top_logp[i, :, :b], top_ids[i, :, :b], labels[0, i], b)
+                            for i in range(top_logp.shape[0])) / top_logp.shape[0] for b in a.budgets}
             rows.append({"prompt_tokens": len(ids), "reply_tokens": len(out["ar"]["token_ids"]),
                          "engine_tokens_per_forward": len(out["dflash"]["token_ids"]) / out["dflash"]["target_forwards"],
-                         "anchors": tau.numel(), "block_tau": tau.mean().item()})
+                         "anchors": tau.numel(), "block_tau": tau.mean().item(), "tree_tau": trees})
             print(rows[-1], flush=True)
     if not rows:
         raise SystemExit("no prompt gave a reply of one block or more")
     fw = sum(r["reply_tokens"] for r in rows) / sum(r["reply_tokens"] / r["engine_tokens_per_forward"] for r in rows)
     tau = sum(r["block_tau"] * r["anchors"] for r in rows) / sum(r["anchors"] for r in rows)
+    n = sum(r["anchors"] for r in rows)
+    trees = {b: sum(r["tree_tau"][b] * r["anchors"] for r in rows) / n for b in a.budgets}
+    cal = calibration(*(torch.cat(t) for t in zip(*tops)))
     print(f"{len(rows)} prompts: engine dflash {fw:.2f} tokens per target forward; training block tau {tau:.2f} "
-          f"over {sum(r['anchors'] for r in rows)} anchors (block {block})")
+          f"over {n} anchors (block {block}); best-first tree at every anchor: "
+          + ", ".join(f"budget {b} {t:.2f}" for b, t in trees.items()))
+    for c in cal:
+        print(f"depth {c['depth']} (chain matched: {c['anchors']} anchors): top-1 p {c['top1_p']:.3f} hit "
+              f"{c['top1_hit']:.3f}; ranks 2-4 p {c['rank2_4_p']:.3f} hit {c['rank2_4_hit']:.3f}")
     if a.json:
-        a.json.write_text(json.dumps({"rows": rows, "engine_tokens_per_forward": fw, "block_tau": tau}, indent=1))
+        a.json.write_text(json.dumps({"rows": rows, "engine_tokens_per_forward": fw, "block_tau": tau,
+                                      "tree_tau": trees, "calibration": cal}, indent=1))
     return 0
 
 
