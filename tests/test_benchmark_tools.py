@@ -33,8 +33,8 @@ def test_k26_round_benchmark_runs_scaled_down_on_cpu(tmp_path):
 
 
 def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
-    """benchmarks/gpu_session.sh (run on the GPU machine): an unknown step is logged, not fatal, and the
-    cache folder comes back as archive parts that restore it."""
+    """benchmarks/gpu_session.sh (run on the GPU machine): an unknown step is logged, not fatal; without the
+    cache step no archive is written, with it the cache folder comes back as archive parts that restore it."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -43,9 +43,11 @@ def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     (cache / "triton").mkdir(parents=True)
     (cache / "triton" / "kernel.cubin").write_bytes(b"\x01" * 1000)
     env = dict(os.environ, OUT=str(out), CACHE_ROOT=str(cache))
-    subprocess.run(["bash", str(root / "benchmarks" / "gpu_session.sh"), "nosuchstep"], cwd=tmp_path, env=env,
-                   check=True, timeout=60)
+    script = str(root / "benchmarks" / "gpu_session.sh")
+    subprocess.run(["bash", script, "nosuchstep"], cwd=tmp_path, env=env, check=True, timeout=60)
     assert "unknown step nosuchstep" in (out / "log.txt").read_text()
+    assert not list(out.glob("cache.tgz.part-*"))
+    subprocess.run(["bash", script, "cache"], cwd=tmp_path, env=env, check=True, timeout=60)
     parts = sorted(out.glob("cache.tgz.part-*"))
     assert parts
     restored = tmp_path / "restored"
