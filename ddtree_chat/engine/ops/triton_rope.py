@@ -18,8 +18,7 @@ from .layout import row_layout
 
 @triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner", "s_w", "s_cs"])
 def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, s_w, s_cs, eps, HALF: tl.constexpr,
-                 BLOCK_D: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr):
+                 BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     j = tl.arange(0, BLOCK_D)
     ok = (rows < R)[:, None] & (j < 2 * HALF)[None, :]
