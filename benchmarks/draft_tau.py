@@ -8,7 +8,8 @@ At the same anchors it also builds each budget's best-first tree from the block'
 engine's tree: tree.build_tree) and counts what the target's continuation accepts there (tokens per round
 at every anchor: an offline, CPU-fast measure of a tree policy or a drafter), and prints the drafter's
 calibration per depth given the chain before it matched: mean top-1 probability vs how often top-1 is
-right, the same for ranks 2-4 (a best-first tree assumes the two agree).
+right, the same for ranks 2-4 (a best-first tree assumes the two agree); and the block tau by where the
+anchor lies in the reply.
 
     python benchmarks/draft_tau.py [--target DIR --draft DIR] [--prompts 6] [--max-new 128] [--device cpu]
                                    [--budgets 8 16 32 64]
@@ -33,6 +34,9 @@ def features(target, ids: list[int], capture) -> tuple[torch.Tensor, torch.Tenso
     n = toks.shape[1]
     cache = BatchCache(cfg.num_layers, 1, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, torch.float32, dev)
     return toks, target(toks, torch.arange(n, device=dev), causal_mask(n, dev), cache, capture)[1]
+
+
+POSITIONS = ((0, 8), (8, 32), (32, 64), (64, None))  # anchor offsets in the reply the block tau is split by
 
 
 def tree_tau(top_logp: torch.Tensor, top_ids: torch.Tensor, labels: torch.Tensor, budget: int) -> int:
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
     dev = eng.device
     # NOTE: its own float32 drafter: the engine may run its copy in bf16 on a CPU (speed only)
     dcfg, drafter = load_drafter(draft_dir, eng.tcfg, dev, torch.float32)
-    block, rows, tops = dcfg.block_size, [], []
+    block, rows, tops, offsets = dcfg.block_size, [], [], []
     k = max([1] + a.budgets)
     with torch.no_grad():
         for p in heldout_prompts(a.prompts):
@@ -103,6 +107,7 @@ def main(argv=None) -> int:
             tau = (1 + (logits.argmax(-1) == labels).long().cumprod(-1).sum(-1)).float().flatten()
             top_logp, top_ids = torch.log_softmax(logits[0].float(), -1).topk(min(k, logits.shape[-1]), -1)
             tops.append((top_logp, top_ids, labels[0]))
+            offsets.append((anchors[0] - len(ids), tau))  # each anchor's place in the reply, its block tau
             trees = {b: sum(tree_tau(top_logp[i, :, :b], top_ids[i, :, :b], labels[0, i], b)
                             for i in range(top_logp.shape[0])) / top_logp.shape[0] for b in a.budgets}
             rows.append({"prompt_tokens": len(ids), "reply_tokens": len(out["ar"]["token_ids"]),
@@ -116,15 +121,22 @@ def main(argv=None) -> int:
     n = sum(r["anchors"] for r in rows)
     trees = {b: sum(r["tree_tau"][b] * r["anchors"] for r in rows) / n for b in a.budgets}
     cal = calibration(*(torch.cat(t) for t in zip(*tops)))
+    off, taus = (torch.cat(t) for t in zip(*offsets))
+    along = {}
+    for lo, hi in POSITIONS:
+        m = (off >= lo) & (off < hi if hi else True)
+        if m.any():
+            along[f"{lo}-{hi}" if hi else f"{lo}+"] = taus[m].mean().item()
     print(f"{len(rows)} prompts: engine dflash {fw:.2f} tokens per target forward; training block tau {tau:.2f} "
           f"over {n} anchors (block {block}); best-first tree at every anchor: "
           + ", ".join(f"budget {b} {t:.2f}" for b, t in trees.items()))
+    print("block tau by the anchor's place in the reply: " + ", ".join(f"tokens {k}: {v:.2f}" for k, v in along.items()))
     for c in cal:
         print(f"depth {c['depth']} (chain matched: {c['anchors']} anchors): top-1 p {c['top1_p']:.3f} hit "
               f"{c['top1_hit']:.3f}; ranks 2-4 p {c['rank2_4_p']:.3f} hit {c['rank2_4_hit']:.3f}")
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "engine_tokens_per_forward": fw, "block_tau": tau,
-                                      "tree_tau": trees, "calibration": cal}, indent=1))
+                                      "tree_tau": trees, "calibration": cal, "tau_along_reply": along}, indent=1))
     return 0
 
 

@@ -102,7 +102,7 @@ def test_op_counts_lists_every_reference_a_kernel_replaces(tmp_path):
 def test_draft_tau_compares_the_engine_with_the_training_measure_on_cpu(tmp_path):
     """benchmarks/draft_tau.py on one held-out prompt: both acceptance measures within [1, block]; the
     best-first trees' tokens per round grow with the budget (each tree holds the smaller ones), one node
-    emits at most 2; one calibration row per drafted depth."""
+    emits at most 2; one calibration row per drafted depth; the block tau by place in the reply."""
     out = tmp_path / "tau.json"
     assert draft_tau.main(["--prompts", "1", "--max-new", "24", "--budgets", "1", "7", "32", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -111,3 +111,4 @@ def test_draft_tau_compares_the_engine_with_the_training_measure_on_cpu(tmp_path
     trees = {int(b): t for b, t in res["tree_tau"].items()}
     assert 1 <= trees[1] <= 2 and trees[1] <= trees[7] <= trees[32] <= 8
     assert len(res["calibration"]) == 7 and all(0 <= c["top1_hit"] <= 1 for c in res["calibration"])
+    assert "0-8" in res["tau_along_reply"] and all(1 <= t <= 8 for t in res["tau_along_reply"].values())
