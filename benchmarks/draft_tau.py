@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32, 64])
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    target_dir, draft_dir = (a.target, a.draft) if a.target else shipped_demo_dirs()
+    shipped = shipped_demo_dirs()  # either may be given alone
+    target_dir, draft_dir = a.target or shipped[0], a.draft or shipped[1]
     eng = Engine.load(target_dir, draft_dir, device=a.device, dtype=torch.float32)
     dev = eng.device
     # NOTE: its own float32 drafter: the engine may run its copy in bf16 on a CPU (speed only)

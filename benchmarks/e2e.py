@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--idle", action="store_true", help="profile GPU idle time per mode (CUDA)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    target, draft = (a.target, a.draft) if a.target else shipped_demo_dirs()
+    shipped = shipped_demo_dirs()  # either may be given alone
+    target, draft = a.target or shipped[0], a.draft or shipped[1]
     t_load = time.perf_counter()
     eng = Engine.load(target, draft, device=a.device, dtype=getattr(torch, a.dtype) if a.dtype else None,
                       graphs=not a.eager)

@@ -34,7 +34,8 @@ def test_k26_round_benchmark_runs_scaled_down_on_cpu(tmp_path):
 
 def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     """benchmarks/gpu_session.sh (run on the GPU machine): an unknown step is logged, not fatal; without the
-    cache step no archive is written, with it the cache folder comes back as archive parts that restore it."""
+    cache step no archive is written, with it the cache folder comes back as archive parts that restore it
+    (less Triton's intermediate IR)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -42,6 +43,7 @@ def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     out.mkdir()
     (cache / "triton").mkdir(parents=True)
     (cache / "triton" / "kernel.cubin").write_bytes(b"\x01" * 1000)
+    (cache / "triton" / "kernel.llir").write_text("; IR the archive leaves out")
     env = dict(os.environ, OUT=str(out), CACHE_ROOT=str(cache))
     script = str(root / "benchmarks" / "gpu_session.sh")
     subprocess.run(["bash", script, "nosuchstep"], cwd=tmp_path, env=env, check=True, timeout=60)
@@ -54,6 +56,7 @@ def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     restored.mkdir()
     subprocess.run(f"cat {' '.join(map(str, parts))} | tar xzf - -C {restored}", shell=True, check=True)
     assert (restored / "triton" / "kernel.cubin").read_bytes() == b"\x01" * 1000
+    assert not (restored / "triton" / "kernel.llir").exists()
 
 
 def test_k26_forward_one_layer_mode_runs_scaled_down_on_cpu(tmp_path):
