@@ -5,8 +5,9 @@
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests e2e programs k26 layer kernels moemla small
-#                                               tiles mlatiles compile cache (tests: a quick subset; gputests:
-#                                               every GPU test of the kernels and graphs, ~300 s)
+#                                               tiles mlatiles compile ncu cache (tests: a quick subset; gputests:
+#                                               every GPU test of the kernels and graphs, ~300 s; ncu: Nsight
+#                                               Compute counters of the MoE and MLA kernels, ncu.csv)
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist; the `cache` step
@@ -51,6 +52,15 @@ for s in "$@"; do
                  --json "$OUT/k26_round.json" ;;
         layer) step layer 150 python benchmarks/k26_forward.py --synthetic-layers 2 --layer 1 --context 8192 \
                    --tokens 1 16 64 --json "$OUT/layer.json" ;;
+        ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+             sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats
+                       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis)
+             step ncu 300 "$ncu_bin" --clock-control none --nvtx --nvtx-include "ncu/" "${sections[@]}" --csv \
+                 --page details --log-file "$OUT/ncu.csv" python benchmarks/kernels.py --only ncu --json /dev/null
+             # NOTE: should the NVTX filter catch nothing, the MoE kernels by name (its warm-up calls included)
+             grep -q moe_gemm "$OUT/ncu.csv" 2> /dev/null || step ncu-moe 200 "$ncu_bin" --clock-control none \
+                 --kernel-name regex:moe_gemm "${sections[@]}" --csv --page details --log-file "$OUT/ncu.csv" \
+                 python benchmarks/kernels.py --only ncu --json /dev/null ;;
         kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;

@@ -88,29 +88,42 @@ def row(kind, shape, us, nbytes, ceiling, ref_us=None, flops=None, extra=None):
     return r
 
 
-def bench_moe(ceiling, quick):
-    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
+MOE_E, MOE_H, MOE_I, MOE_K = 384, 7168, 2048, 8  # K2.6's routed experts: count, hidden, intermediate, top-k
 
-    e, h, inter, k = 384, 7168, 2048, 8
-    gen = torch.Generator(device="cuda").manual_seed(0)
 
+def k26_experts(gen):
+    """K2.6's routed experts, random INT4 group 32 (ExpertWeights), and their kernel pack with its seconds."""
     def rnd(out, inp):
-        p = torch.randint(-2**31, 2**31 - 1, (e, out, inp // 8), dtype=torch.int32, device="cuda", generator=gen)
-        s = (torch.rand(e, out, inp // 32, device="cuda", generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
+        p = torch.randint(-2**31, 2**31 - 1, (MOE_E, out, inp // 8), dtype=torch.int32, device="cuda", generator=gen)
+        s = (torch.rand(MOE_E, out, inp // 32, device="cuda", generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
         return Int4Weight(p, s, 32)
 
-    ex = ExpertWeights(rnd(inter, h), rnd(inter, h), rnd(h, inter))
+    from ddtree_chat.engine.ops.cuda_moe import pack_experts
+
+    ex = ExpertWeights(rnd(MOE_I, MOE_H), rnd(MOE_I, MOE_H), rnd(MOE_H, MOE_I))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     pe = pack_experts(ex)
     torch.cuda.synchronize()
-    pack_s = time.perf_counter() - t0
-    per_expert = 3 * inter * h // 2 + 3 * inter * (h // 32) * 2  # nibbles + bf16 scales
+    return ex, pe, time.perf_counter() - t0
+
+
+def k26_routed_tokens(t, gen):
+    """t random bf16 hidden states, their top-k expert ids (uniform) and routing weights."""
+    x = torch.randn(t, MOE_H, device="cuda").to(torch.bfloat16)
+    ids = torch.rand(t, MOE_E, device="cuda", generator=gen).topk(MOE_K, dim=-1).indices
+    return x, ids, torch.rand(t, MOE_K, device="cuda")
+
+
+def bench_moe(ceiling, quick):
+    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ex, pe, pack_s = k26_experts(gen)
+    per_expert = 3 * MOE_I * MOE_H // 2 + 3 * MOE_I * (MOE_H // 32) * 2  # nibbles + bf16 scales
     rows = []
     for t in ([1, 8, 64] if quick else [1, 2, 4, 8, 16, 32, 64]):
-        x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
-        ids = torch.rand(t, e, device="cuda", generator=gen).topk(k, dim=-1).indices
-        w = torch.rand(t, k, device="cuda")
+        x, ids, w = k26_routed_tokens(t, gen)
         d = int(torch.unique(ids).numel())
         nbytes = d * per_expert + 2 * x.numel() * 2
         var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in range(N_VARIANTS)}
@@ -161,6 +174,40 @@ def bench_mla(ceiling, quick):
         del cache
     print("MLA autotune choices:", json.dumps(triton_mla.tuned_configs(), indent=1), flush=True)
     return rows
+
+
+def profile_once(ceiling):
+    """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens) shapes
+    once each inside an NVTX range "ncu", after an untimed call outside it (compiles, autotunes), for Nsight
+    Compute to read the hardware counters of just those launches (BENCHMARKS.md has the command). No rows."""
+    from ddtree_chat.engine.ops.cuda_moe import moe_forward
+    from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    calls = []
+    _, pe, _ = k26_experts(gen)
+    for t in (1, 16, 64):
+        x, ids, w = k26_routed_tokens(t, gen)
+        calls.append((f"moe T={t}", lambda x=x, ids=ids, w=w: moe_forward(x, ids, w, pe)))
+    ctx = 131072
+    cache = torch.randn(ctx + 16, 576, device="cuda").to(torch.bfloat16)
+    for nh in (64, 8):
+        for t in (1, 16):
+            q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
+            qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
+            mask = torch.ones(t, t, device="cuda").tril().bool()
+            ckv, kpe = cache[: ctx + t, :512], cache[: ctx + t, 512:]
+            calls.append((f"mla ctx={ctx} T={t} heads={nh}",
+                          lambda q=q, qp=qp, ckv=ckv, kpe=kpe, mask=mask: mla_attention_triton(q, qp, ckv, kpe, ctx, mask,
+                                                                                               0.14468)))
+    for name, fn in calls:
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.nvtx.range("ncu"):
+            fn()
+        torch.cuda.synchronize()
+        print("profiled", name, flush=True)
+    return []
 
 
 def bench_small(ceiling):
@@ -363,7 +410,8 @@ def main():
     only = a.only.split(",")
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
-                     ("tiles", lambda: bench_tiles(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling))):
+                     ("tiles", lambda: bench_tiles(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling)),
+                     ("ncu", lambda: profile_once(ceiling))):
         if name in only:
             try:
                 rows += fn()
