@@ -35,6 +35,18 @@ def test_repack_roundtrip_cpu():
 
 
 # ----------------------------------------------------------------------------------------------- MoE
+def test_moe_default_variant_is_a_kernel_variant(monkeypatch):
+    """The MoE kernel's tile variant by token count is one the library has (the GPU tests check every one
+    against the reference); DDTREE_MOE_VARIANT (read at import) forces one for benchmarks."""
+    from ddtree_chat.engine.ops import cuda_moe
+
+    monkeypatch.setattr(cuda_moe, "_FORCED", None)
+    picks = {cuda_moe.default_variant(t) for t in range(1, 257)}
+    assert picks <= set(range(cuda_moe.N_VARIANTS)) and len(picks) == 2  # one token has its own tile
+    monkeypatch.setattr(cuda_moe, "_FORCED", "6")
+    assert cuda_moe.default_variant(1) == cuda_moe.default_variant(64) == 6
+
+
 def test_a_kernel_that_fails_to_build_or_fit_falls_back_for_good(caplog):
     """ops/gpu._guard (CPU): the first failure of the listed kind logs once and switches to the reference
     for good (a Triton kernel that does not fit sm_120's shared memory must not be recompiled per call)."""

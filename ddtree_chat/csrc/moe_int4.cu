@@ -41,12 +41,20 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// (q & 0x000f000f) | 0x43004300 as one LOP3: written in C, nvcc emits an AND and an OR (two immediates),
+// half of the dequant's integer work (SASS count, eleventh session).
+__device__ __forceinline__ uint32_t low_nibbles_bf16(uint32_t q) {
+  uint32_t t;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(q), "n"(0x000f000f), "n"(0x43004300));  // (a & b) | c
+  return t;
+}
+
 // One packed word -> four bf16x2 A registers, scaled per row.
 __device__ __forceinline__ void dequant(uint32_t q, __nv_bfloat162 s_lo, __nv_bfloat162 s_hi, uint32_t (&a)[4]) {
   const __nv_bfloat162 off = as_bf162(0x43084308u);  // 136.0 = 128 + 8
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t t = ((q >> (4 * j)) & 0x000f000fu) | 0x43004300u;  // bf16x2 {128+nib_j, 128+nib_j+4}
+    const uint32_t t = low_nibbles_bf16(q >> (4 * j));  // bf16x2 {128+nib_j, 128+nib_j+4}
     a[j] = as_u32(__hmul2(__hsub2(as_bf162(t), off), (j & 1) ? s_hi : s_lo));
   }
 }
@@ -141,8 +149,10 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 
 // ---------------------------------------------------------------------------------------------
 // GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
-// h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32.
-template <bool GATEUP, int kWarps, int kUnroll>
+// h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32. kFull: KT is a multiple of
+// kWarps * kUnroll, so no load needs a bounds predicate (ncu, eleventh session: the integer ALU pipe is the
+// busiest, 57-75%; each predicated load also zeroes its registers first).
+template <bool GATEUP, int kWarps, int kUnroll, bool kFull>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
@@ -157,7 +167,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   const int g = lane >> 2, c = lane & 3;
   const int pair_g = block_pairs[b * kSlots + g];
   const int K = KT * 64;
-  const uint4* xrow = pair_g >= 0 ? reinterpret_cast<const uint4*>(act + (size_t)(pair_g / act_div) * K) : nullptr;
+  // An empty slot reads slot 0's row (every block has one): its MMA column is never stored, so no predicate.
+  const int src = pair_g >= 0 ? pair_g : block_pairs[b * kSlots];
+  const uint4* xrow = reinterpret_cast<const uint4*>(act + (size_t)(src / act_div) * K);
   const size_t tile_id = (size_t)e * NT + tile;
   const uint4* pa = wa + tile_id * KT * 32 + lane;
   const uint4* pb = GATEUP ? wb + tile_id * KT * 32 + lane : nullptr;
@@ -172,20 +184,15 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int it = base + u;
-      const bool ok = it < KT;
+      const bool ok = kFull || it < KT;
       qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
       s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
       if (GATEUP) {
         qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
         s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
       }
-      if (ok && xrow) {
-        x0[u] = __ldg(xrow + it * 8 + c * 2);
-        x1[u] = __ldg(xrow + it * 8 + c * 2 + 1);
-      } else {
-        x0[u] = z4;
-        x1[u] = z4;
-      }
+      x0[u] = ok ? __ldg(xrow + it * 8 + c * 2) : z4;
+      x1[u] = ok ? __ldg(xrow + it * 8 + c * 2 + 1) : z4;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -266,23 +273,32 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
                                                         num_blocks);
   // variant (gate/up warps x unroll, down warps x unroll): 0 = (2 x 8, 2 x 8), 1 = (4 x 4, 4 x 4),
-  // 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4). 0 was best or within 1.5% at 1-64 tokens (BENCHMARKS.md).
+  // 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4); variant + 4: the same tiles, every load bounds-checked (kFull
+  // off). ops/cuda_moe.default_variant picks by token count (BENCHMARKS.md).
+  const bool checked = variant >= 4;
+  variant %= 4;
   const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
-#define DDT_GU(W, U)                                                                                          \
-  moe_gemm_kernel<true, W, U><<<g1, W * 32, 0, st>>>((const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, \
-                                                     (const uint32_t*)su, (const __nv_bfloat16*)x, topk,       \
-                                                     block_expert, block_pairs, num_blocks, I / 16, H / 64,    \
-                                                     (__nv_bfloat16*)h_buf, nullptr)
-#define DDT_DN(W, U)                                                                                          \
-  moe_gemm_kernel<false, W, U><<<g2, W * 32, 0, st>>>((const uint4*)wd, nullptr, (const uint32_t*)sd, nullptr, \
-                                                      (const __nv_bfloat16*)h_buf, 1, block_expert, block_pairs, \
-                                                      num_blocks, H / 16, I / 64, nullptr, y_buf)
+#define DDT_GEMM(GU, W, U, FULL, GRID, WA, WB, SA, SB, ACT, DIV, NT, KT, H_OUT, Y_OUT)                          \
+  moe_gemm_kernel<GU, W, U, FULL><<<GRID, W * 32, 0, st>>>((const uint4*)WA, (const uint4*)WB, (const uint32_t*)SA, \
+                                                           (const uint32_t*)SB, (const __nv_bfloat16*)ACT, DIV,     \
+                                                           block_expert, block_pairs, num_blocks, NT, KT, H_OUT, Y_OUT)
+#define DDT_GU(W, U)                                                                                           \
+  if (!checked && (H / 64) % (W * U) == 0)                                                                     \
+    DDT_GEMM(true, W, U, true, g1, wg, wu, sg, su, x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf, nullptr);   \
+  else                                                                                                         \
+    DDT_GEMM(true, W, U, false, g1, wg, wu, sg, su, x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf, nullptr)
+#define DDT_DN(W, U)                                                                                           \
+  if (!checked && (I / 64) % (W * U) == 0)                                                                     \
+    DDT_GEMM(false, W, U, true, g2, wd, nullptr, sd, nullptr, h_buf, 1, H / 16, I / 64, nullptr, y_buf);       \
+  else                                                                                                         \
+    DDT_GEMM(false, W, U, false, g2, wd, nullptr, sd, nullptr, h_buf, 1, H / 16, I / 64, nullptr, y_buf)
   switch (variant) {
     case 1: DDT_GU(4, 4); DDT_DN(4, 4); break;
     case 2: DDT_GU(2, 4); DDT_DN(2, 4); break;
     case 3: DDT_GU(4, 8); DDT_DN(4, 4); break;
     default: DDT_GU(2, 8); DDT_DN(2, 8); break;
   }
+#undef DDT_GEMM
 #undef DDT_GU
 #undef DDT_DN
   moe_combine_kernel<<<dim3(T, (H + 1023) / 1024), 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);

@@ -95,8 +95,18 @@ def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
     return emulate_dequant(w[expert:expert + 1], s[expert:expert + 1])[0]
 
 
-VARIANT = int(__import__("os").environ.get("DDTREE_MOE_VARIANT", "0"))  # tile/unroll variant (moe_int4.cu)
-N_VARIANTS = 4
+_FORCED = __import__("os").environ.get("DDTREE_MOE_VARIANT")  # a fixed variant (benchmarks), else by token count
+N_VARIANTS = 8  # 0-3: tiles (moe_int4.cu); 4-7: the same tiles with every load bounds-checked (no kFull)
+
+
+def default_variant(tokens: int) -> int:
+    """Measured (kernels.py --only moe, H200, eleventh session; BENCHMARKS.md): one token is fastest with 2
+    warps x unroll 8, bounds-checked (4); from 2 tokens on 4 x 4 without bounds checks (1): 6% faster at 8
+    and 64 tokens than the previous default. The 2 x 8 tile without checks (0) is the slowest: ptxas then
+    interleaves its loads with the MMAs instead of issuing all eight first."""
+    if _FORCED is not None:
+        return int(_FORCED)
+    return 4 if tokens == 1 else 1
 
 
 def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,
@@ -122,7 +132,7 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
                              pe.wg.data_ptr(), pe.wu.data_ptr(), pe.sg.data_ptr(), pe.su.data_ptr(),
                              pe.wd.data_ptr(), pe.sd.data_ptr(), ws.data_ptr(), max_blocks,
                              hbuf.data_ptr(), ybuf.data_ptr(), out.data_ptr(),
-                             VARIANT if variant is None else variant, stream)
+                             default_variant(t) if variant is None else variant, stream)
     check(rc, "ddt_moe_forward")
     return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
 
