@@ -115,6 +115,15 @@ def k26_routed_tokens(t, gen):
     return x, ids, torch.rand(t, MOE_K, device="cuda")
 
 
+def mla_inputs(cache, ctx, t, nh):
+    """Absorbed-MLA verify inputs: t queries x nh heads (latent 512 + rope 64, bf16) over ctx committed
+    entries of `cache` [>= ctx + t, 576] plus the t tree entries (a chain: causal mask)."""
+    q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
+    qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
+    mask = torch.ones(t, t, device="cuda").tril().bool()
+    return q, qp, cache[: ctx + t, :512], cache[: ctx + t, 512:], mask
+
+
 def bench_moe(ceiling, quick):
     from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward
 
@@ -149,10 +158,7 @@ def bench_mla(ceiling, quick):
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (64, 8):
             for t in (1, 16, 64):
-                q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
-                qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
-                mask = torch.ones(t, t, device="cuda").tril().bool()
-                ckv, kpe = cache[: ctx + t, :512], cache[: ctx + t, 512:]
+                q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
                 nbytes = (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2
                 flops = 2 * t * nh * (ctx + t) * (576 + 512)
                 fn = lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
@@ -193,10 +199,7 @@ def profile_once(ceiling):
     cache = torch.randn(ctx + 16, 576, device="cuda").to(torch.bfloat16)
     for nh in (64, 8):
         for t in (1, 16):
-            q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
-            qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
-            mask = torch.ones(t, t, device="cuda").tril().bool()
-            ckv, kpe = cache[: ctx + t, :512], cache[: ctx + t, 512:]
+            q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
             calls.append((f"mla ctx={ctx} T={t} heads={nh}",
                           lambda q=q, qp=qp, ckv=ckv, kpe=kpe, mask=mask: mla_attention_triton(q, qp, ckv, kpe, ctx, mask,
                                                                                                0.14468)))
@@ -341,10 +344,7 @@ def bench_mla_tiles(ceiling):
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (8, 64):
             for t in (1, 16):
-                q = torch.randn(t, nh, 512, device="cuda").to(torch.bfloat16) * 0.3
-                qp = torch.randn(t, nh, 64, device="cuda").to(torch.bfloat16)
-                mask = torch.ones(t, t, device="cuda").tril().bool()
-                ckv, kpe = cache[: ctx + t, :512], cache[: ctx + t, 512:]
+                q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
                 nbytes = (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2
                 times = {}
                 for cfg in tiles:
