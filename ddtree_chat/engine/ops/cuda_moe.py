@@ -101,9 +101,9 @@ N_VARIANTS = 8  # 0-3: tiles (moe_int4.cu); 4-7: the same tiles with every load 
 
 def default_variant(tokens: int) -> int:
     """Measured (kernels.py --only moe, H200, eleventh session; BENCHMARKS.md): one token is fastest with 2
-    warps x unroll 8, bounds-checked (4); from 2 tokens on 4 x 4 without bounds checks (1): 6% faster at 8
-    and 64 tokens than the previous default. The 2 x 8 tile without checks (0) is the slowest: ptxas then
-    interleaves its loads with the MMAs instead of issuing all eight first."""
+    warps x unroll 8, bounds-checked (4); from 2 tokens on 4 x 4 without bounds checks (1): 3% (2 tokens) to
+    9% (64) faster than the previous default (2 x 8, checked). The 2 x 8 tile without checks (0) is the
+    slowest: ptxas then interleaves its loads with the MMAs instead of issuing all eight first."""
     if _FORCED is not None:
         return int(_FORCED)
     return 4 if tokens == 1 else 1
