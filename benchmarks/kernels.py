@@ -182,7 +182,7 @@ def bench_mla(ceiling, quick):
     return rows
 
 
-def profile_once(ceiling):
+def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens) shapes
     once each inside an NVTX range "ncu", after an untimed call outside it (compiles, autotunes), for Nsight
     Compute to read the hardware counters of just those launches (BENCHMARKS.md has the command). No rows."""
@@ -411,7 +411,7 @@ def main():
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
                      ("tiles", lambda: bench_tiles(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling)),
-                     ("ncu", lambda: profile_once(ceiling))):
+                     ("ncu", profile_once)):
         if name in only:
             try:
                 rows += fn()
