@@ -28,13 +28,14 @@ def test_choice_trades_acceptance_against_measured_cost():
 
 def test_calibration_follows_observed_acceptance():
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
-    auto.costs = {16: 3.0}
+    auto.costs = {16: 3.0, 32: 4.0}
     tree = _tree(True)
     for _ in range(50):
         assert auto.choose(tree) == 16  # (the engine calls choose, then observe, every round)
         auto.observe(tree.prefix(16), accepted=1, draft_s=0.01, target_s=1.0)  # the target never agrees
     assert auto.calib < 0.05
-    assert abs(auto.costs[16] - 1.0) < 1e-3  # the measured cost of the size in use follows the real rounds
+    # the cost of the size in use follows the real rounds, and every other size scales with it
+    assert abs(auto.cost_scale * auto.costs[16] - 1.0) < 1e-3 and abs(auto.cost_scale * auto.costs[32] - 4 / 3) < 1e-3
 
 
 def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
@@ -121,3 +122,19 @@ def test_kernel_fingerprint_follows_the_kernel_sources(tmp_path, monkeypatch):
     second = gpu.fingerprint()
     (ops_dir / "kernel.py").write_text("A = 2\n")
     assert len({first, second, gpu.fingerprint()}) == 3
+
+
+def test_a_round_that_cuts_its_tree_leaves_the_drafted_size():
+    """Eager rounds choose every round: an uncertain tree is cut small for that round only; the size the
+    next rounds draft moves at exploring rounds alone."""
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {2: 1.0, 4: 1.2, 8: 1.5, 16: 3.0}
+    assert auto.exploring and auto.choose(_tree(True)) == 8
+    auto.costs = {2: 1.0, 4: 1.5, 8: 2.5, 16: 4.0}
+    auto.rounds = 1  # not an exploring round
+    assert not auto.exploring and auto.choose(_tree(False)) == 2  # this round verifies 2 nodes ...
+    assert auto.next_budget() == 8  # ... the next one drafts 8 again
+    auto.rounds = auto.interval  # an exploring round moves it
+    auto.choose(_tree(False))
+    auto.rounds += 1
+    assert auto.next_budget() == 2

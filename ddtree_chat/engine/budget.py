@@ -27,11 +27,12 @@ log = logging.getLogger(__name__)
 class AutoBudget:
     def __init__(self, decoder: Decoder, tp: TPGroup, key: str):
         self.dec, self.tp, self.key = decoder, tp, key
-        self.costs: dict[int, float] | None = None
+        self.costs: dict[int, float] | None = None  # verify seconds per tree size, as measured (the curve's shape)
+        self.cost_scale = 1.0  # real round target seconds / measured, EMA over the sizes verified (one for all)
         self.draft_s = 0.0  # drafter seconds per round (EMA over all drafted sizes)
         self.draft_costs: dict[int, float] = {}  # the same per drafted size
         self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
-        self.last = 0  # the budget chosen last round
+        self.last = 0  # the budget chosen at the last exploring round: what the other rounds draft
         self.drafted = 0  # the size drafted this round (what next_budget returned)
         self.rounds = 0
         self.interval = EXPLORE  # rounds between explorations (exploring rounds choose and cannot run ahead)
@@ -138,29 +139,38 @@ class AutoBudget:
         best, best_rate, self.predicted = 0, 0.0, 0.0
         for b in sizes:
             m = cum[b] - 1.0
-            rate = (1.0 + self.calib * m) / (self.costs[b] + self.draft_costs.get(b, self.draft_s))
+            rate = (1.0 + self.calib * m) / (self.cost_scale * self.costs[b] + self.draft_costs.get(b, self.draft_s))
             if rate > best_rate:
                 best, best_rate, self.predicted = b, rate, m
         best = self.tp.broadcast(best or min(self.costs))
-        if self.exploring:  # NOTE: a stable choice needs ever fewer checks; a change goes back to EXPLORE
+        # NOTE: only an exploring round moves the size later rounds draft; the others (eager rounds choose
+        # every round) cut their own tree. A cut that moved it stuck every round until the next exploration
+        # (up to EXPLORE_MAX later) at the size one uncertain tree wanted: CPU auto ran 9% below budget 8.
+        if self.exploring:  # a stable choice needs ever fewer checks; a change goes back to EXPLORE
             self.interval = min(2 * self.interval, EXPLORE_MAX) if best == self.last else EXPLORE
-        self.last = best
+            self.last = best
         return best
 
     def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float) -> None:
         """Learn from a finished round: calibration of the gain (against what choose() predicted for the
-        size it picked), and the real cost of the size used."""
+        size it picked), and the real costs. The engine's first round teaches no costs: its times hold
+        one-off work (the size it drafted kept a 2x drafting cost, never drafted again to correct it)."""
         predicted = self.predicted
         self.rounds += 1
-        self.draft_s = draft_s if self.draft_s == 0 else 0.9 * self.draft_s + 0.1 * draft_s
-        if self.drafted:
-            old = self.draft_costs.get(self.drafted)
-            self.draft_costs[self.drafted] = draft_s if old is None else 0.8 * old + 0.2 * draft_s
-        b = tree.size - 1
-        if b in self.costs:
-            self.costs[b] = 0.8 * self.costs[b] + 0.2 * target_s
+        if self.rounds > 1:
+            self._observe_costs(tree.size - 1, draft_s, target_s)
         if predicted > 1e-6:
             ratio = min((accepted - 1) / predicted, 4.0)
             self.calib = 0.9 * self.calib + 0.1 * ratio
         if not math.isfinite(self.calib):
             self.calib = 1.0
+
+    def _observe_costs(self, verified: int, draft_s: float, target_s: float) -> None:
+        self.draft_s = draft_s if self.draft_s == 0 else 0.9 * self.draft_s + 0.1 * draft_s
+        if self.drafted:  # NOTE: a size's first sample joins the running mean
+            self.draft_costs[self.drafted] = 0.8 * self.draft_costs.get(self.drafted, self.draft_s) + 0.2 * draft_s
+        # NOTE: one scale for every size, not a cost per size: a size in use took on its real rounds' cost (the
+        # accept work, a loaded CPU) while the others kept the bare measured forward, so unused sizes looked
+        # cheap and CPU auto kept verifying 16-64 nodes where 8 was faster (eleventh session)
+        if verified in self.costs and self.costs[verified] > 0:
+            self.cost_scale = 0.8 * self.cost_scale + 0.2 * target_s / self.costs[verified]
