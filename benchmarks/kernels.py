@@ -199,10 +199,9 @@ def profile_once():
     cache = torch.randn(ctx + 16, 576, device="cuda").to(torch.bfloat16)
     for nh in (64, 8):
         for t in (1, 16):
-            q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
+            args = mla_inputs(cache, ctx, t, nh)  # q, q_pe, ckv, kpe, mask
             calls.append((f"mla ctx={ctx} T={t} heads={nh}",
-                          lambda q=q, qp=qp, ckv=ckv, kpe=kpe, mask=mask: mla_attention_triton(q, qp, ckv, kpe, ctx, mask,
-                                                                                               0.14468)))
+                          lambda a=args: mla_attention_triton(*a[:4], ctx, a[4], 0.14468)))
     for name, fn in calls:
         fn()
         torch.cuda.synchronize()
