@@ -67,7 +67,7 @@ def calibration(logp: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> 
 def main(argv=None) -> int:
     from ddtree_chat.demo.common import heldout_prompts
     from ddtree_chat.demo.train import block_logits
-    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.engine.default_model import resolve_model_dirs
     from ddtree_chat.engine.engine import Engine
     from ddtree_chat.engine.generation import GenerationConfig
     from ddtree_chat.engine.loader import load_drafter
@@ -81,8 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32, 64])
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    shipped = shipped_demo_dirs()  # either may be given alone
-    target_dir, draft_dir = a.target or shipped[0], a.draft or shipped[1]
+    target_dir, draft_dir = resolve_model_dirs(a.target, a.draft)  # as the CLI: --draft alone keeps the default target
     eng = Engine.load(target_dir, draft_dir, device=a.device, dtype=torch.float32)
     dev = eng.device
     # NOTE: its own float32 drafter: the engine may run its copy in bf16 on a CPU (speed only)

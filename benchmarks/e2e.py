@@ -66,7 +66,7 @@ def gpu_idle(eng, ids, cfg) -> tuple[float, float]:
 def main(argv=None) -> int:
     from ddtree_chat.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
-    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.engine.default_model import resolve_model_dirs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target")
@@ -81,8 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--idle", action="store_true", help="profile GPU idle time per mode (CUDA)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    shipped = shipped_demo_dirs()  # either may be given alone
-    target, draft = a.target or shipped[0], a.draft or shipped[1]
+    target, draft = resolve_model_dirs(a.target, a.draft)  # as the CLI: --draft alone keeps the default target
     t_load = time.perf_counter()
     eng = Engine.load(target, draft, device=a.device, dtype=getattr(torch, a.dtype) if a.dtype else None,
                       graphs=not a.eager)

@@ -5,6 +5,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import draft_tau  # noqa: E402
@@ -100,6 +102,16 @@ def test_op_counts_lists_every_reference_a_kernel_replaces(tmp_path):
     assert len(counts) == 7 and all(n >= 4 for n in counts.values())
     shallow, deep = op_counts.references(depth=2), op_counts.references(depth=7)
     assert len(deep["DraftTree.mask_ref (depth 7)"]) > len(shallow["DraftTree.mask_ref (depth 2)"])
+
+
+def test_benchmarks_load_the_drafter_given_alone(tmp_path):
+    """--draft without --target reaches the engine, as in the CLI (e2e.py and draft_tau.py once ignored it and
+    measured the shipped drafter): a drafter folder that does not exist is a clear error."""
+    from ddtree_chat.engine.errors import ConfigError
+
+    for script in (draft_tau, e2e):
+        with pytest.raises(ConfigError, match="nothing/config.json not found"):
+            script.main(["--draft", str(tmp_path / "nothing"), "--prompts", "1", "--max-new", "4"])
 
 
 def test_draft_tau_compares_the_engine_with_the_training_measure_on_cpu(tmp_path):

@@ -28,7 +28,7 @@ def _ms(f, n: int = 200) -> float:
 @torch.no_grad()
 def main(argv=None) -> int:
     from ddtree_chat.engine import Engine
-    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.engine.default_model import resolve_model_dirs
     from ddtree_chat.engine.model import causal_mask
     from ddtree_chat.engine.tree import target_choice, walk_topk
 
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft")
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
     a = ap.parse_args(argv)
-    target, draft = (a.target, a.draft) if a.target else shipped_demo_dirs()
+    target, draft = resolve_model_dirs(a.target, a.draft)  # as the CLI: --draft alone keeps the default target
     eng = Engine.load(target, draft, device="cpu")
     dec = eng.decoder
     ids = heldout_prompts(1)[0]["prompt_ids"] + list(range(300, 360))
