@@ -138,3 +138,14 @@ def test_a_round_that_cuts_its_tree_leaves_the_drafted_size():
     auto.choose(_tree(False))
     auto.rounds += 1
     assert auto.next_budget() == 2
+
+
+def test_the_first_round_teaches_no_costs():
+    """The engine's first round carries one-off work (allocations, first calls): its times are not learned."""
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs = {8: 1.0, 16: 2.0}
+    auto.drafted = 8
+    auto.observe(_tree(True).prefix(8), accepted=3, draft_s=9.0, target_s=9.0)
+    assert auto.cost_scale == 1.0 and auto.draft_s == 0.0 and not auto.draft_costs
+    auto.observe(_tree(True).prefix(8), accepted=3, draft_s=0.5, target_s=2.0)
+    assert auto.draft_costs == {8: 0.5} and abs(auto.cost_scale - 1.2) < 1e-9

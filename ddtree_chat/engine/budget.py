@@ -1,7 +1,8 @@
 """`--budget auto`: pick the tree size that maximises expected tokens per second (DESIGN 4).
 
 Cost side: the target's verify time per tree size, measured once on this machine (cached per checkpoint
-and device), plus the drafter's time per round. Gain side: the expected accepted length of the top-b
+and device) and scaled by one running ratio of real rounds' target time to it, plus the drafter's time per
+round and drafted size. Gain side: the expected accepted length of the top-b
 prefixes under the drafter's product-of-marginals surrogate (sum of the nodes' path probabilities),
 rescaled by a running calibration against what the target actually accepted."""
 
