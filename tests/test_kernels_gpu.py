@@ -132,6 +132,8 @@ def test_moe_experts_of_other_ranks_and_repeats():
         assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2]), variant
         assert out[0, 4].abs().max() == 0, variant
         assert rel(out[0], ref) < 1e-2, variant
+    with pytest.raises(RuntimeError, match="ddt_moe_forward"):  # N_VARIANTS is the library's count
+        moe_forward(x, ids, w, pe, variant=N_VARIANTS)
 
 
 @gpu

@@ -148,20 +148,25 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 }
 
 // ---------------------------------------------------------------------------------------------
-// GEMM over one (row tile of 16, block of 8 pairs). GATEUP: rows of gate and up, output
-// h[pair, n] = silu(gate) * up in bf16; else output y[pair, n] in fp32. kFull: KT is a multiple of
-// kWarps * kUnroll, so no load needs a bounds predicate (ncu, eleventh session: the integer ALU pipe is the
-// busiest, 57-75%; each predicated load also zeroes its registers first).
-template <bool GATEUP, int kWarps, int kUnroll, bool kFull>
+// GEMM over (row tiles of 16, one block of 8 pairs). kMode: kGateUp reads a gate and an up tile and writes
+// h[pair, n] = silu(gate) * up in bf16; kDown one down tile, kDown2 two adjacent down tiles (they share the
+// activation fragments: half the CTAs and half the activation reads of kDown), y[pair, n] in fp32. kFull: KT
+// is a multiple of kWarps * kUnroll, so no load needs a bounds predicate (ncu, eleventh session: the integer
+// ALU pipe is the busiest, 57-75%; each predicated load also zeroes its registers first).
+enum Mode { kDown = 0, kGateUp = 1, kDown2 = 2 };
+
+template <int kMode, int kWarps, int kUnroll, bool kFull>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
     const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
     int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
-  constexpr int NACC = GATEUP ? 8 : 4;
+  constexpr bool kTwo = kMode != kDown;  // two weight streams
+  constexpr int NACC = kTwo ? 8 : 4;
   __shared__ float red[kWarps][32][NACC];
-  const int tile = blockIdx.x, b = blockIdx.y;
+  const int b = blockIdx.y;
   if (b >= *num_blocks) return;
+  const int tile = kMode == kDown2 ? 2 * blockIdx.x : blockIdx.x;  // the first (or only) row tile
   const int e = block_expert[b];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -171,10 +176,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   const int src = pair_g >= 0 ? pair_g : block_pairs[b * kSlots];
   const uint4* xrow = reinterpret_cast<const uint4*>(act + (size_t)(src / act_div) * K);
   const size_t tile_id = (size_t)e * NT + tile;
+  const size_t tile_b = kMode == kDown2 ? tile_id + 1 : tile_id;  // kGateUp: the same tile of the up matrix
   const uint4* pa = wa + tile_id * KT * 32 + lane;
-  const uint4* pb = GATEUP ? wb + tile_id * KT * 32 + lane : nullptr;
+  const uint4* pb = kTwo ? wb + tile_b * KT * 32 + lane : nullptr;
   const uint32_t* psa = sa + tile_id * KT * 16 + (c >> 1) * 8 + g;
-  const uint32_t* psb = GATEUP ? sb + tile_id * KT * 16 + (c >> 1) * 8 + g : nullptr;
+  const uint32_t* psb = kTwo ? sb + tile_b * KT * 16 + (c >> 1) * 8 + g : nullptr;
 
   float acc_a[4] = {0.f, 0.f, 0.f, 0.f}, acc_b[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
@@ -187,7 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
       const bool ok = kFull || it < KT;
       qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
       s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
-      if (GATEUP) {
+      if (kTwo) {
         qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
         s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
       }
@@ -198,13 +204,13 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     for (int u = 0; u < kUnroll; ++u) {
       const uint32_t xs[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
       mma_k64(acc_a, qa[u], s_a[u], xs);
-      if (GATEUP) mma_k64(acc_b, qb[u], s_b[u], xs);
+      if (kTwo) mma_k64(acc_b, qb[u], s_b[u], xs);
     }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     red[warp][lane][i] = acc_a[i];
-    if (GATEUP) red[warp][lane][4 + i] = acc_b[i];
+    if (kTwo) red[warp][lane][4 + i] = acc_b[i];
   }
   __syncthreads();
   if (warp != 0) return;
@@ -217,19 +223,21 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     v[i] = s;
   }
   const int N = NT * 16;
-  // C fragment: v[0] (row g, slot 2c), v[1] (row g, slot 2c+1), v[2] (row g+8, slot 2c), v[3] (row g+8, 2c+1)
+  // C fragment: v[0] (row g, slot 2c), v[1] (row g, slot 2c+1), v[2] (row g+8, slot 2c), v[3] (row g+8, 2c+1);
+  // v[4..7] the same places of the second stream
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int slot = 2 * c + (i & 1);
     const int row = tile * 16 + g + ((i >> 1) ? 8 : 0);
     const int pair = block_pairs[b * kSlots + slot];
     if (pair < 0) continue;
-    if (GATEUP) {
+    if (kMode == kGateUp) {
       const float gt = v[i], up = v[4 + i];
       const float hv = gt / (1.f + __expf(-gt)) * up;
       h_out[(size_t)pair * N + row] = __float2bfloat16(hv);
     } else {
       y_out[(size_t)pair * N + row] = v[i];
+      if (kMode == kDown2) y_out[(size_t)pair * N + row + 16] = v[4 + i];
     }
   }
 }
@@ -256,6 +264,54 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
   }
 }
 
+struct Variant {
+  int gu_warps, gu_unroll, dn_warps, dn_unroll;
+  bool dn_two, checked;  // dn_two: kDown2 (two row tiles per CTA)
+};
+// 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2.
+constexpr Variant kVariants[] = {
+    {2, 8, 2, 8, false, false}, {4, 4, 4, 4, false, false}, {2, 4, 2, 4, false, false}, {4, 8, 4, 4, false, false},
+    {2, 8, 2, 8, false, true},  {4, 4, 4, 4, false, true},  {2, 4, 2, 4, false, true},  {4, 8, 4, 4, false, true},
+    {4, 4, 2, 8, false, false}, {4, 4, 4, 4, true, false},  {4, 4, 2, 8, true, false},  {4, 4, 2, 4, true, false},
+    {2, 8, 2, 8, true, true},   {2, 8, 2, 4, true, true},
+};
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+
+struct GemmArgs {
+  const int *block_expert, *block_pairs, *num_blocks;
+  int max_blocks;
+  cudaStream_t st;
+};
+
+template <int kMode, int W, int U>
+void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, const uint4* wb, const uint32_t* sa,
+          const uint32_t* sb, const __nv_bfloat16* act, int act_div, __nv_bfloat16* h_out, float* y_out) {
+  const dim3 grid(kMode == kDown2 ? NT / 2 : NT, a.max_blocks);
+  auto kernel = !checked && KT % (W * U) == 0 ? moe_gemm_kernel<kMode, W, U, true> : moe_gemm_kernel<kMode, W, U, false>;
+  kernel<<<grid, W * 32, 0, a.st>>>(wa, wb, sa, sb, act, act_div, a.block_expert, a.block_pairs, a.num_blocks, NT, KT,
+                                    h_out, y_out);
+}
+
+using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
+                       const __nv_bfloat16*, int, __nv_bfloat16*, float*);
+
+void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const uint4* wu, const uint32_t* sg,
+                   const uint32_t* su, const __nv_bfloat16* x, int topk, int NT, int KT, __nv_bfloat16* h) {
+  GemmFn f = gemm<kGateUp, 2, 8>;
+  if (v.gu_warps == 4) f = v.gu_unroll == 8 ? gemm<kGateUp, 4, 8> : gemm<kGateUp, 4, 4>;
+  else if (v.gu_unroll == 4) f = gemm<kGateUp, 2, 4>;
+  f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
+}
+
+// NT: row tiles of H (even: H % 64 == 0), so kDown2's tile pairs cover it.
+void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uint32_t* sd, const __nv_bfloat16* h,
+                 int NT, int KT, float* y) {
+  GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
+  if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
+  else if (v.dn_unroll == 4) f = v.dn_two ? gemm<kDown2, 2, 4> : gemm<kDown, 2, 4>;
+  f(v.checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
+}
+
 }  // namespace
 
 extern "C" {
@@ -266,41 +322,20 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
                     const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
                     int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, int variant, void* stream) {
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  if (variant < 0 || variant >= kNumVariants) return (int)cudaErrorInvalidValue;
   const int n_pairs = T * topk;
   int* block_expert = ws_int;
   int* block_pairs = ws_int + max_blocks;
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
   moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
                                                         num_blocks);
-  // variant (gate/up warps x unroll, down warps x unroll): 0 = (2 x 8, 2 x 8), 1 = (4 x 4, 4 x 4),
-  // 2 = (2 x 4, 2 x 4), 3 = (4 x 8, 4 x 4); variant + 4: the same tiles, every load bounds-checked (kFull
-  // off). ops/cuda_moe.default_variant picks by token count (BENCHMARKS.md).
-  const bool checked = variant >= 4;
-  variant %= 4;
-  const dim3 g1(I / 16, max_blocks), g2(H / 16, max_blocks);
-#define DDT_GEMM(GU, W, U, FULL, GRID, WA, WB, SA, SB, ACT, DIV, NT, KT, H_OUT, Y_OUT)                          \
-  moe_gemm_kernel<GU, W, U, FULL><<<GRID, W * 32, 0, st>>>((const uint4*)WA, (const uint4*)WB, (const uint32_t*)SA, \
-                                                           (const uint32_t*)SB, (const __nv_bfloat16*)ACT, DIV,     \
-                                                           block_expert, block_pairs, num_blocks, NT, KT, H_OUT, Y_OUT)
-#define DDT_GU(W, U)                                                                                           \
-  if (!checked && (H / 64) % (W * U) == 0)                                                                     \
-    DDT_GEMM(true, W, U, true, g1, wg, wu, sg, su, x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf, nullptr);   \
-  else                                                                                                         \
-    DDT_GEMM(true, W, U, false, g1, wg, wu, sg, su, x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf, nullptr)
-#define DDT_DN(W, U)                                                                                           \
-  if (!checked && (I / 64) % (W * U) == 0)                                                                     \
-    DDT_GEMM(false, W, U, true, g2, wd, nullptr, sd, nullptr, h_buf, 1, H / 16, I / 64, nullptr, y_buf);       \
-  else                                                                                                         \
-    DDT_GEMM(false, W, U, false, g2, wd, nullptr, sd, nullptr, h_buf, 1, H / 16, I / 64, nullptr, y_buf)
-  switch (variant) {
-    case 1: DDT_GU(4, 4); DDT_DN(4, 4); break;
-    case 2: DDT_GU(2, 4); DDT_DN(2, 4); break;
-    case 3: DDT_GU(4, 8); DDT_DN(4, 4); break;
-    default: DDT_GU(2, 8); DDT_DN(2, 8); break;
-  }
-#undef DDT_GEMM
-#undef DDT_GU
-#undef DDT_DN
+  // variant: gate/up tile (warps x unroll), down tile, checked = every load bounds-checked (kFull off).
+  // ops/cuda_moe.default_variant picks by token count (BENCHMARKS.md).
+  const Variant v = kVariants[variant];
+  const GemmArgs a{block_expert, block_pairs, num_blocks, max_blocks, st};
+  launch_gateup(v, a, (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su,
+                (const __nv_bfloat16*)x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf);
+  launch_down(v, a, (const uint4*)wd, (const uint32_t*)sd, (const __nv_bfloat16*)h_buf, H / 16, I / 64, y_buf);
   moe_combine_kernel<<<dim3(T, (H + 1023) / 1024), 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
