@@ -138,6 +138,33 @@ def test_moe_experts_of_other_ranks_and_repeats():
 
 @gpu
 @pytest.mark.gpu
+def test_moe_variants_replay_in_a_cuda_graph():
+    """Every variant (those with programmatic dependent launch too) captured in a graph: a replay on new
+    inputs gives the bits of an eager call on them, with a kernel in between reading the result (a PDL
+    kernel that read before its predecessor finished would see the old buffer)."""
+    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
+
+    dev = torch.device("cuda")
+    e, h, inter, k, tokens = 32, 1024, 256, 8, 5
+    pe = pack_experts(random_experts(e, h, inter, dev, seed=5))
+    x = torch.randn(tokens, h, device=dev).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, device=dev)
+    for variant in range(N_VARIANTS):
+        moe_forward(x, ids, w, pe, variant=variant)  # warm (library load) outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_forward(x, ids, w, pe, variant=variant) * 2
+        for seed in range(3):
+            torch.manual_seed(seed)
+            x.copy_(torch.randn_like(x, dtype=torch.float32))
+            ids.copy_(torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)]))
+            graph.replay()
+            assert torch.equal(out, moe_forward(x, ids, w, pe, variant=variant) * 2), (variant, seed)
+
+
+@gpu
+@pytest.mark.gpu
 def test_moe_dispatch_and_prepare():
     from ddtree_chat.engine.ops import moe_experts
     from ddtree_chat.engine.ops.cuda_moe import PackedExperts

@@ -59,6 +59,12 @@ __device__ __forceinline__ void dequant(uint32_t q, __nv_bfloat162 s_lo, __nv_bf
   }
 }
 
+// Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while its
+// predecessor drains; it must wait before touching the predecessor's outputs. Without the attribute (or
+// without PDL support) wait returns at once and launch_dependents does nothing.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -77,6 +83,7 @@ __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, i
   int* start = sm + E;      // [E] first block of expert e
   int* cursor = sm + 2 * E; // [E]
   __shared__ int total;
+  pdl_wait();
   for (int e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; cursor[e] = 0; }
   for (int b = threadIdx.x; b < max_blocks; b += blockDim.x) {
     block_expert[b] = 0;
@@ -164,6 +171,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   constexpr bool kTwo = kMode != kDown;  // two weight streams
   constexpr int NACC = kTwo ? 8 : 4;
   __shared__ float red[kWarps][32][NACC];
+  // gate/up reads align's blocks, so it waits first; down reads only blocks (align finished before every
+  // gate/up CTA passed its wait) until it needs h.
+  if (kMode == kGateUp) pdl_wait();
   const int b = blockIdx.y;
   if (b >= *num_blocks) return;
   const int tile = kMode == kDown2 ? 2 * blockIdx.x : blockIdx.x;  // the first (or only) row tile
@@ -175,6 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   // An empty slot reads slot 0's row (every block has one): its MMA column is never stored, so no predicate.
   const int src = pair_g >= 0 ? pair_g : block_pairs[b * kSlots];
   const uint4* xrow = reinterpret_cast<const uint4*>(act + (size_t)(src / act_div) * K);
+  if (kMode != kGateUp) pdl_wait();
   const size_t tile_id = (size_t)e * NT + tile;
   const size_t tile_b = kMode == kDown2 ? tile_id + 1 : tile_id;  // kGateUp: the same tile of the up matrix
   const uint4* pa = wa + tile_id * KT * 32 + lane;
@@ -207,6 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
       if (kTwo) mma_k64(acc_b, qb[u], s_b[u], xs);
     }
   }
+  pdl_launch_dependents();  // the next kernel's CTAs may take SMs this CTA's reduction leaves idle
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     red[warp][lane][i] = acc_a[i];
@@ -248,6 +260,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                                    const int64_t* __restrict__ ids, int E, int topk, int N,
                                    __nv_bfloat16* __restrict__ out) {
+  pdl_wait();
   const int t = blockIdx.x;
   for (int n = (blockIdx.y * blockDim.x + threadIdx.x) * 4; n < N; n += gridDim.y * blockDim.x * 4) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -267,13 +280,16 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
 struct Variant {
   int gu_warps, gu_unroll, dn_warps, dn_unroll;
   bool dn_two, checked;  // dn_two: kDown2 (two row tiles per CTA)
+  bool pdl;              // gate/up, down and combine launched with programmatic dependent launch
 };
-// 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2.
+// 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2;
+// 14, 15: 10 and 4 with programmatic dependent launch.
 constexpr Variant kVariants[] = {
     {2, 8, 2, 8, false, false}, {4, 4, 4, 4, false, false}, {2, 4, 2, 4, false, false}, {4, 8, 4, 4, false, false},
     {2, 8, 2, 8, false, true},  {4, 4, 4, 4, false, true},  {2, 4, 2, 4, false, true},  {4, 8, 4, 4, false, true},
     {4, 4, 2, 8, false, false}, {4, 4, 4, 4, true, false},  {4, 4, 2, 8, true, false},  {4, 4, 2, 4, true, false},
-    {2, 8, 2, 8, true, true},   {2, 8, 2, 4, true, true},
+    {2, 8, 2, 8, true, true},   {2, 8, 2, 4, true, true},   {4, 4, 2, 8, true, false, true},
+    {2, 8, 2, 8, false, true, true},
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -281,15 +297,31 @@ struct GemmArgs {
   const int *block_expert, *block_pairs, *num_blocks;
   int max_blocks;
   cudaStream_t st;
+  bool pdl;
 };
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
 
 template <int kMode, int W, int U>
 void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, const uint4* wb, const uint32_t* sa,
           const uint32_t* sb, const __nv_bfloat16* act, int act_div, __nv_bfloat16* h_out, float* y_out) {
   const dim3 grid(kMode == kDown2 ? NT / 2 : NT, a.max_blocks);
   auto kernel = !checked && KT % (W * U) == 0 ? moe_gemm_kernel<kMode, W, U, true> : moe_gemm_kernel<kMode, W, U, false>;
-  kernel<<<grid, W * 32, 0, a.st>>>(wa, wb, sa, sb, act, act_div, a.block_expert, a.block_pairs, a.num_blocks, NT, KT,
-                                    h_out, y_out);
+  launch(kernel, grid, dim3(W * 32), 0, a.st, a.pdl, wa, wb, sa, sb, act, act_div, a.block_expert, a.block_pairs,
+         a.num_blocks, NT, KT, h_out, y_out);
 }
 
 using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
@@ -327,16 +359,17 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* block_expert = ws_int;
   int* block_pairs = ws_int + max_blocks;
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
-  moe_align_kernel<<<1, 512, 3 * E * sizeof(int), st>>>(ids, n_pairs, E, max_blocks, block_expert, block_pairs,
-                                                        num_blocks);
+  const Variant v = kVariants[variant];
+  launch(moe_align_kernel, dim3(1), dim3(512), 3 * E * sizeof(int), st, v.pdl, ids, n_pairs, E, max_blocks, block_expert,
+         block_pairs, num_blocks);
   // variant: gate/up tile (warps x unroll), down tile, checked = every load bounds-checked (kFull off).
   // ops/cuda_moe.default_variant picks by token count (BENCHMARKS.md).
-  const Variant v = kVariants[variant];
-  const GemmArgs a{block_expert, block_pairs, num_blocks, max_blocks, st};
+  const GemmArgs a{block_expert, block_pairs, num_blocks, max_blocks, st, v.pdl};
   launch_gateup(v, a, (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su,
                 (const __nv_bfloat16*)x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf);
   launch_down(v, a, (const uint4*)wd, (const uint32_t*)sd, (const __nv_bfloat16*)h_buf, H / 16, I / 64, y_buf);
-  moe_combine_kernel<<<dim3(T, (H + 1023) / 1024), 256, 0, st>>>(y_buf, route_w, ids, E, topk, H, (__nv_bfloat16*)out);
+  launch(moe_combine_kernel, dim3(T, (H + 1023) / 1024), dim3(256), 0, st, v.pdl, (const float*)y_buf, route_w, ids, E,
+         topk, H, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
 
