@@ -100,13 +100,12 @@ N_VARIANTS = 17  # moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-che
 
 
 def default_variant(tokens: int) -> int:
-    """Measured (kernels.py --only moe, H200, eleventh session; BENCHMARKS.md): one token is fastest with 2
-    warps x unroll 8, bounds-checked (4); from 2 tokens on 4 x 4 without bounds checks (1): 3% (2 tokens) to
-    9% (64) faster than the previous default (2 x 8, checked). The 2 x 8 tile without checks (0) is the
-    slowest: ptxas then interleaves its loads with the MMAs instead of issuing all eight first."""
+    """Measured (kernels.py --only moe, H200, twelfth session; BENCHMARKS.md): gate/up 4 warps x unroll 4, down
+    two row tiles per CTA of 2 x 8 (10), launched with programmatic dependent launch up to 8 tokens (14: 4.5%
+    faster at one token, 1-2% at 2-8; from 16 tokens PDL measured 2-9% slower, so 10 there)."""
     if _FORCED is not None:
         return int(_FORCED)
-    return 4 if tokens == 1 else 1
+    return 14 if tokens <= 8 else 10
 
 
 def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,
