@@ -162,21 +162,18 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 // ALU pipe is the busiest, 57-75%; each predicated load also zeroes its registers first).
 enum Mode { kDown = 0, kGateUp = 1, kDown2 = 2 };
 
-template <int kMode, int kWarps, int kUnroll, bool kFull, bool kPrefetch>
+template <int kMode, int kWarps, int kUnroll, bool kFull>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
     const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
-    int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out, bool early) {
+    int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
   constexpr bool kTwo = kMode != kDown;  // two weight streams
   constexpr int NACC = kTwo ? 8 : 4;
   __shared__ float red[kWarps][32][NACC];
   // gate/up reads align's blocks, so it waits first; down reads only blocks (align finished before every
   // gate/up CTA passed its wait) until it needs h.
-  if (kMode == kGateUp) {
-    pdl_wait();
-    if (early) pdl_launch_dependents();  // a one-wave grid: the down CTAs may fill the SMs' free slots now
-  }
+  if (kMode == kGateUp) pdl_wait();
   const int b = blockIdx.y;
   if (b >= *num_blocks) return;
   const int tile = kMode == kDown2 ? 2 * blockIdx.x : blockIdx.x;  // the first (or only) row tile
@@ -212,13 +209,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
       }
     }
   };
-  const int base0 = warp * kUnroll;
-  // kPrefetch (down): the first pass's weights are requested before waiting for h, so a CTA that starts
-  // beside the gate/up tail already has its bytes in flight
-  if (kPrefetch) load_weights(base0);
   if (kMode != kGateUp) pdl_wait();
-  for (int base = base0; base < KT; base += kWarps * kUnroll) {
-    if (!kPrefetch || base != base0) load_weights(base);
+  for (int base = warp * kUnroll; base < KT; base += kWarps * kUnroll) {
+    load_weights(base);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int it = base + u;
@@ -297,19 +290,19 @@ struct Variant {
   bool gu_checked;  // every load bounds-checked (no kFull)
   int dn_warps, dn_unroll;
   bool dn_two, dn_checked;  // dn_two: kDown2 (two row tiles per CTA)
-  // pdl: 0 off; 1 align, gate/up, down and combine launched with programmatic dependent launch; 2 also
-  // gate/up releases down at its start and down requests its first weights before waiting (2 x 8 kDown2)
-  int pdl;
+  bool pdl;  // align, gate/up, down and combine launched with programmatic dependent launch
 };
 // 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2;
-// 14, 15: 10 and 4 with programmatic dependent launch; 16: 15's gate/up, 10's down, the early release.
+// 14, 15: 10 and 4 with programmatic dependent launch.
 constexpr Variant kVariants[] = {
-    {2, 8, false, 2, 8, false, false, 0}, {4, 4, false, 4, 4, false, false, 0}, {2, 4, false, 2, 4, false, false, 0},
-    {4, 8, false, 4, 4, false, false, 0}, {2, 8, true, 2, 8, false, true, 0},   {4, 4, true, 4, 4, false, true, 0},
-    {2, 4, true, 2, 4, false, true, 0},   {4, 8, true, 4, 4, false, true, 0},   {4, 4, false, 2, 8, false, false, 0},
-    {4, 4, false, 4, 4, true, false, 0},  {4, 4, false, 2, 8, true, false, 0},  {4, 4, false, 2, 4, true, false, 0},
-    {2, 8, true, 2, 8, true, true, 0},    {2, 8, true, 2, 4, true, true, 0},    {4, 4, false, 2, 8, true, false, 1},
-    {2, 8, true, 2, 8, false, true, 1},   {2, 8, true, 2, 8, true, false, 2},
+    {2, 8, false, 2, 8, false, false, false}, {4, 4, false, 4, 4, false, false, false},  // 0, 1
+    {2, 4, false, 2, 4, false, false, false}, {4, 8, false, 4, 4, false, false, false},  // 2, 3
+    {2, 8, true, 2, 8, false, true, false}, {4, 4, true, 4, 4, false, true, false},  // 4, 5
+    {2, 4, true, 2, 4, false, true, false}, {4, 8, true, 4, 4, false, true, false},  // 6, 7
+    {4, 4, false, 2, 8, false, false, false}, {4, 4, false, 4, 4, true, false, false},  // 8, 9
+    {4, 4, false, 2, 8, true, false, false}, {4, 4, false, 2, 4, true, false, false},  // 10, 11
+    {2, 8, true, 2, 8, true, true, false}, {2, 8, true, 2, 4, true, true, false},  // 12, 13
+    {4, 4, false, 2, 8, true, false, true}, {2, 8, true, 2, 8, false, true, true},  // 14, 15
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -317,7 +310,7 @@ struct GemmArgs {
   const int *block_expert, *block_pairs, *num_blocks;
   int max_blocks;
   cudaStream_t st;
-  int pdl;
+  bool pdl;
 };
 
 template <typename... Params, typename... Args>
@@ -335,14 +328,13 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
-template <int kMode, int W, int U, bool kPrefetch = false>
+template <int kMode, int W, int U>
 void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, const uint4* wb, const uint32_t* sa,
           const uint32_t* sb, const __nv_bfloat16* act, int act_div, __nv_bfloat16* h_out, float* y_out) {
   const dim3 grid(kMode == kDown2 ? NT / 2 : NT, a.max_blocks);
-  auto kernel = !checked && KT % (W * U) == 0 ? moe_gemm_kernel<kMode, W, U, true, kPrefetch>
-                                              : moe_gemm_kernel<kMode, W, U, false, kPrefetch>;
-  launch(kernel, grid, dim3(W * 32), 0, a.st, a.pdl > 0, wa, wb, sa, sb, act, act_div, a.block_expert, a.block_pairs,
-         a.num_blocks, NT, KT, h_out, y_out, a.pdl == 2);
+  auto kernel = !checked && KT % (W * U) == 0 ? moe_gemm_kernel<kMode, W, U, true> : moe_gemm_kernel<kMode, W, U, false>;
+  launch(kernel, grid, dim3(W * 32), 0, a.st, a.pdl, wa, wb, sa, sb, act, act_div, a.block_expert, a.block_pairs,
+         a.num_blocks, NT, KT, h_out, y_out);
 }
 
 using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
@@ -359,7 +351,7 @@ void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const u
 // NT: row tiles of H (even: H % 64 == 0), so kDown2's tile pairs cover it.
 void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uint32_t* sd, const __nv_bfloat16* h,
                  int NT, int KT, float* y) {
-  GemmFn f = v.dn_two ? (v.pdl == 2 ? gemm<kDown2, 2, 8, true> : gemm<kDown2, 2, 8>) : gemm<kDown, 2, 8>;
+  GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
   if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
   else if (v.dn_unroll == 4) f = v.dn_two ? gemm<kDown2, 2, 4> : gemm<kDown, 2, 4>;
   f(v.dn_checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
@@ -381,14 +373,14 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   int* block_pairs = ws_int + max_blocks;
   int* num_blocks = ws_int + max_blocks * (1 + kSlots);
   const Variant v = kVariants[variant];
-  launch(moe_align_kernel, dim3(1), dim3(512), 3 * E * sizeof(int), st, v.pdl > 0, ids, n_pairs, E, max_blocks, block_expert,
+  launch(moe_align_kernel, dim3(1), dim3(512), 3 * E * sizeof(int), st, v.pdl, ids, n_pairs, E, max_blocks, block_expert,
          block_pairs, num_blocks);
   // ops/cuda_moe.default_variant picks the variant by token count (BENCHMARKS.md).
   const GemmArgs a{block_expert, block_pairs, num_blocks, max_blocks, st, v.pdl};
   launch_gateup(v, a, (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su,
                 (const __nv_bfloat16*)x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf);
   launch_down(v, a, (const uint4*)wd, (const uint32_t*)sd, (const __nv_bfloat16*)h_buf, H / 16, I / 64, y_buf);
-  launch(moe_combine_kernel, dim3(T, (H + 1023) / 1024), dim3(256), 0, st, v.pdl > 0, (const float*)y_buf, route_w, ids, E,
+  launch(moe_combine_kernel, dim3(T, (H + 1023) / 1024), dim3(256), 0, st, v.pdl, (const float*)y_buf, route_w, ids, E,
          topk, H, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
