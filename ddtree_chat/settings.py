@@ -16,6 +16,7 @@ from pathlib import Path
 from ddtree_chat import paths
 
 MODES = ("ddtree", "dflash", "ar")
+MAX_BUDGET = 1023  # engine.generation.MAX_BUDGET (this module stays free of the engine's imports)
 SETTINGS_FILE = "settings.json"
 
 
@@ -85,7 +86,7 @@ def validate(name: str, value):
     if name == "budget":
         if str(value).strip().lower() == "auto":
             return "auto"
-        return _to_number(name, value, int, 1, 4096)
+        return _to_number(name, value, int, 1, MAX_BUDGET)
     if name == "seed":
         return _to_number(name, value, int, 0, 2**63 - 1)
     if name == "thinking":

@@ -140,6 +140,20 @@ def test_prompt_longer_than_context_is_a_clear_error(synthetic_pair):
     assert done["stop_reason"] == "context"
 
 
+@pytest.mark.parametrize("mode, budget", [("ddtree", 16), ("ddtree", "auto"), ("dflash", None)])
+def test_a_reply_fills_the_context_to_its_last_slot(synthetic_pair, mode, budget):
+    """Near the end of the context a round's tree or block no longer fits: plain steps fill the last
+    slots (the reply used to stop up to a tree's size early), with the tokens of `ar`."""
+    small = Engine.load(*synthetic_pair, device="cpu", max_context=32)
+    prompt = list(range(20))
+    kw = {} if budget is None else {"budget": budget}
+    done = ids_of(small, prompt, mode=mode, max_new_tokens=100, stop_token_ids=(), **kw)
+    want = ids_of(small, prompt, mode="ar", max_new_tokens=100, stop_token_ids=())
+    assert done["stop_reason"] == want["stop_reason"] == "context"
+    assert len(done["token_ids"]) == 32 - len(prompt) + 1  # every slot committed, plus the pending token
+    assert done["token_ids"] == want["token_ids"]
+
+
 # -- tree construction ---------------------------------------------------------------------------
 
 def _brute_force_scores(lp: list[list[float]]) -> list[float]:
@@ -296,3 +310,10 @@ def path_scores_of(tree):
 
 def _closure(tree):
     return closure_mask(tree.parents.tolist())
+
+
+@pytest.mark.parametrize("budget", [-1, 1024, 2.5, "big"])
+def test_a_budget_outside_what_a_round_can_hold_is_refused(budget):
+    with pytest.raises(ValueError, match="budget must be a number from 0 to 1023"):
+        GenerationConfig(mode="ddtree", budget=budget)
+    assert GenerationConfig(budget=1023).budget == 1023

@@ -268,3 +268,20 @@ def test_a_failed_recording_falls_back_to_eager_rounds(synthetic_pair):
     eng.decoder.graphs.prepare = lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("no room"))
     assert run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=30)["token_ids"] == want  # first launch
     assert eng.decoder.graphs is None
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("mode,budget", [("ddtree", 16), ("ddtree", "auto"), ("dflash", 7)])
+def test_static_rounds_fill_the_context_to_its_last_slot(synthetic_pair, mode, budget, device):
+    """Rounds launched ahead, then plain steps once a tree or block no longer fits: the reply ends with
+    the context full, with `ar`'s tokens (on a GPU: recorded CUDA graphs)."""
+    static = Engine.load(*synthetic_pair, device=device, max_context=48)
+    if device == "cpu":
+        static.use_graphs(capture=False)
+    assert static.decoder.graphs is not None
+    prompt = list(range(20))
+    want = run(static, prompt, mode="ar", max_new_tokens=100)
+    got = run(static, prompt, mode=mode, budget=budget, max_new_tokens=100)
+    assert got["stop_reason"] == want["stop_reason"] == "context"
+    assert len(got["token_ids"]) == 48 - len(prompt) + 1
+    assert got["token_ids"] == want["token_ids"]

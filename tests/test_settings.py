@@ -50,7 +50,8 @@ def test_validate_accepts(name, value, expected):
 @pytest.mark.parametrize(
     "name,value",
     [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("max_new_tokens", "0"),
-     ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("nope", 1)],
+     ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("budget", "1024"),
+     ("nope", 1)],
 )
 def test_validate_rejects(name, value):
     with pytest.raises(st.SettingsError):
@@ -73,3 +74,9 @@ def test_cli_thinking_default_does_not_override_saved_off():
 def test_cli_bad_value_is_a_warning_and_others_still_apply():
     s, warnings = st.with_overrides(st.Settings(), argparse.Namespace(temperature=-2.0, budget=32))
     assert s.budget == 32 and s.temperature == 0.0 and "temperature" in warnings[0]
+
+
+def test_settings_know_the_engine_limits():
+    from ddtree_chat.engine import generation
+
+    assert st.MODES == generation.MODES and st.MAX_BUDGET == generation.MAX_BUDGET

@@ -18,12 +18,13 @@ import torch.nn.functional as F
 from . import ops
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
+from .generation import MAX_BUDGET
 from .kv_cache import DraftCache, KVCache
 from .model import KimiModel, causal_mask
 from .ops.registry import dispatch
 from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
 
-MAX_TREE_POSITIONS = 1024  # positions a round may use past max_len's committed context (a tree, a block)
+MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 
 log = logging.getLogger(__name__)
 

@@ -345,13 +345,19 @@ class Engine:
                 if self._auto.exploring or not dec.runs_ahead(cfg.temperature):
                     choose = self._auto.choose
                 then = self._auto.following
-            if dec.cache.length + dec.round_room(mode, budget) > dec.max_len:
+            room = dec.max_len - dec.cache.length
+            if room < 1:
                 reason = "context"
                 break
+            round_mode, round_budget = mode, budget
+            if dec.round_room(mode, budget) > room:
+                # NOTE: the context's last slots hold no tree or block: plain steps fill them (recorded at load,
+                # unlike a tree cut to each remaining room)
+                round_mode, round_budget, choose, then = "ar", 0, None, None
             t0 = time.perf_counter()
-            r = dec.round(mode, budget, cfg.temperature, cfg.top_p, gen, stop_ids, cfg.max_new_tokens - len(out), choose,
-                          then)
-            if auto:
+            r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, gen, stop_ids,
+                          cfg.max_new_tokens - len(out), choose, then)
+            if auto and round_mode == mode:
                 self._auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target)
             out.extend(r.emitted)
             stats.target_forwards += 1
@@ -365,7 +371,8 @@ class Engine:
                 reason = "max_new_tokens"
             ev = {"event": "round", "token_ids": r.emitted, "text": _text(detok, r.emitted, stop_ids),
                   "accepted_length": len(r.emitted), "tree": dict(r.host_tree, accepted_nodes=r.path),
-                  "budget": r.tree.size - 1 if mode == "ddtree" else budget, "auto_budget": auto, "mode": mode,
+                  "budget": r.tree.size - 1 if round_mode == "ddtree" else round_budget, "auto_budget": auto,
+                  "mode": mode,
                   "elapsed_s": time.perf_counter() - t0,
                   "draft_s": r.t_draft, "target_s": r.t_target}
             if not closing:

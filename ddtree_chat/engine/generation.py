@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 MODES = ("ddtree", "dflash", "ar")
+MAX_BUDGET = 1023  # tree nodes past the root a round may draft (the rope table reserves these positions)
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,8 @@ class GenerationConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if self.budget != "auto" and (not isinstance(self.budget, int) or self.budget < 0):
-            raise ValueError(f"budget must be a number >= 0 or 'auto', not {self.budget!r}")
+        if self.budget != "auto" and (not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET):
+            raise ValueError(f"budget must be a number from 0 to {MAX_BUDGET} or 'auto', not {self.budget!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         if self.max_new_tokens < 1:
