@@ -124,6 +124,12 @@ def mla_inputs(cache, ctx, t, nh):
     return q, qp, cache[: ctx + t, :512], cache[: ctx + t, 512:], mask
 
 
+def mla_cost(ctx, t, nh):
+    """Bytes that must move (the latent cache of ctx + t entries, q in and out, bf16) and FLOPs (scores and
+    values over 576 / 512 columns) of one absorbed-MLA verify call."""
+    return (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2, 2 * t * nh * (ctx + t) * (576 + 512)
+
+
 def bench_moe(ceiling, quick):
     from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward
 
@@ -159,8 +165,7 @@ def bench_mla(ceiling, quick):
         for nh in (64, 8):
             for t in (1, 16, 64):
                 q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
-                nbytes = (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2
-                flops = 2 * t * nh * (ctx + t) * (576 + 512)
+                nbytes, flops = mla_cost(ctx, t, nh)
                 fn = lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 # NOTE: cold L2 (a flush before each call, subtracted): up to 32k keys the cache fits in the
                 # 50 MB L2, so back-to-back replays flattered those rows; a 61-layer forward reads it cold
@@ -344,7 +349,7 @@ def bench_mla_tiles(ceiling):
         for nh in (8, 64):
             for t in (1, 16):
                 q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
-                nbytes = (ctx + t) * 576 * 2 + t * nh * (576 + 512) * 2
+                nbytes = mla_cost(ctx, t, nh)[0]
                 times = {}
                 for cfg in tiles:
                     kw = cfg.all_kwargs()
