@@ -185,6 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   // An empty slot reads slot 0's row (every block has one): its MMA column is never stored, so no predicate.
   const int src = pair_g >= 0 ? pair_g : block_pairs[b * kSlots];
   const uint4* xrow = reinterpret_cast<const uint4*>(act + (size_t)(src / act_div) * K);
+  if (kMode != kGateUp) pdl_wait();
   const size_t tile_id = (size_t)e * NT + tile;
   const size_t tile_b = kMode == kDown2 ? tile_id + 1 : tile_id;  // kGateUp: the same tile of the up matrix
   const uint4* pa = wa + tile_id * KT * 32 + lane;
@@ -194,9 +195,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 
   float acc_a[4] = {0.f, 0.f, 0.f, 0.f}, acc_b[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
-  uint4 qa[kUnroll], qb[kUnroll], x0[kUnroll], x1[kUnroll];
-  uint32_t s_a[kUnroll], s_b[kUnroll];
-  auto load_weights = [&](int base) {
+  for (int base = warp * kUnroll; base < KT; base += kWarps * kUnroll) {
+    uint4 qa[kUnroll], qb[kUnroll], x0[kUnroll], x1[kUnroll];
+    uint32_t s_a[kUnroll], s_b[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int it = base + u;
@@ -207,15 +208,6 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
         qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
         s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
       }
-    }
-  };
-  if (kMode != kGateUp) pdl_wait();
-  for (int base = warp * kUnroll; base < KT; base += kWarps * kUnroll) {
-    load_weights(base);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int it = base + u;
-      const bool ok = kFull || it < KT;
       x0[u] = ok ? __ldg(xrow + it * 8 + c * 2) : z4;
       x1[u] = ok ? __ldg(xrow + it * 8 + c * 2 + 1) : z4;
     }
@@ -286,23 +278,21 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
 }
 
 struct Variant {
-  int gu_warps, gu_unroll;
-  bool gu_checked;  // every load bounds-checked (no kFull)
-  int dn_warps, dn_unroll;
-  bool dn_two, dn_checked;  // dn_two: kDown2 (two row tiles per CTA)
-  bool pdl;  // align, gate/up, down and combine launched with programmatic dependent launch
+  int gu_warps, gu_unroll, dn_warps, dn_unroll;
+  bool dn_two, checked;  // dn_two: kDown2 (two row tiles per CTA); checked: every load bounds-checked (no kFull)
+  bool pdl;              // align, gate/up, down and combine launched with programmatic dependent launch
 };
 // 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2;
 // 14, 15: 10 and 4 with programmatic dependent launch.
 constexpr Variant kVariants[] = {
-    {2, 8, false, 2, 8, false, false, false}, {4, 4, false, 4, 4, false, false, false},  // 0, 1
-    {2, 4, false, 2, 4, false, false, false}, {4, 8, false, 4, 4, false, false, false},  // 2, 3
-    {2, 8, true, 2, 8, false, true, false}, {4, 4, true, 4, 4, false, true, false},  // 4, 5
-    {2, 4, true, 2, 4, false, true, false}, {4, 8, true, 4, 4, false, true, false},  // 6, 7
-    {4, 4, false, 2, 8, false, false, false}, {4, 4, false, 4, 4, true, false, false},  // 8, 9
-    {4, 4, false, 2, 8, true, false, false}, {4, 4, false, 2, 4, true, false, false},  // 10, 11
-    {2, 8, true, 2, 8, true, true, false}, {2, 8, true, 2, 4, true, true, false},  // 12, 13
-    {4, 4, false, 2, 8, true, false, true}, {2, 8, true, 2, 8, false, true, true},  // 14, 15
+    {2, 8, 2, 8, false, false, false}, {4, 4, 4, 4, false, false, false},  // 0, 1
+    {2, 4, 2, 4, false, false, false}, {4, 8, 4, 4, false, false, false},  // 2, 3
+    {2, 8, 2, 8, false, true, false}, {4, 4, 4, 4, false, true, false},  // 4, 5
+    {2, 4, 2, 4, false, true, false}, {4, 8, 4, 4, false, true, false},  // 6, 7
+    {4, 4, 2, 8, false, false, false}, {4, 4, 4, 4, true, false, false},  // 8, 9
+    {4, 4, 2, 8, true, false, false}, {4, 4, 2, 4, true, false, false},  // 10, 11
+    {2, 8, 2, 8, true, true, false}, {2, 8, 2, 4, true, true, false},  // 12, 13
+    {4, 4, 2, 8, true, false, true}, {2, 8, 2, 8, false, true, true},  // 14, 15
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -345,7 +335,7 @@ void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const u
   GemmFn f = gemm<kGateUp, 2, 8>;
   if (v.gu_warps == 4) f = v.gu_unroll == 8 ? gemm<kGateUp, 4, 8> : gemm<kGateUp, 4, 4>;
   else if (v.gu_unroll == 4) f = gemm<kGateUp, 2, 4>;
-  f(v.gu_checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
+  f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
 }
 
 // NT: row tiles of H (even: H % 64 == 0), so kDown2's tile pairs cover it.
@@ -354,7 +344,7 @@ void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uin
   GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
   if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
   else if (v.dn_unroll == 4) f = v.dn_two ? gemm<kDown2, 2, 4> : gemm<kDown, 2, 4>;
-  f(v.dn_checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
+  f(v.checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
 }
 
 }  // namespace
@@ -375,7 +365,8 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   const Variant v = kVariants[variant];
   launch(moe_align_kernel, dim3(1), dim3(512), 3 * E * sizeof(int), st, v.pdl, ids, n_pairs, E, max_blocks, block_expert,
          block_pairs, num_blocks);
-  // ops/cuda_moe.default_variant picks the variant by token count (BENCHMARKS.md).
+  // variant: gate/up tile (warps x unroll), down tile, checked = every load bounds-checked (kFull off).
+  // ops/cuda_moe.default_variant picks by token count (BENCHMARKS.md).
   const GemmArgs a{block_expert, block_pairs, num_blocks, max_blocks, st, v.pdl};
   launch_gateup(v, a, (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su,
                 (const __nv_bfloat16*)x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf);
