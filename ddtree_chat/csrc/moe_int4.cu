@@ -162,7 +162,46 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 // ALU pipe is the busiest, 57-75%; each predicated load also zeroes its registers first).
 enum Mode { kDown = 0, kGateUp = 1, kDown2 = 2 };
 
-template <int kMode, int kWarps, int kUnroll, bool kFull>
+// The registers of kUnroll k-steps: packed weights and scales of one or two streams, activation fragments.
+template <int kUnroll>
+struct Stage {
+  uint4 qa[kUnroll], qb[kUnroll], x0[kUnroll], x1[kUnroll];
+  uint32_t s_a[kUnroll], s_b[kUnroll];
+};
+
+template <bool kTwo, bool kFull, int kUnroll>
+__device__ __forceinline__ void load_stage(Stage<kUnroll>& st, int base, int KT, const uint4* pa, const uint4* pb,
+                                           const uint32_t* psa, const uint32_t* psb, const uint4* xrow, int c) {
+  const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int it = base + u;
+    const bool ok = kFull || it < KT;
+    st.qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
+    st.s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
+    if (kTwo) {
+      st.qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
+      st.s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
+    }
+    st.x0[u] = ok ? __ldg(xrow + it * 8 + c * 2) : z4;
+    st.x1[u] = ok ? __ldg(xrow + it * 8 + c * 2 + 1) : z4;
+  }
+}
+
+template <bool kTwo, int kUnroll>
+__device__ __forceinline__ void mma_stage(const Stage<kUnroll>& st, float (&acc_a)[4], float (&acc_b)[4]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const uint32_t xs[8] = {st.x0[u].x, st.x0[u].y, st.x0[u].z, st.x0[u].w,
+                            st.x1[u].x, st.x1[u].y, st.x1[u].z, st.x1[u].w};
+    mma_k64(acc_a, st.qa[u], st.s_a[u], xs);
+    if (kTwo) mma_k64(acc_b, st.qb[u], st.s_b[u], xs);
+  }
+}
+
+// kPipe: two register stages, the next one's loads issued before this one's MMAs (loads stay in flight while
+// a warp dequantises; the plain loop issues a stage's loads, then waits on them with nothing else in flight).
+template <int kMode, int kWarps, int kUnroll, bool kFull, bool kPipe>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint32_t* __restrict__ sa,
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
@@ -194,28 +233,25 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
   const uint32_t* psb = kTwo ? sb + tile_b * KT * 16 + (c >> 1) * 8 + g : nullptr;
 
   float acc_a[4] = {0.f, 0.f, 0.f, 0.f}, acc_b[4] = {0.f, 0.f, 0.f, 0.f};
-  const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
-  for (int base = warp * kUnroll; base < KT; base += kWarps * kUnroll) {
-    uint4 qa[kUnroll], qb[kUnroll], x0[kUnroll], x1[kUnroll];
-    uint32_t s_a[kUnroll], s_b[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int it = base + u;
-      const bool ok = kFull || it < KT;
-      qa[u] = ok ? ldg_stream(pa + (size_t)it * 32) : z4;
-      s_a[u] = ok ? __ldg(psa + (size_t)it * 16) : 0u;
-      if (kTwo) {
-        qb[u] = ok ? ldg_stream(pb + (size_t)it * 32) : z4;
-        s_b[u] = ok ? __ldg(psb + (size_t)it * 16) : 0u;
-      }
-      x0[u] = ok ? __ldg(xrow + it * 8 + c * 2) : z4;
-      x1[u] = ok ? __ldg(xrow + it * 8 + c * 2 + 1) : z4;
+  constexpr int kStep = kWarps * kUnroll;
+  if (!kPipe) {
+    for (int base = warp * kUnroll; base < KT; base += kStep) {
+      Stage<kUnroll> st;
+      load_stage<kTwo, kFull>(st, base, KT, pa, pb, psa, psb, xrow, c);
+      mma_stage<kTwo>(st, acc_a, acc_b);
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const uint32_t xs[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
-      mma_k64(acc_a, qa[u], s_a[u], xs);
-      if (kTwo) mma_k64(acc_b, qb[u], s_b[u], xs);
+  } else if (warp * kUnroll < KT) {
+    Stage<kUnroll> s0, s1;  // ping-pong, unrolled by two so both stay in registers
+    load_stage<kTwo, kFull>(s0, warp * kUnroll, KT, pa, pb, psa, psb, xrow, c);
+    for (int base = warp * kUnroll;; base += 2 * kStep) {
+      const bool more = base + kStep < KT;
+      if (more) load_stage<kTwo, kFull>(s1, base + kStep, KT, pa, pb, psa, psb, xrow, c);
+      mma_stage<kTwo>(s0, acc_a, acc_b);
+      if (!more) break;
+      const bool again = base + 2 * kStep < KT;
+      if (again) load_stage<kTwo, kFull>(s0, base + 2 * kStep, KT, pa, pb, psa, psb, xrow, c);
+      mma_stage<kTwo>(s1, acc_a, acc_b);
+      if (!again) break;
     }
   }
   pdl_launch_dependents();  // the next kernel's CTAs may take SMs this CTA's reduction leaves idle
@@ -281,9 +317,10 @@ struct Variant {
   int gu_warps, gu_unroll, dn_warps, dn_unroll;
   bool dn_two, checked;  // dn_two: kDown2 (two row tiles per CTA); checked: every load bounds-checked (no kFull)
   bool pdl;              // align, gate/up, down and combine launched with programmatic dependent launch
+  bool pipe;             // kPipe GEMMs: gate/up 4 x 2, down kDown2 2 x 2 (the tile fields say so)
 };
 // 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2;
-// 14, 15: 10 and 4 with programmatic dependent launch.
+// 14, 15: 10 and 4 with programmatic dependent launch; 16, 17: kPipe, with and without PDL.
 constexpr Variant kVariants[] = {
     {2, 8, 2, 8, false, false, false}, {4, 4, 4, 4, false, false, false},  // 0, 1
     {2, 4, 2, 4, false, false, false}, {4, 8, 4, 4, false, false, false},  // 2, 3
@@ -293,6 +330,7 @@ constexpr Variant kVariants[] = {
     {4, 4, 2, 8, true, false, false}, {4, 4, 2, 4, true, false, false},  // 10, 11
     {2, 8, 2, 8, true, true, false}, {2, 8, 2, 4, true, true, false},  // 12, 13
     {4, 4, 2, 8, true, false, true}, {2, 8, 2, 8, false, true, true},  // 14, 15
+    {4, 2, 2, 2, true, false, true, true}, {4, 2, 2, 2, true, false, false, true},  // 16, 17
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -318,11 +356,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
-template <int kMode, int W, int U>
+template <int kMode, int W, int U, bool kPipe = false>
 void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, const uint4* wb, const uint32_t* sa,
           const uint32_t* sb, const __nv_bfloat16* act, int act_div, __nv_bfloat16* h_out, float* y_out) {
   const dim3 grid(kMode == kDown2 ? NT / 2 : NT, a.max_blocks);
-  auto kernel = !checked && KT % (W * U) == 0 ? moe_gemm_kernel<kMode, W, U, true> : moe_gemm_kernel<kMode, W, U, false>;
+  auto kernel = !checked && KT % (W * U) == 0 ? moe_gemm_kernel<kMode, W, U, true, kPipe>
+                                              : moe_gemm_kernel<kMode, W, U, false, kPipe>;
   launch(kernel, grid, dim3(W * 32), 0, a.st, a.pdl, wa, wb, sa, sb, act, act_div, a.block_expert, a.block_pairs,
          a.num_blocks, NT, KT, h_out, y_out);
 }
@@ -333,7 +372,8 @@ using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uin
 void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const uint4* wu, const uint32_t* sg,
                    const uint32_t* su, const __nv_bfloat16* x, int topk, int NT, int KT, __nv_bfloat16* h) {
   GemmFn f = gemm<kGateUp, 2, 8>;
-  if (v.gu_warps == 4) f = v.gu_unroll == 8 ? gemm<kGateUp, 4, 8> : gemm<kGateUp, 4, 4>;
+  if (v.pipe) f = gemm<kGateUp, 4, 2, true>;
+  else if (v.gu_warps == 4) f = v.gu_unroll == 8 ? gemm<kGateUp, 4, 8> : gemm<kGateUp, 4, 4>;
   else if (v.gu_unroll == 4) f = gemm<kGateUp, 2, 4>;
   f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
 }
@@ -342,7 +382,8 @@ void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const u
 void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uint32_t* sd, const __nv_bfloat16* h,
                  int NT, int KT, float* y) {
   GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
-  if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
+  if (v.pipe) f = gemm<kDown2, 2, 2, true>;  // the kPipe variants pair it with kDown2
+  else if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
   else if (v.dn_unroll == 4) f = v.dn_two ? gemm<kDown2, 2, 4> : gemm<kDown, 2, 4>;
   f(v.checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
 }

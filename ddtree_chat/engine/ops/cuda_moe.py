@@ -96,7 +96,8 @@ def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
 
 
 _FORCED = __import__("os").environ.get("DDTREE_MOE_VARIANT")  # a fixed variant (benchmarks), else by token count
-N_VARIANTS = 16  # moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL
+# moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL, 16-17 kPipe
+N_VARIANTS = 18
 
 
 def default_variant(tokens: int) -> int:
