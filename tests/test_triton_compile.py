@@ -123,3 +123,25 @@ def test_mla_split_plan_follows_the_measured_rule(monkeypatch):
     assert triton_mla.plan_splits(1024, 131072, None) == 17  # 16 blocks: two waves
     assert triton_mla.plan_splits(8, 4096, None) == 16  # the prefix bounds it
     assert triton_mla.plan_splits(8, 0, None) == 1
+
+
+SM120_SHARED_PER_BLOCK = 99 * 1024  # compute capability 12.x: 100 KB per SM, 99 KB for one block
+
+
+def test_mla_tiles_that_fit_an_sm120_block():
+    """The MLA autotuner's tiles compiled for sm_120 (the RTX PRO 6000 Blackwell) at K2.6's latent (512 + 64,
+    bf16): those over 99 KB of shared memory are skipped there (OutOfResources at tuning), so the list must
+    keep tiles that fit, a 64-key tile among them (the H200's pick at 1-16 tokens)."""
+    from ddtree_chat.engine.ops import triton_mla
+
+    fits = []
+    for cfg in triton_mla._CONFIGS:
+        kw = cfg.all_kwargs()
+        src = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
+                        constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "BLOCK_M": kw["BLOCK_M"],
+                                    "BLOCK_N": kw["BLOCK_N"]})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 120, 32),
+                                options={"num_warps": kw["num_warps"], "num_stages": kw["num_stages"]})
+        if kernel.metadata.shared <= SM120_SHARED_PER_BLOCK:
+            fits.append((kw["BLOCK_M"], kw["BLOCK_N"]))
+    assert (16, 64) in fits and (16, 16) in fits
