@@ -139,9 +139,9 @@ def test_moe_experts_of_other_ranks_and_repeats():
 @gpu
 @pytest.mark.gpu
 def test_moe_variants_replay_in_a_cuda_graph():
-    """Every variant (those with programmatic dependent launch too) captured in a graph: a replay on new
-    inputs gives the bits of an eager call on them, with a kernel in between reading the result (a PDL
-    kernel that read before its predecessor finished would see the old buffer)."""
+    """Every variant (those with programmatic dependent launch too) captured in a graph: each replay runs on
+    new inputs and gives the bits of an eager call on them (a PDL kernel that read its predecessor's buffer
+    before that finished would see the previous replay's values)."""
     from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
 
     dev = torch.device("cuda")
@@ -154,13 +154,13 @@ def test_moe_variants_replay_in_a_cuda_graph():
         moe_forward(x, ids, w, pe, variant=variant)  # warm (library load) outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = moe_forward(x, ids, w, pe, variant=variant) * 2
+            out = moe_forward(x, ids, w, pe, variant=variant)
         for seed in range(3):
             torch.manual_seed(seed)
             x.copy_(torch.randn_like(x, dtype=torch.float32))
             ids.copy_(torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)]))
             graph.replay()
-            assert torch.equal(out, moe_forward(x, ids, w, pe, variant=variant) * 2), (variant, seed)
+            assert torch.equal(out, moe_forward(x, ids, w, pe, variant=variant)), (variant, seed)
 
 
 @gpu

@@ -131,10 +131,11 @@ SM120_SHARED_PER_BLOCK = 99 * 1024  # compute capability 12.x: 100 KB per SM, 99
 def test_mla_tiles_that_fit_an_sm120_block():
     """The MLA autotuner's tiles compiled for sm_120 (the RTX PRO 6000 Blackwell) at K2.6's latent (512 + 64,
     bf16): those over 99 KB of shared memory are skipped there (OutOfResources at tuning), so the list must
-    keep tiles that fit, a 64-key tile among them (the H200's pick at 1-16 tokens)."""
+    keep tiles that fit, a 64-key tile among them (the H200's pick at 1-16 tokens). `pytest -s` prints each
+    tile's bytes (BENCHMARKS.md, twelfth session)."""
     from ddtree_chat.engine.ops import triton_mla
 
-    fits = []
+    fits, shared = [], {}
     for cfg in triton_mla._CONFIGS:
         kw = cfg.all_kwargs()
         src = ASTSource(fn=triton_mla._mla_split_kernel.fn, signature=MLA_SIGNATURE,
@@ -142,6 +143,8 @@ def test_mla_tiles_that_fit_an_sm120_block():
                                     "BLOCK_N": kw["BLOCK_N"]})
         kernel = triton.compile(src, target=GPUTarget("cuda", 120, 32),
                                 options={"num_warps": kw["num_warps"], "num_stages": kw["num_stages"]})
+        shared[f"{kw['BLOCK_M']}x{kw['BLOCK_N']} w{kw['num_warps']} s{kw['num_stages']}"] = kernel.metadata.shared
         if kernel.metadata.shared <= SM120_SHARED_PER_BLOCK:
             fits.append((kw["BLOCK_M"], kw["BLOCK_N"]))
-    assert (16, 64) in fits and (16, 16) in fits
+    print("sm_120 MLA tile shared bytes:", shared)
+    assert (16, 64) in fits and (16, 16) in fits, shared
