@@ -397,6 +397,42 @@ def bench_tiles(ceiling):
     return rows
 
 
+# FFMA tiles of the small-M product (BLOCK_N, BLOCK_K, warps, stages; BLOCK_M = rows up to 16): the
+# broadcast [BM, BK, BN] is 32-64 float32 values per thread
+FMA_TILES = [(16, 32, 4, 3), (8, 64, 4, 3), (8, 32, 4, 3), (16, 16, 4, 3), (4, 128, 4, 2), (8, 128, 8, 2),
+             (4, 256, 8, 1), (16, 64, 8, 3), (32, 32, 8, 3), (32, 16, 4, 3)]
+
+
+def bench_fma(ceiling):
+    """The small-M product in FFMA form ("fma": K spread over lanes) against tensor-core tf32x3 dots (the
+    shape rule's tile) and cuBLAS, at the demo's verify shapes and 1 / 8 / 17 / 33 / 65 rows
+    (graph-replayed; the GLU rows time cuBLAS as two products, the SiLU and the product)."""
+    from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+
+    rows = []
+    shapes = [(k, n, b, False) for k, n, b in TILE_SHAPES] + [(k, n, 1, True) for k, n in TILE_GLU_SHAPES]
+    for m in (1, 8, 17, 33, 65):
+        bm = min(16, 1 << (m - 1).bit_length())
+        for k, n, b, glu in shapes:
+            x = torch.randn(b, m, k, device="cuda")[0 if b == 1 else slice(None)]
+            w = torch.randn(b, n, k, device="cuda")[0 if b == 1 else slice(None)]
+            w2 = torch.randn_like(w) if glu else None
+            mm = lambda a, c: torch.matmul(a, c.transpose(-1, -2))  # noqa: E731
+            times = {"cublas": graph_us((lambda: torch.nn.functional.silu(mm(x, w)) * mm(x, w2)) if glu
+                                        else (lambda: mm(x, w)))}
+            times["tf32x3"] = graph_us(lambda: matmul_nt_triton(x, w, w2=w2))
+            for bn, bk, warps, stages in FMA_TILES:
+                tile = (bm, bn, bk, warps, stages)
+                times[f"fma {tile}"] = graph_us(lambda: matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile))
+            fma = min((t for t in times if t.startswith("fma")), key=times.get)
+            rows.append(row(f"fma{' glu' if glu else ''}", f"M={m} K={k} N={n} B={b}", times[fma],
+                            (x.numel() + w.numel() * (2 if glu else 1) + b * m * n) * 4, ceiling,
+                            extra={"best_fma": fma, "times": times}))
+            print(rows[-1]["shape"], f"cublas {times['cublas']:.1f} tf32x3 {times['tf32x3']:.1f} best", fma,
+                  f"{times[fma]:.1f}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="kernels.json")
@@ -414,7 +450,7 @@ def main():
     only = a.only.split(",")
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
-                     ("tiles", lambda: bench_tiles(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling)),
+                     ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling)),
                      ("ncu", profile_once)):
         if name in only:
             try:

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         for t in top:
             print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
         if a.programs and eng.decoder.graphs is not None:
-            out[spec]["programs"] = programs(eng.decoder.graphs, mode, cfg.budget)
+            out[spec]["programs"] = programs(eng.decoder.graphs, mode, cfg.budget, top_n=a.top)
         if a.host:
             import cProfile
             import pstats

@@ -42,7 +42,7 @@ def test_moe_default_variant_is_a_kernel_variant(monkeypatch):
 
     monkeypatch.setattr(cuda_moe, "_FORCED", None)
     picks = {cuda_moe.default_variant(t) for t in range(1, 257)}
-    assert picks <= set(range(cuda_moe.N_VARIANTS)) and len(picks) == 2  # PDL for the few-token calls only
+    assert picks <= set(range(cuda_moe.N_VARIANTS)) and len(picks) == 3  # pipelined, then PDL for the few-token calls
     monkeypatch.setattr(cuda_moe, "_FORCED", "6")
     assert cuda_moe.default_variant(1) == cuda_moe.default_variant(64) == 6
 
@@ -613,16 +613,18 @@ def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 17, 65, 600])  # NOTE: one compile per tile height (16 / 32 / 64 rows)
 @pytest.mark.parametrize("k,n", [(256, 128), (256, 8192), (1536, 256), (100, 17)])
-@pytest.mark.parametrize("entry", ["triton", "fast"])
+@pytest.mark.parametrize("entry", ["triton", "fma", "fast"])
 def test_triton_matmul_nt_matches_float64(m, k, n, entry):
-    """float32 x @ w^T against a float64 product: float32-level error (3xTF32, not plain tf32), masked
-    edges (m, k, n not multiples of the tiles); the registered op also where it hands over to cuBLAS."""
+    """float32 x @ w^T against a float64 product: float32-level error (3xTF32, not plain tf32; the FFMA
+    form), masked edges (m, k, n not multiples of the tiles); the registered op also where it hands over
+    to cuBLAS."""
     from ddtree_chat.engine.ops.triton_linear import matmul_nt_fast, matmul_nt_triton
 
     gen = torch.Generator(device="cuda").manual_seed(m + k + n)
     x = torch.randn(m, k, device="cuda", generator=gen)
     w = torch.randn(n, k, device="cuda", generator=gen)
-    out = (matmul_nt_triton if entry == "triton" else matmul_nt_fast)(x, w)
+    fma = lambda a, b: matmul_nt_triton(a, b, "fma")  # noqa: E731
+    out = {"triton": matmul_nt_triton, "fma": fma, "fast": matmul_nt_fast}[entry](x, w)
     assert out.shape == (m, n) and out.dtype == torch.float32
     assert rel(out, x.double() @ w.double().T) < 1e-6
 
@@ -632,9 +634,10 @@ def test_triton_matmul_nt_matches_float64(m, k, n, entry):
 @pytest.mark.parametrize("m,k,n", [(33, 256, 208), (33, 128, 192), (17, 256, 8192), (8, 256, 8192), (1, 256, 208)])
 def test_rms_norm_linear_matches_float64(m, k, n):
     """The norm folded into the product (a verify's q_a/kv_a, q_b, lm head): float32-level error against
-    float64, on a strided x (q is a slice of the q_a/kv_a product); one row declines to the separate ops."""
+    float64, on a strided x (q is a slice of the q_a/kv_a product); rows the kernel does not serve (one,
+    when FMA_ROWS leaves it to cuBLAS) decline to the separate ops."""
     from ddtree_chat.engine.ops import rms_norm_linear
-    from ddtree_chat.engine.ops.triton_linear import rms_norm_linear_fast
+    from ddtree_chat.engine.ops.triton_linear import FMA_ROWS, rms_norm_linear_fast
 
     gen = torch.Generator(device="cuda").manual_seed(m + k + n)
     x = torch.randn(m, k + 16, device="cuda", generator=gen)[:, :k]
@@ -643,7 +646,7 @@ def test_rms_norm_linear_matches_float64(m, k, n):
     xd = x.double()
     want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()) @ w.double().T
     fused = rms_norm_linear_fast(x, nw, 1e-6, w)
-    assert (fused is None) == (m == 1)
+    assert (fused is None) == (m == 1 and m not in FMA_ROWS)
     for out in ([fused] if fused is not None else []) + [rms_norm_linear(x, nw, 1e-6, w)]:
         assert out.shape == (m, n) and rel(out, want) < 1e-6
 

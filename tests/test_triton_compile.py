@@ -71,9 +71,11 @@ def test_triton_kernels_compile_for_hopper_and_blackwell(arch):
     tree = ASTSource(fn=triton_tree._tree_kernel, signature=TREE_SIGNATURE,
                      constexprs={"D": 2, "C": 16, "BP": 16, "G": 32})
     mm = [ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
-                    constexprs={"PREC": "tf32x3", "GLU": glu, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32,
+                    constexprs={"PREC": prec, "GLU": glu, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32,
                                 "SPLIT": split, "NORM": norm, "ROUTE": route, "ADD": add})
-          # GLU; split-K with the residual add; the norm; the routed GLU
+          # tensor-core dots and the FFMA form down to one row; GLU; split-K with the residual add; the norm;
+          # the routed GLU
+          for prec, bm in (("tf32x3", 16), ("fma", 1), ("fma", 16))
           for glu, split, norm, route, add in ((True, 1, False, 0, False), (False, 6, False, 0, True),
                                                (False, 1, True, 0, False), (True, 1, False, 8, False))]
     rope = ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,

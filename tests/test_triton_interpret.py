@@ -194,7 +194,9 @@ MM_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
 bad = []
-for shape_x, shape_w, glu, split, *normed in json.loads(sys.argv[1]):
+cases, modes = json.loads(sys.argv[1])
+for (shape_x, shape_w, glu, split, *normed), (prec, tile) in ((c, m) for m in modes for c in cases):
+    tile = tuple(tile) if tile else None
     g = torch.Generator().manual_seed(len(shape_x) * 100 + shape_x[-2])
     x = torch.randn(*shape_x, generator=g)
     w, w2 = torch.randn(*shape_w, generator=g), torch.randn(*shape_w, generator=g)
@@ -204,15 +206,15 @@ for shape_x, shape_w, glu, split, *normed in json.loads(sys.argv[1]):
     if glu:
         ref = torch.nn.functional.silu(ref) * (x.double() @ w2.double().transpose(-1, -2))
     for _ in range(2):  # NOTE: twice: split-K counters must be back at zero after a launch
-        got = matmul_nt_triton(x.transpose(-1, -2).contiguous().transpose(-1, -2), w, precision="ieee",
-                               w2=w2 if glu else None, split=split, norm=norm)
+        got = matmul_nt_triton(x.transpose(-1, -2).contiguous().transpose(-1, -2), w, precision=prec,
+                               w2=w2 if glu else None, split=split, norm=norm, tile=tile)
         if got.shape != ref.shape or (got.double() - ref).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
-            bad.append([shape_x, shape_w, glu, split])
+            bad.append([shape_x, shape_w, glu, split, prec])
     if not glu and len(shape_x) == len(shape_w) == 2:  # a residual added in the store (row-strided)
         res = torch.randn(shape_x[0], shape_w[0] + 3, generator=g)[:, :shape_w[0]]
-        got = matmul_nt_triton(x, w, precision="ieee", split=split, norm=norm, residual=res)
+        got = matmul_nt_triton(x, w, precision=prec, split=split, norm=norm, residual=res, tile=tile)
         if (got.double() - ref - res.double()).abs().max() > 1e-4 * max(1.0, ref.abs().max().item()):
-            bad.append([shape_x, shape_w, glu, split, "residual"])
+            bad.append([shape_x, shape_w, glu, split, prec, "residual"])
     if glu and len(shape_w) == 3 and len(shape_x) == 2:
         # the routed form: top-2 of the experts but the last (a shared one: weight 1), -1 = another rank's
         e, t = shape_w[0], shape_x[0]
@@ -225,9 +227,9 @@ for shape_x, shape_w, glu, split, *normed in json.loads(sys.argv[1]):
             for j in range(2):
                 if ids[i, j] >= 0:
                     want[i, ids[i, j]] += rw[i, j].double() * ref[ids[i, j], i]
-        got = matmul_nt_triton(x, w, precision="ieee", w2=w2, route=(ids, rw, e - 1))
+        got = matmul_nt_triton(x, w, precision=prec, w2=w2, route=(ids, rw, e - 1), tile=tile)
         if got.shape != want.shape or (got.double() - want).abs().max() > 1e-4 * max(1.0, want.abs().max().item()):
-            bad.append([shape_x, shape_w, glu, "routed"])
+            bad.append([shape_x, shape_w, glu, prec, "routed"])
 print(json.dumps(bad))
 """
 
@@ -357,7 +359,9 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
     shared 2-D x against stacked experts, batched both sides; split-K (the drafter's K = 1536, a K that
     is no multiple of a split, batched); the RMSNorm prologue (a K over several k-steps, a strided x); the
     routed GLU (stacked experts scaled by each row's routing weight, an id of another rank's expert, a
-    shared expert at weight 1); a residual added in the store (plain, split-K, after the norm)."""
+    shared expert at weight 1); a residual added in the store (plain, split-K, after the norm). Each case in
+    tl.dot's IEEE precision and in the FFMA broadcast form ("fma"), at the shape rule's tile and at a
+    2-row tile (many row programs, masked rows)."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [([5, 70], [40, 70], False, 1), ([5, 70], [40, 70], True, 1), ([33, 64], [3, 24, 64], True, 1),
@@ -365,7 +369,8 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
              ([8, 1536], [40, 1536], False, 6), ([17, 700], [3, 33, 700], False, 3),
              ([2, 9, 300], [2, 20, 300], False, 2), ([33, 200], [40, 200], False, 1, True), ([3, 70], [130, 70], False, 1, True),
              ([20, 64], [5, 40, 64], True, 1)]
-    assert interpret(MM_SCRIPT, cases) == []
+    modes = [("ieee", None), ("fma", None), ("fma", (2, 16, 32, 4, 1))]
+    assert interpret(MM_SCRIPT, [cases, modes]) == []
 
 
 def test_rope_kernel_in_the_interpreter_equals_the_reference():

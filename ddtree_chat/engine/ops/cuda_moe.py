@@ -101,12 +101,14 @@ N_VARIANTS = 18
 
 
 def default_variant(tokens: int) -> int:
-    """Measured (kernels.py --only moe, H200, twelfth session; BENCHMARKS.md): gate/up 4 warps x unroll 4, down
-    two row tiles per CTA of 2 x 8 (10), launched with programmatic dependent launch up to 8 tokens (14: 4.5%
-    faster at one token, 1-2% at 2-8; from 16 tokens PDL measured 2-9% slower, so 10 there)."""
+    """Measured (kernels.py --only moe, H200, thirteenth session; BENCHMARKS.md): up to 4 tokens the
+    register-pipelined tiles (16: gate/up 4 warps x 2, two down row tiles per CTA of 2 x 2, each stage's
+    loads issued before the previous stage's MMAs, with programmatic dependent launch; T=1 62.8 us vs 68.3
+    for 14); at 5-8 tokens 14 (gate/up 4 x 4, down two row tiles of 2 x 8, PDL); beyond, 10 (14 without PDL,
+    which measured 2-9% slower from 16 tokens)."""
     if _FORCED is not None:
         return int(_FORCED)
-    return 14 if tokens <= 8 else 10
+    return 16 if tokens <= 4 else 14 if tokens <= 8 else 10
 
 
 def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,

@@ -12,11 +12,16 @@ under cuBLAS - two products, the SiLU, the product - for any row count)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured up to 257 rows)
+# rows served in the FFMA form ("fma"; DDTREE_FMA_ROWS="lo-hi", "0" = none, for side-by-side benchmarks)
+_rows = os.environ.get("DDTREE_FMA_ROWS", "1-64").split("-")
+FMA_ROWS = range(int(_rows[0]), int(_rows[-1]) + 1) if _rows[0] != "0" else range(0)
 MIN_M = 16  # below, cuBLAS's small-M kernels are as fast or faster (except against a wide N)
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
 SPLIT_K_CHUNK = 256  # K per split beyond MAX_K
@@ -24,15 +29,29 @@ MAX_SPLIT_K = 8192  # beyond, cuBLAS (the split count is a compile-time constant
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
 
-def _tile(m: int, n: int) -> tuple[int, int, int, int, int]:
+def _tile(m: int, n: int, precision: str = "tf32x3") -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more
     compile per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU
     run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles, H200): 16x32
     tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency), e.g.
     [33, 256] x [128, 256] 4.0 us vs 5.8 with 64x32; taller and wider tiles win only for the lm head."""
+    if precision == "fma":  # PROVISIONAL: [BM, BK, BN] = 64 values per thread
+        return min(16, triton.next_power_of_2(m)), 16, 32, 4, 3
     if n >= 2048 and m > 16:
         return min(64, triton.next_power_of_2(m)), 64, 64, 4, 2
     return 16, 32, 64, 4, 3
+
+
+@triton.jit
+def _mac(acc, x, w, PREC: tl.constexpr):
+    """acc [BM, BN] + x [BM, BK] @ w [BK, BN]. PREC "fma": float32 FFMAs over the broadcast [BM, BK, BN],
+    summed over K (K spread over lanes: no chain of dependent MMAs over K inside one warp, the latency of a
+    few-row product); else tl.dot's input_precision."""
+    if PREC == "fma":
+        acc = acc + tl.sum(x[:, :, None] * w[None, :, :], axis=1)
+    else:
+        acc = tl.dot(x, w, acc, input_precision=PREC)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -76,9 +95,9 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
         if NORM:
             x = x * rstd[:, None] * tl.load(NW + k0 + offs_k, mask=k_ok, other=0.0)[None, :]
         w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = tl.dot(x, tl.load(W + w_off, mask=w_ok, other=0.0), acc, input_precision=PREC)
+        acc = _mac(acc, x, tl.load(W + w_off, mask=w_ok, other=0.0), PREC)
         if GLU:
-            acc2 = tl.dot(x, tl.load(W2 + w_off, mask=w_ok, other=0.0), acc2, input_precision=PREC)
+            acc2 = _mac(acc2, x, tl.load(W2 + w_off, mask=w_ok, other=0.0), PREC)
         xp += BLOCK_K * sxk
         w_off += BLOCK_K * swk
     if GLU:
@@ -129,11 +148,20 @@ def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     """This kernel where it measured faster than cuBLAS; a long K (the drafter's 1536-wide MLP down
     projection) split over programs, in one launch (cuBLAS: two). None: cuBLAS's turn."""
     m, k = x.shape[-2:]
-    if _fits(x, w) and (MIN_M <= m or (m >= 2 and w.shape[-2] >= WIDE_N)):
-        return matmul_nt_triton(x, w, residual=residual)
-    if k > MAX_K and m >= 2 and _fits(x, w, MAX_SPLIT_K):
-        return matmul_nt_triton(x, w, split=triton.cdiv(k, SPLIT_K_CHUNK), residual=residual)
+    if _fits(x, w) and _serves(m, w.shape[-2]):
+        return matmul_nt_triton(x, w, _precision(m), residual=residual)
+    if k > MAX_K and (m >= 2 or m in FMA_ROWS) and _fits(x, w, MAX_SPLIT_K):
+        return matmul_nt_triton(x, w, _precision(m), split=triton.cdiv(k, SPLIT_K_CHUNK), residual=residual)
     return None
+
+
+def _serves(m: int, n: int) -> bool:
+    """Row counts this kernel takes from cuBLAS (kernels.py --only linear, --only fma)."""
+    return MIN_M <= m or (m >= 2 and n >= WIDE_N) or m in FMA_ROWS
+
+
+def _precision(m: int) -> str:
+    return "fma" if m in FMA_ROWS else "tf32x3"
 
 
 def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -161,7 +189,7 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
     if x.dim() > 3 or wg.dim() > 3:
         return None
     if _fits(x, wg) and wu.shape == wg.shape and wu.stride() == wg.stride() and wu.dtype == wg.dtype:
-        return matmul_nt_triton(x, wg, w2=wu)
+        return matmul_nt_triton(x, wg, _precision(x.shape[-2]), w2=wu)
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
 
 
@@ -186,7 +214,8 @@ def routed_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: to
     if x.dim() != 2 or wg.dim() != 3 or not _fits(x, wg) or wu.shape != wg.shape or wu.stride() != wg.stride() \
             or wu.dtype != wg.dtype or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
         return None
-    return matmul_nt_triton(x, wg, w2=wu, route=(ids.contiguous(), weights.float().contiguous(), wg.shape[0] - shared))
+    return matmul_nt_triton(x, wg, _precision(x.shape[0]), w2=wu,
+                            route=(ids.contiguous(), weights.float().contiguous(), wg.shape[0] - shared))
 
 
 def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor | None:
@@ -195,9 +224,9 @@ def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: t
     None elsewhere (the op then runs the norm and the product apart: single rows keep cuBLAS)."""
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
-    if w.dim() != 2 or not _fits(x2, w) or not (MIN_M <= m or (m >= 2 and w.shape[0] >= WIDE_N)):
+    if w.dim() != 2 or not _fits(x2, w) or not _serves(m, w.shape[0]):
         return None
-    out = matmul_nt_triton(x2, w, norm=(norm_w.float().contiguous(), eps))
+    out = matmul_nt_triton(x2, w, _precision(m), norm=(norm_w.float().contiguous(), eps))
     return out.view(*x.shape[:-1], w.shape[0])
 
 
@@ -207,7 +236,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
                      route: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                      residual: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
-    precision: tl.dot's input_precision ("ieee": FFMA dots, slower). w2 (w's shape and strides): the
+    precision: tl.dot's input_precision ("ieee": FFMA dots, slower) or "fma" (_mac's broadcast sum). w2 (w's shape and strides): the
     output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
     the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
     programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture).
@@ -225,7 +254,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     if route is not None:
         assert split == 1, "routing scales the finished tile: no split-K"
         out = torch.empty(m, batch, n, dtype=torch.float32, device=x.device).transpose(0, 1)
-    block_m, block_n, block_k, warps, stages = tile or _tile(m, n)
+    block_m, block_n, block_k, warps, stages = tile or _tile(m, n, precision)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     part = lock = out
