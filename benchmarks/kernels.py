@@ -398,9 +398,11 @@ def bench_tiles(ceiling):
 
 
 # FFMA tiles of the small-M product (BLOCK_N, BLOCK_K, warps, stages; BLOCK_M = rows up to 16): the
-# broadcast [BM, BK, BN] is 32-64 float32 values per thread
-FMA_TILES = [(16, 32, 4, 3), (8, 64, 4, 3), (8, 32, 4, 3), (16, 16, 4, 3), (4, 128, 4, 2), (8, 128, 8, 2),
-             (4, 256, 8, 1), (16, 64, 8, 3), (32, 32, 8, 3), (32, 16, 4, 3)]
+# broadcast [BM, BK, BN] is 16-64 float32 values per thread. NOTE: under 16 columns only: Triton (3.6)
+# turns a broadcast sum whose three sides are all >= 16 into a tensor-core dot in plain TF32 (7.7e-4
+# relative error, thirteenth session), which is no longer the float32 product this form is for.
+FMA_TILES = [(8, 64, 4, 3), (8, 32, 4, 3), (4, 128, 4, 2), (8, 128, 8, 2), (4, 256, 8, 1), (4, 64, 4, 3),
+             (8, 256, 8, 1)]
 
 
 def bench_fma(ceiling):

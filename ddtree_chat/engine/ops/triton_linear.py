@@ -7,6 +7,10 @@ launch-latency-bound cost repeated ~100 times per round; this kernel takes 4-6 u
 batch per grid row) with arbitrary strides, so the MLA absorption and the dense experts use it too.
 Where cuBLAS wins (measured: benchmarks/kernels.py --only linear) matmul_nt_fast keeps it.
 
+Few rows (FMA_ROWS, by shape: _precision) take an FFMA form instead: the broadcast product [BM, BK, BN]
+summed over K, K spread over lanes, so no warp runs a chain of dependent MMAs over K (the latency of a
+few-row product); float32 throughout (~1e-7 relative), also at one row, where it beats cuBLAS's gemv.
+
 GLU=True computes silu(x @ wg^T) * (x @ wu^T) in one launch (a SwiGLU MLP's gate/up half: four kernels
 under cuBLAS - two products, the SiLU, the product - for any row count)."""
 
@@ -29,14 +33,15 @@ MAX_SPLIT_K = 8192  # beyond, cuBLAS (the split count is a compile-time constant
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
 
 
-def _tile(m: int, n: int, precision: str = "tf32x3") -> tuple[int, int, int, int, int]:
+def _tile(m: int, n: int, precision: str = "tf32x3", k: int = 256) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more
     compile per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU
     run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles, H200): 16x32
     tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency), e.g.
     [33, 256] x [128, 256] 4.0 us vs 5.8 with 64x32; taller and wider tiles win only for the lm head."""
-    if precision == "fma":  # PROVISIONAL: [BM, BK, BN] = 64 values per thread
-        return min(16, triton.next_power_of_2(m)), 16, 32, 4, 3
+    if precision == "fma":  # kernels.py --only fma: 4 columns, K in one or two steps
+        bm = min(16, triton.next_power_of_2(m))
+        return (bm, 4, 256, 8, 1) if k > 128 else (bm, 4, 128, 4, 2)
     if n >= 2048 and m > 16:
         return min(64, triton.next_power_of_2(m)), 64, 64, 4, 2
     return 16, 32, 64, 4, 3
@@ -149,19 +154,26 @@ def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     projection) split over programs, in one launch (cuBLAS: two). None: cuBLAS's turn."""
     m, k = x.shape[-2:]
     if _fits(x, w) and _serves(m, w.shape[-2]):
-        return matmul_nt_triton(x, w, _precision(m), residual=residual)
+        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], k), residual=residual)
     if k > MAX_K and (m >= 2 or m in FMA_ROWS) and _fits(x, w, MAX_SPLIT_K):
-        return matmul_nt_triton(x, w, _precision(m), split=triton.cdiv(k, SPLIT_K_CHUNK), residual=residual)
+        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], SPLIT_K_CHUNK), split=triton.cdiv(k, SPLIT_K_CHUNK),
+                                residual=residual)
     return None
 
 
 def _serves(m: int, n: int) -> bool:
     """Row counts this kernel takes from cuBLAS (kernels.py --only linear, --only fma)."""
-    return MIN_M <= m or (m >= 2 and n >= WIDE_N) or m in FMA_ROWS
+    return MIN_M <= m or (m >= 2 and n >= WIDE_N) or (m in FMA_ROWS and m <= 8 and n < WIDE_N)
 
 
-def _precision(m: int) -> str:
-    return "fma" if m in FMA_ROWS else "tf32x3"
+def _precision(m: int, n: int, k: int) -> str:
+    """Measured (kernels.py --only fma, H200): the FFMA form wins at <= 8 rows (1.8-2.6 us vs cuBLAS's 2.2-2.4
+    at one row and the tf32x3 dots' 2.3-4.0 at eight), and up to 48 rows at K >= 128 against <= 256 columns
+    (the demo's q_a/kv_a, q_b, o_proj, routed experts: 2.4-3.2 vs 2.8-4.0 us); tensor-core dots elsewhere
+    (K = 32-64, the 768-wide dense MLP, 65 rows) and on lm-head-wide products (cuBLAS at one row)."""
+    if m not in FMA_ROWS or n >= WIDE_N:
+        return "tf32x3"
+    return "fma" if m <= 8 or (m <= 48 and k >= 128 and n <= 256) else "tf32x3"
 
 
 def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -189,7 +201,7 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
     if x.dim() > 3 or wg.dim() > 3:
         return None
     if _fits(x, wg) and wu.shape == wg.shape and wu.stride() == wg.stride() and wu.dtype == wg.dtype:
-        return matmul_nt_triton(x, wg, _precision(x.shape[-2]), w2=wu)
+        return matmul_nt_triton(x, wg, _precision(x.shape[-2], wg.shape[-2], wg.shape[-1]), w2=wu)
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
 
 
@@ -214,7 +226,7 @@ def routed_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: to
     if x.dim() != 2 or wg.dim() != 3 or not _fits(x, wg) or wu.shape != wg.shape or wu.stride() != wg.stride() \
             or wu.dtype != wg.dtype or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
         return None
-    return matmul_nt_triton(x, wg, _precision(x.shape[0]), w2=wu,
+    return matmul_nt_triton(x, wg, _precision(x.shape[0], wg.shape[-2], wg.shape[-1]), w2=wu,
                             route=(ids.contiguous(), weights.float().contiguous(), wg.shape[0] - shared))
 
 
@@ -226,7 +238,7 @@ def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: t
     m = x2.shape[0]
     if w.dim() != 2 or not _fits(x2, w) or not _serves(m, w.shape[0]):
         return None
-    out = matmul_nt_triton(x2, w, _precision(m), norm=(norm_w.float().contiguous(), eps))
+    out = matmul_nt_triton(x2, w, _precision(m, w.shape[0], w.shape[1]), norm=(norm_w.float().contiguous(), eps))
     return out.view(*x.shape[:-1], w.shape[0])
 
 
@@ -254,7 +266,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     if route is not None:
         assert split == 1, "routing scales the finished tile: no split-K"
         out = torch.empty(m, batch, n, dtype=torch.float32, device=x.device).transpose(0, 1)
-    block_m, block_n, block_k, warps, stages = tile or _tile(m, n, precision)
+    block_m, block_n, block_k, warps, stages = tile or _tile(m, n, precision, -(-k // split))
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
     w2_3 = _as3(w2, batch)[0] if w2 is not None else w3
     part = lock = out
