@@ -713,15 +713,18 @@ def test_dense_moe_routed_glu_matches_float64(t):
 @pytest.mark.gpu
 def test_split_k_product_is_one_launch_and_replays():
     """The drafter's down projection ([8, 1536] x [256, 1536]) split over K in one launch: float32-level
-    error, the same result on every call and graph replay (its counters reset themselves)."""
-    from ddtree_chat.engine.ops.triton_linear import matmul_nt_fast, matmul_nt_triton
+    error in both forms (tensor-core dots, FFMA), the same result on every call and graph replay (its
+    counters reset themselves)."""
+    from ddtree_chat.engine.ops.triton_linear import SPLIT_K_CHUNK, _precision, matmul_nt_fast, matmul_nt_triton
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(8, 1536, device="cuda", generator=gen)
     w = torch.randn(256, 1536, device="cuda", generator=gen)
     want = x.double() @ w.double().T
-    first = matmul_nt_triton(x, w, split=6)
-    assert rel(first, want) < 1e-6 and torch.equal(matmul_nt_triton(x, w, split=6), first)
+    for prec in ("tf32x3", "fma"):
+        first = matmul_nt_triton(x, w, prec, split=6)
+        assert rel(first, want) < 1e-6 and torch.equal(matmul_nt_triton(x, w, prec, split=6), first)
+    first = matmul_nt_triton(x, w, _precision(8, 256, SPLIT_K_CHUNK, False), split=6)  # the dispatch's form
     out = matmul_nt_fast(x, w)  # the registered op takes split-K here; this call is the capture's warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -154,9 +154,9 @@ def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     projection) split over programs, in one launch (cuBLAS: two). None: cuBLAS's turn."""
     m, k = x.shape[-2:]
     if _fits(x, w) and _serves(m, w.shape[-2]):
-        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], k), residual=residual)
+        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], k, x.dim() == w.dim() == 2), residual=residual)
     if k > MAX_K and (m >= 2 or m in FMA_ROWS) and _fits(x, w, MAX_SPLIT_K):
-        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], SPLIT_K_CHUNK), split=triton.cdiv(k, SPLIT_K_CHUNK),
+        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], SPLIT_K_CHUNK, False), split=triton.cdiv(k, SPLIT_K_CHUNK),
                                 residual=residual)
     return None
 
@@ -166,14 +166,16 @@ def _serves(m: int, n: int) -> bool:
     return MIN_M <= m or (m >= 2 and n >= WIDE_N) or (m in FMA_ROWS and m <= 8 and n < WIDE_N)
 
 
-def _precision(m: int, n: int, k: int) -> str:
+def _precision(m: int, n: int, k: int, plain: bool = True) -> str:
     """Measured (kernels.py --only fma, H200): the FFMA form wins at <= 8 rows (1.8-2.6 us vs cuBLAS's 2.2-2.4
-    at one row and the tf32x3 dots' 2.3-4.0 at eight), and up to 48 rows at K >= 128 against <= 256 columns
-    (the demo's q_a/kv_a, q_b, o_proj, routed experts: 2.4-3.2 vs 2.8-4.0 us); tensor-core dots elsewhere
-    (K = 32-64, the 768-wide dense MLP, 65 rows) and on lm-head-wide products (cuBLAS at one row)."""
+    at one row and the tf32x3 dots' 2.3-4.0 at eight), and, for a plain product (2-D, one pass over K), up
+    to 48 rows at K >= 128 against <= 256 columns (the demo's q_a/kv_a, q_b, o_proj: 2.4-3.2 vs 2.8-4.0 us);
+    tensor-core dots elsewhere (K = 32-64, the 768-wide dense MLP, 65 rows, and the stacked experts and
+    split-K at 9+ rows, whose 4-column tiles made a 17-node verify 0.33 -> 0.47 ms) and on lm-head-wide
+    products (cuBLAS at one row)."""
     if m not in FMA_ROWS or n >= WIDE_N:
         return "tf32x3"
-    return "fma" if m <= 8 or (m <= 48 and k >= 128 and n <= 256) else "tf32x3"
+    return "fma" if m <= 8 or (plain and m <= 48 and k >= 128 and n <= 256) else "tf32x3"
 
 
 def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -201,7 +203,7 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
     if x.dim() > 3 or wg.dim() > 3:
         return None
     if _fits(x, wg) and wu.shape == wg.shape and wu.stride() == wg.stride() and wu.dtype == wg.dtype:
-        return matmul_nt_triton(x, wg, _precision(x.shape[-2], wg.shape[-2], wg.shape[-1]), w2=wu)
+        return matmul_nt_triton(x, wg, _precision(x.shape[-2], wg.shape[-2], wg.shape[-1], x.dim() == wg.dim() == 2), w2=wu)
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
 
 
@@ -226,7 +228,7 @@ def routed_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: to
     if x.dim() != 2 or wg.dim() != 3 or not _fits(x, wg) or wu.shape != wg.shape or wu.stride() != wg.stride() \
             or wu.dtype != wg.dtype or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
         return None
-    return matmul_nt_triton(x, wg, _precision(x.shape[0], wg.shape[-2], wg.shape[-1]), w2=wu,
+    return matmul_nt_triton(x, wg, _precision(x.shape[0], wg.shape[-2], wg.shape[-1], False), w2=wu,
                             route=(ids.contiguous(), weights.float().contiguous(), wg.shape[0] - shared))
 
 
