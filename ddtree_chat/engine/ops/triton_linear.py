@@ -23,14 +23,25 @@ import triton
 import triton.language as tl
 
 MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured up to 257 rows)
-# rows served in the FFMA form ("fma"; DDTREE_FMA_ROWS="lo-hi", "0" = none, for side-by-side benchmarks)
-_rows = os.environ.get("DDTREE_FMA_ROWS", "1-64").split("-")
-FMA_ROWS = range(int(_rows[0]), int(_rows[-1]) + 1) if _rows[0] != "0" else range(0)
-MIN_M = 16  # below, cuBLAS's small-M kernels are as fast or faster (except against a wide N)
+MIN_M = 16  # below, cuBLAS's small-M kernels are as fast as tf32x3 dots (except against a wide N)
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
 SPLIT_K_CHUNK = 256  # K per split beyond MAX_K
 MAX_SPLIT_K = 8192  # beyond, cuBLAS (the split count is a compile-time constant: one compile per K)
 WIDE_N = 4096  # lm-head-wide products: this kernel wins from 2 rows
+
+
+def _fma_rows(spec: str) -> range:
+    """DDTREE_FMA_ROWS: "lo-hi" (rows that may take the FFMA form, by shape: _precision) or "0" (none), for
+    side-by-side benchmarks."""
+    if spec.strip() == "0":
+        return range(0)
+    lo, sep, hi = spec.partition("-")
+    if not (sep and lo.strip().isdigit() and hi.strip().isdigit()):
+        raise ValueError(f"DDTREE_FMA_ROWS must be 'lo-hi' (e.g. 1-64) or 0, not {spec!r}")
+    return range(int(lo), int(hi) + 1)
+
+
+FMA_ROWS = _fma_rows(os.environ.get("DDTREE_FMA_ROWS", "1-64"))
 
 
 def _tile(m: int, n: int, precision: str = "tf32x3", k: int = 256) -> tuple[int, int, int, int, int]:
