@@ -143,13 +143,18 @@ def test_prompt_longer_than_context_is_a_clear_error(synthetic_pair):
 @pytest.mark.parametrize("mode, budget", [("ddtree", 16), ("ddtree", "auto"), ("dflash", None)])
 def test_a_reply_fills_the_context_to_its_last_slot(synthetic_pair, mode, budget):
     """Near the end of the context a round's tree or block no longer fits: plain steps fill the last
-    slots (the reply used to stop up to a tree's size early), with the tokens of `ar`."""
+    slots (the reply used to stop up to a tree's size early), with the tokens of `ar`; those rounds'
+    events say so (mode "ar", budget 0), the reply's done event keeps its mode."""
     small = Engine.load(*synthetic_pair, device="cpu", max_context=32)
     prompt = list(range(20))
     kw = {} if budget is None else {"budget": budget}
-    done = ids_of(small, prompt, mode=mode, max_new_tokens=100, stop_token_ids=(), **kw)
+    events = list(small.generate(prompt, GenerationConfig(mode=mode, max_new_tokens=100, stop_token_ids=(), **kw)))
+    done = events[-1]
     want = ids_of(small, prompt, mode="ar", max_new_tokens=100, stop_token_ids=())
-    assert done["stop_reason"] == want["stop_reason"] == "context"
+    assert done["stop_reason"] == want["stop_reason"] == "context" and done["mode"] == mode
+    modes = [e["mode"] for e in events[1:-1] if e["event"] == "round"]  # after the prefill's
+    assert modes[-1] == "ar" and modes == sorted(modes, key=lambda m: m == "ar") and set(modes) <= {mode, "ar"}
+    assert all(e["budget"] == 0 for e in events[1:-1] if e.get("mode") == "ar")
     assert len(done["token_ids"]) == 32 - len(prompt) + 1  # every slot committed, plus the pending token
     assert done["token_ids"] == want["token_ids"]
 

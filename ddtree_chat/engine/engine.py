@@ -372,7 +372,7 @@ class Engine:
             ev = {"event": "round", "token_ids": r.emitted, "text": _text(detok, r.emitted, stop_ids),
                   "accepted_length": len(r.emitted), "tree": dict(r.host_tree, accepted_nodes=r.path),
                   "budget": r.tree.size - 1 if round_mode == "ddtree" else round_budget, "auto_budget": auto,
-                  "mode": mode,
+                  "mode": round_mode,  # a context-filling round says "ar"; done keeps the reply's mode
                   "elapsed_s": time.perf_counter() - t0,
                   "draft_s": r.t_draft, "target_s": r.t_target}
             if not closing:
