@@ -48,6 +48,30 @@ def drop_drafter(engine):
     engine.decoder.run_ahead = True
 
 
+def test_only_python_launched_forwards_prefer_library_products(pair, monkeypatch):
+    """A prefill and an eager round run under registry.prefer_library() (on a GPU their float32 products
+    take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does not pay); a
+    static round's programs, the ones CUDA graphs record, keep the kernels."""
+    import importlib
+
+    from ddtree_chat.engine.ops import registry
+
+    linear = importlib.import_module("ddtree_chat.engine.ops.linear")  # NOTE: ops exports a function of that name
+    seen = []
+    dispatch = linear.dispatch
+    monkeypatch.setattr(linear, "dispatch", lambda name, *a: seen.append(registry.prefers_library()) or dispatch(name, *a))
+    for engine, eager_rounds in zip(pair, (True, False)):
+        seen.clear()
+        events = engine.generate([1, 2, 3, 4, 5], GenerationConfig(mode="ddtree", budget=4, max_new_tokens=12,
+                                                                   stop_token_ids=()))
+        next(events)  # the prefill's event
+        prefill = len(seen)
+        rest = list(events)
+        assert prefill > 0 and all(seen[:prefill]) and len(rest) > 2
+        assert len(seen) > prefill and set(seen[prefill:]) == {eager_rounds}
+    assert not registry.prefers_library()
+
+
 @pytest.mark.parametrize("mode,budget", [("ar", 0), ("dflash", 7), ("ddtree", 1), ("ddtree", 16),
                                          ("ddtree", 64), ("ddtree", "auto")])
 def test_static_round_equals_eager_round_with_the_real_drafter(pair, mode, budget):

@@ -758,6 +758,46 @@ def test_triton_matmul_nt_batched_and_strided():
 
 @gpu
 @pytest.mark.gpu
+def test_prefer_library_keeps_products_off_the_triton_kernel():
+    """Inside registry.prefer_library() (a prefill, an eager round: forwards launched from Python) every
+    registered float32 product takes the library path, float32-accurate, with no Triton product launched;
+    outside it the kernel serves the same call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ddtree_chat.engine.ops import linear_add, matmul_nt, matmul_nt_glu, rms_norm_linear, routed_glu
+    from ddtree_chat.engine.ops.registry import prefer_library
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    x, w, wu, res = rnd(33, 256), rnd(128, 256), rnd(128, 256), rnd(33, 128)
+    nw = torch.rand(256, device="cuda", generator=gen) + 0.5
+    eg, eu = rnd(4, 128, 256), rnd(4, 128, 256)
+    ids = torch.randint(0, 4, (33, 2), device="cuda", generator=gen)
+    rw = torch.rand(33, 2, device="cuda", generator=gen)
+
+    def calls():
+        return [matmul_nt(x, w), matmul_nt_glu(x, w, wu), linear_add(x, w, res), rms_norm_linear(x, nw, 1e-6, w),
+                routed_glu(x, eg, eu, ids, rw)]
+
+    def kernels(fn):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = fn()
+            torch.cuda.synchronize()
+        return out, {e.key for e in prof.key_averages()}
+
+    with prefer_library():
+        lib, names = kernels(calls)
+    assert not any("_mm_nt_kernel" in n for n in names)
+    fast, names = kernels(calls)
+    assert any("_mm_nt_kernel" in n for n in names)
+    for a, b in zip(lib, fast):
+        assert a.shape == b.shape and rel(a, b.double()) < 1e-6
+    xd = x.double()
+    assert rel(lib[0], xd @ w.double().T) < 1e-6 and rel(lib[2], res.double() + xd @ w.double().T) < 1e-6
+
+
+@gpu
+@pytest.mark.gpu
 def test_linear_dispatch_serves_float32_only():
     from ddtree_chat.engine.ops import Linear, linear
     from ddtree_chat.engine.ops.registry import fast

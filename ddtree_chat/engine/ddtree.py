@@ -21,7 +21,7 @@ from .errors import ContextLengthError
 from .generation import MAX_BUDGET
 from .kv_cache import DraftCache, KVCache
 from .model import KimiModel, causal_mask
-from .ops.registry import dispatch
+from .ops.registry import dispatch, prefer_library
 from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
@@ -137,8 +137,9 @@ class Decoder:
         self._ahead = None  # NOTE: a round launched past the last reply's end is never read
         new = ids[lcp:]
         t = len(new)
-        logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t), features=drafting)
-        self._commit(list(range(t)), new, feats)
+        with prefer_library():  # NOTE: eager: launch cost is host time here
+            logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t), features=drafting)
+            self._commit(list(range(t)), new, feats)
         return logits[-1]
 
     # -- one speculative round --------------------------------------------------------------------
@@ -184,6 +185,10 @@ class Decoder:
         no `choose`."""
         if self.graphs is not None and self.graphs.serves(mode, budget):
             return self._round_static(mode, budget, temperature, top_p, gen, stop_ids, room, choose, then)
+        with prefer_library():
+            return self._round_eager(mode, budget, temperature, top_p, gen, stop_ids, room, choose)
+
+    def _round_eager(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose) -> RoundResult:
         t0 = time.perf_counter()
         tree = self.draft(self.pending, mode, budget)
         if choose is not None and tree.size > 1:

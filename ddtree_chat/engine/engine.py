@@ -21,6 +21,7 @@ from .generation import GenerationConfig, Stats
 from .loader import Progress, load_drafter, load_target
 from .memory import plan_memory, weight_bytes
 from .model import causal_mask
+from .ops.registry import prefer_library
 from .parallel import SINGLE, TPGroup, Workers, checkpoint_fingerprint, init_group
 from .tree import target_choice
 
@@ -272,8 +273,9 @@ class Engine:
     def _logits(self, token_ids: list[int]) -> torch.Tensor:
         t = len(token_ids)
         ids = torch.tensor(token_ids, device=self.device)
-        hidden, _ = self.target(ids, torch.arange(t, device=self.device), causal_mask(t, self.device))
-        return self.target.logits(hidden)
+        with prefer_library():
+            hidden, _ = self.target(ids, torch.arange(t, device=self.device), causal_mask(t, self.device))
+            return self.target.logits(hidden)
 
     def generate(self, token_ids: list[int], config: GenerationConfig | None = None,
                  stop: threading.Event | None = None) -> Iterator[dict]:

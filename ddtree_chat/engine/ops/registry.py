@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import contextvars
+from typing import Callable, Iterator
 
 import torch
 
 _FAST: dict[str, list[tuple[Callable, frozenset | None]]] = {}
+_LIBRARY = contextvars.ContextVar("ddtree_prefer_library", default=False)
+
+
+@contextlib.contextmanager
+def prefer_library() -> Iterator[None]:
+    """Forwards launched op by op from Python (a prefill, an eager round): the small-M products take the
+    library path (cuBLAS) instead of the Triton kernel, whose launch costs ~0.1 ms of host time (argument
+    binding; a graph replays it for free) against a torch op's ~0.01: a demo prefill on the H200 ran
+    0.3 ms of kernels in 15 ms of host time (BENCHMARKS.md, thirteenth session)."""
+    token = _LIBRARY.set(True)
+    try:
+        yield
+    finally:
+        _LIBRARY.reset(token)
+
+
+def prefers_library() -> bool:
+    return _LIBRARY.get()
 
 
 def register(name: str, fn: Callable, dtypes=None, ahead: bool = False) -> None:

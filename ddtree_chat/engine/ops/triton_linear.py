@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .registry import prefers_library
+
 MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured up to 257 rows)
 MIN_M = 16  # below, cuBLAS's small-M kernels are as fast as tf32x3 dots (except against a wide N)
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
@@ -155,9 +157,10 @@ def _as3(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
 
 
 def _fits(x: torch.Tensor, w: torch.Tensor, max_k: int = MAX_K) -> bool:
+    """Shapes this kernel serves; none inside registry.prefer_library() (Python-launched forwards)."""
     k = x.shape[-1]
     return (w.dtype == x.dtype and w.shape[-1] == k and x.shape[-2] <= MAX_M and k <= max_k
-            and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]))
+            and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]) and not prefers_library())
 
 
 def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
