@@ -52,7 +52,9 @@ def _tile(m: int, n: int, precision: str = "tf32x3", k: int = 256) -> tuple[int,
     run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles, H200): 16x32
     tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency), e.g.
     [33, 256] x [128, 256] 4.0 us vs 5.8 with 64x32; taller and wider tiles win only for the lm head."""
-    if precision == "fma":  # kernels.py --only fma: 4 columns, K in one or two steps
+    # kernels.py --only fma: 4 columns, K in one or two steps. NOTE: never all three sides >= 16: Triton (3.6)
+    # then turns the broadcast sum into a tensor-core dot in plain TF32 (7.7e-4 relative error on the H200)
+    if precision == "fma":
         bm = min(16, triton.next_power_of_2(m))
         return (bm, 4, 256, 8, 1) if k > 128 else (bm, 4, 128, 4, 2)
     if n >= 2048 and m > 16:
@@ -167,11 +169,12 @@ def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     """This kernel where it measured faster than cuBLAS; a long K (the drafter's 1536-wide MLP down
     projection) split over programs, in one launch (cuBLAS: two). None: cuBLAS's turn."""
     m, k = x.shape[-2:]
-    if _fits(x, w) and _serves(m, w.shape[-2]):
-        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], k, x.dim() == w.dim() == 2), residual=residual)
-    if k > MAX_K and (m >= 2 or m in FMA_ROWS) and _fits(x, w, MAX_SPLIT_K):
-        return matmul_nt_triton(x, w, _precision(m, w.shape[-2], SPLIT_K_CHUNK, False), split=triton.cdiv(k, SPLIT_K_CHUNK),
-                                residual=residual)
+    n = w.shape[-2]
+    if _fits(x, w) and _serves(m, n):
+        return matmul_nt_triton(x, w, _precision(m, n, k, x.dim() == w.dim() == 2), residual=residual)
+    split_prec = _precision(m, n, SPLIT_K_CHUNK, False)
+    if k > MAX_K and (m >= 2 or split_prec == "fma") and _fits(x, w, MAX_SPLIT_K):
+        return matmul_nt_triton(x, w, split_prec, split=triton.cdiv(k, SPLIT_K_CHUNK), residual=residual)
     return None
 
 
@@ -217,7 +220,8 @@ def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> t
     if x.dim() > 3 or wg.dim() > 3:
         return None
     if _fits(x, wg) and wu.shape == wg.shape and wu.stride() == wg.stride() and wu.dtype == wg.dtype:
-        return matmul_nt_triton(x, wg, _precision(x.shape[-2], wg.shape[-2], wg.shape[-1], x.dim() == wg.dim() == 2), w2=wu)
+        prec = _precision(x.shape[-2], wg.shape[-2], wg.shape[-1], x.dim() == wg.dim() == 2)
+        return matmul_nt_triton(x, wg, prec, w2=wu)
     return torch.nn.functional.silu(matmul_nt_fast(x, wg)) * matmul_nt_fast(x, wu)
 
 
@@ -264,10 +268,11 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
                      route: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                      residual: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
-    precision: tl.dot's input_precision ("ieee": FFMA dots, slower) or "fma" (_mac's broadcast sum). w2 (w's shape and strides): the
-    output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) instead of
-    the shape rule (kernels.py --only tiles sweeps them). split > 1 (not with w2): K split over that many
-    programs per tile, reduced in the same launch; None when its counters cannot be allocated (capture).
+    precision: tl.dot's input_precision ("ieee": FFMA dots, slower) or "fma" (_mac's broadcast sum). w2
+    (w's shape and strides): the output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K,
+    warps, stages) instead of the shape rule (kernels.py --only tiles / fma sweep them). split > 1 (not
+    with w2): K split over that many programs per tile, reduced in the same launch; None when its counters
+    cannot be allocated (capture).
     norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split).
     route: (ids, weights [M, k] contiguous (int64, float32), routed experts): batch b is expert b, each row
     scaled by its routing weight for b (1 from the routed count on: shared experts), and the output is
