@@ -170,17 +170,19 @@ def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     projection) split over programs, in one launch (cuBLAS: two). None: cuBLAS's turn."""
     m, k = x.shape[-2:]
     n = w.shape[-2]
-    if _fits(x, w) and _serves(m, n):
-        return matmul_nt_triton(x, w, _precision(m, n, k, x.dim() == w.dim() == 2), residual=residual)
+    prec = _precision(m, n, k, x.dim() == w.dim() == 2)
+    if _fits(x, w) and _serves(m, n, prec):
+        return matmul_nt_triton(x, w, prec, residual=residual)
     split_prec = _precision(m, n, SPLIT_K_CHUNK, False)
     if k > MAX_K and (m >= 2 or split_prec == "fma") and _fits(x, w, MAX_SPLIT_K):
         return matmul_nt_triton(x, w, split_prec, split=triton.cdiv(k, SPLIT_K_CHUNK), residual=residual)
     return None
 
 
-def _serves(m: int, n: int) -> bool:
-    """Row counts this kernel takes from cuBLAS (kernels.py --only linear, --only fma)."""
-    return MIN_M <= m or (m >= 2 and n >= WIDE_N) or (m in FMA_ROWS and m <= 8 and n < WIDE_N)
+def _serves(m: int, n: int, precision: str) -> bool:
+    """Whether this kernel takes the product from cuBLAS (kernels.py --only linear, --only fma): from MIN_M
+    rows, an lm-head-wide one from 2, and wherever the FFMA form is the pick."""
+    return MIN_M <= m or (m >= 2 and n >= WIDE_N) or precision == "fma"
 
 
 def _precision(m: int, n: int, k: int, plain: bool = True) -> str:
@@ -256,9 +258,10 @@ def rms_norm_linear_fast(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: t
     None elsewhere (the op then runs the norm and the product apart: single rows keep cuBLAS)."""
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
-    if w.dim() != 2 or not _fits(x2, w) or not _serves(m, w.shape[0]):
+    prec = _precision(m, w.shape[0], w.shape[-1])
+    if w.dim() != 2 or not _fits(x2, w) or not _serves(m, w.shape[0], prec):
         return None
-    out = matmul_nt_triton(x2, w, _precision(m, w.shape[0], w.shape[1]), norm=(norm_w.float().contiguous(), eps))
+    out = matmul_nt_triton(x2, w, prec, norm=(norm_w.float().contiguous(), eps))
     return out.view(*x.shape[:-1], w.shape[0])
 
 
