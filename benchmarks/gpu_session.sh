@@ -64,7 +64,7 @@ for s in "$@"; do
         kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;
-        mlatiles) step mlatiles 300 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
+        mlatiles) step mlatiles 420 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
         cache) tar czf - "${ir[@]}" -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-" ;;
         *) echo "unknown step $s" >> "$log" ;;

@@ -329,8 +329,11 @@ TILES = [None, (16, 16, 64, 2, 3), (16, 16, 128, 4, 2), (16, 32, 64, 4, 3), (16,
 
 
 # candidate MLA tiles beyond the autotuner's (BLOCK_M, BLOCK_N, warps, stages): with its list, the eighth
-# session's sweep (BENCHMARKS.md), whose winners joined the list and whose losers are these
-MLA_EXTRA_TILES = [(16, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3), (64, 32, 4, 3)]
+# session's sweep (BENCHMARKS.md), whose winners joined the list and whose losers are these; then deeper
+# pipelines of the one-token tiles (thirteenth session, not yet run: more key bytes in flight per SM at 8
+# heads, the target box's TP=8 shape, where one CTA per SM reached 51-54% of the ceiling)
+MLA_EXTRA_TILES = [(16, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3), (64, 32, 4, 3),
+                   (16, 64, 4, 3), (16, 64, 4, 4), (16, 32, 4, 4)]
 
 
 def bench_mla_tiles(ceiling):
