@@ -373,6 +373,28 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
     assert interpret(MM_SCRIPT, [cases, modes]) == []
 
 
+LAYOUT_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+bad = []
+for prec in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(9, 4, 48, generator=g)[..., :32]  # [T, h, 48] slice: the absorption's head-transposed x
+    w = torch.randn(4, 64, 32, generator=g)
+    o = matmul_nt_triton(q.transpose(0, 1), w, prec)
+    want = torch.matmul(q.transpose(0, 1).double(), w.double().transpose(-1, -2))
+    if o.shape != want.shape or (o.double() - want).abs().max() > 1e-4 or not o.transpose(0, 1).is_contiguous():
+        bad.append(prec)
+print(json.dumps(bad))
+"""
+
+
+def test_head_transposed_product_keeps_its_layout_in_the_interpreter():
+    """A batch-inner x (a [T, h, d] activation viewed [h, T, d]) gets its output in that layout: transposed
+    back it is contiguous, so o_proj's flatten is a view, not one copy per layer."""
+    assert interpret(LAYOUT_SCRIPT, ["ieee", "fma"]) == []
+
+
 def test_rope_kernel_in_the_interpreter_equals_the_reference():
     """Both layouts, with and without a heads axis, a leading batch axis, a half width that is not a power
     of two, more rows than one program holds, bf16 (rounded once); with the per-head RMSNorm first (the

@@ -279,8 +279,9 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split).
     route: (ids, weights [M, k] contiguous (int64, float32), routed experts): batch b is expert b, each row
     scaled by its routing weight for b (1 from the routed count on: shared experts), and the output is
-    laid out [M, B, N] (routed_glu_ref's; not with split). residual [M, N] (2-D x and w, unit column
-    stride, not with w2): added to the output in the kernel's store."""
+    laid out [M, B, N] (routed_glu_ref's; not with split); so is the output of a batch-inner 3-D x (a
+    head-transposed view). residual [M, N] (2-D x and w, unit column stride, not with w2): added to the
+    output in the kernel's store."""
     batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
     m, k = x.shape[-2:]
     n = w.shape[-2]
@@ -289,6 +290,9 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     out = torch.empty(batch, m, n, dtype=torch.float32, device=x.device)
     if route is not None:
         assert split == 1, "routing scales the finished tile: no split-K"
+    # NOTE: a head-transposed x ([B, M, K] view of [M, B, K], the MLA absorption's) gets its output in that
+    # layout too, so transposing it back is contiguous (o_proj's input: no copy per layer)
+    if route is not None or (x.dim() == 3 and batch > 1 and x.stride(0) < x.stride(1)):
         out = torch.empty(m, batch, n, dtype=torch.float32, device=x.device).transpose(0, 1)
     block_m, block_n, block_k, warps, stages = tile or _tile(m, n, precision, -(-k // split))
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), batch * split)
