@@ -150,3 +150,24 @@ def test_mla_tiles_that_fit_an_sm120_block():
             fits.append((kw["BLOCK_M"], kw["BLOCK_N"]))
     print("sm_120 MLA tile shared bytes:", shared)
     assert (16, 64) in fits and (16, 16) in fits, shared
+
+
+def test_ffma_tiles_never_become_tensor_core_dots():
+    """Triton (3.6, seen on the H200) turns a broadcast sum whose three sides are all >= 16 into a tensor-core
+    dot in plain TF32 (7.7e-4 relative error): every tile the shape rule gives the FFMA form keeps a side
+    under 16. And DDTREE_FMA_ROWS reads as documented."""
+    from ddtree_chat.engine.ops import triton_linear as lin
+
+    picked = 0
+    for m in range(1, 65):
+        for n in (4, 16, 128, 256, 768, 8192):
+            for k in (32, 64, 128, 256, 1536):
+                for plain in (True, False):
+                    prec = lin._precision(m, n, k, plain)
+                    if prec == "fma":
+                        picked += 1
+                        assert min(lin._tile(m, n, prec, min(k, lin.SPLIT_K_CHUNK))[:3]) < 16, (m, n, k)
+    assert picked > 100
+    assert lin._fma_rows("0") == range(0) and lin._fma_rows("2-48") == range(2, 49)
+    with pytest.raises(ValueError, match="DDTREE_FMA_ROWS"):
+        lin._fma_rows("sixteen")
