@@ -455,8 +455,8 @@ def main():
     rows = []
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
-                     ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)), ("mla_tiles", lambda: bench_mla_tiles(ceiling)),
-                     ("ncu", profile_once)):
+                     ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)),
+                     ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("ncu", profile_once)):
         if name in only:
             try:
                 rows += fn()
