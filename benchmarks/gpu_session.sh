@@ -5,7 +5,7 @@
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests e2e programs k26 layer kernels moemla small
-#                                               tiles mlatiles compile ncu cache (tests: a quick subset; gputests:
+#                                               tiles fma mlatiles compile ncu cache (tests: a quick subset; gputests:
 #                                               every GPU test of the kernels and graphs, ~300 s; ncu: Nsight
 #                                               Compute counters of the MoE and MLA kernels, ncu.csv)
 #
@@ -64,6 +64,7 @@ for s in "$@"; do
         kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;
+        fma) step fma 240 python benchmarks/kernels.py --only fma --json "$OUT/fma.json" ;;
         mlatiles) step mlatiles 420 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
         cache) tar czf - "${ir[@]}" -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-" ;;
