@@ -411,8 +411,17 @@ FMA_TILES = [(8, 64, 4, 3), (8, 32, 4, 3), (4, 128, 4, 2), (8, 128, 8, 2), (4, 2
 def bench_fma(ceiling):
     """The small-M product in FFMA form ("fma": K spread over lanes) against tensor-core tf32x3 dots (the
     shape rule's tile) and cuBLAS, at the demo's verify shapes and 1 / 8 / 17 / 33 / 65 rows
-    (graph-replayed; the GLU rows time cuBLAS as two products, the SiLU and the product)."""
+    (graph-replayed; the GLU rows time cuBLAS as two products, the SiLU and the product). Each FFMA tile's
+    relative error against float64 is recorded too, and from 16 rows a 16 x 16 x 32 probe tile's ("probe16":
+    Triton 3.6 turned it into a plain-TF32 dot, ~8e-4; the FFMA tiles stay ~1e-7)."""
     from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
+
+    def rel_err(out, x, w, w2):
+        xd = x.double()
+        want = torch.matmul(xd, w.double().transpose(-1, -2))
+        if w2 is not None:
+            want = torch.nn.functional.silu(want) * torch.matmul(xd, w2.double().transpose(-1, -2))
+        return ((out.double() - want).norm() / want.norm()).item()
 
     rows = []
     shapes = [(k, n, b, False) for k, n, b in TILE_SHAPES] + [(k, n, 1, True) for k, n in TILE_GLU_SHAPES]
@@ -426,15 +435,19 @@ def bench_fma(ceiling):
             times = {"cublas": graph_us((lambda: torch.nn.functional.silu(mm(x, w)) * mm(x, w2)) if glu
                                         else (lambda: mm(x, w)))}
             times["tf32x3"] = graph_us(lambda: matmul_nt_triton(x, w, w2=w2))
-            for bn, bk, warps, stages in FMA_TILES:
-                tile = (bm, bn, bk, warps, stages)
-                times[f"fma {tile}"] = graph_us(lambda: matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile))
+            errors = {}
+            tiles = [(f"fma {t}", t) for t in ((bm,) + c for c in FMA_TILES)] + ([("probe16", (16, 16, 32, 4, 3))]
+                                                                                 if bm == 16 else [])
+            for name, tile in tiles:
+                times[name] = graph_us(lambda: matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile))
+                errors[name] = rel_err(matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile), x, w, w2)
             fma = min((t for t in times if t.startswith("fma")), key=times.get)
             rows.append(row(f"fma{' glu' if glu else ''}", f"M={m} K={k} N={n} B={b}", times[fma],
                             (x.numel() + w.numel() * (2 if glu else 1) + b * m * n) * 4, ceiling,
-                            extra={"best_fma": fma, "times": times}))
+                            extra={"best_fma": fma, "times": times, "rel_err": errors}))
+            probe = f", probe16 {errors['probe16']:.1e}" if "probe16" in errors else ""
             print(rows[-1]["shape"], f"cublas {times['cublas']:.1f} tf32x3 {times['tf32x3']:.1f} best", fma,
-                  f"{times[fma]:.1f}", flush=True)
+                  f"{times[fma]:.1f} (error {errors[fma]:.1e}{probe})", flush=True)
     return rows
 
 
