@@ -61,6 +61,11 @@ def eager_us(fn, iters=5):
     return events_ms(fn, iters) * 1e3
 
 
+def rel_err(y, exact):
+    """|y - exact| / |exact| (Frobenius), exact in float64."""
+    return float((y.double() - exact).norm() / exact.norm())
+
+
 def kernel_us(fn, calls=10):
     """Mean device time per call of each kernel fn launches (torch.profiler, eager calls after a warm-up)."""
     from torch.profiler import ProfilerActivity, profile
@@ -294,7 +299,7 @@ def bench_linear(ceiling):
             x = torch.randn(m, k, device="cuda")
             w = torch.randn(n, k, device="cuda")
             exact = x.double() @ w.double().T
-            err = lambda y: float((y.double() - exact).norm() / exact.norm())  # noqa: E731
+            err = lambda y: rel_err(y, exact)  # noqa: E731
             ref = graph_us(lambda: torch.nn.functional.linear(x, w))
             for prec in ("ieee", "tf32x3"):
                 us = graph_us(lambda: matmul_nt_triton(x, w, prec))
@@ -416,13 +421,6 @@ def bench_fma(ceiling):
     Triton 3.6 turned it into a plain-TF32 dot, ~8e-4; the FFMA tiles stay ~1e-7)."""
     from ddtree_chat.engine.ops.triton_linear import matmul_nt_triton
 
-    def rel_err(out, x, w, w2):
-        xd = x.double()
-        want = torch.matmul(xd, w.double().transpose(-1, -2))
-        if w2 is not None:
-            want = torch.nn.functional.silu(want) * torch.matmul(xd, w2.double().transpose(-1, -2))
-        return ((out.double() - want).norm() / want.norm()).item()
-
     rows = []
     shapes = [(k, n, b, False) for k, n, b in TILE_SHAPES] + [(k, n, 1, True) for k, n in TILE_GLU_SHAPES]
     for m in (1, 8, 17, 33, 65):
@@ -432,6 +430,9 @@ def bench_fma(ceiling):
             w = torch.randn(b, n, k, device="cuda")[0 if b == 1 else slice(None)]
             w2 = torch.randn_like(w) if glu else None
             mm = lambda a, c: torch.matmul(a, c.transpose(-1, -2))  # noqa: E731
+            exact = mm(x.double(), w.double())
+            if glu:
+                exact = torch.nn.functional.silu(exact) * mm(x.double(), w2.double())
             times = {"cublas": graph_us((lambda: torch.nn.functional.silu(mm(x, w)) * mm(x, w2)) if glu
                                         else (lambda: mm(x, w)))}
             times["tf32x3"] = graph_us(lambda: matmul_nt_triton(x, w, w2=w2))
@@ -440,7 +441,7 @@ def bench_fma(ceiling):
                                                                                  if bm == 16 else [])
             for name, tile in tiles:
                 times[name] = graph_us(lambda: matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile))
-                errors[name] = rel_err(matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile), x, w, w2)
+                errors[name] = rel_err(matmul_nt_triton(x, w, precision="fma", w2=w2, tile=tile), exact)
             fma = min((t for t in times if t.startswith("fma")), key=times.get)
             rows.append(row(f"fma{' glu' if glu else ''}", f"M={m} K={k} N={n} B={b}", times[fma],
                             (x.numel() + w.numel() * (2 if glu else 1) + b * m * n) * 4, ceiling,

@@ -334,6 +334,15 @@ constexpr Variant kVariants[] = {
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
+// launch_gateup / launch_down instantiate the kPipe GEMMs at fixed tiles: the table's rows must say the same.
+constexpr bool pipe_rows_match(int i = 0) {
+  return i == kNumVariants ||
+         ((!kVariants[i].pipe || (kVariants[i].gu_warps == 4 && kVariants[i].gu_unroll == 2 &&
+                                  kVariants[i].dn_warps == 2 && kVariants[i].dn_unroll == 2 && kVariants[i].dn_two)) &&
+          pipe_rows_match(i + 1));
+}
+static_assert(pipe_rows_match(), "a kPipe variant's tile fields differ from the tiles launch_gateup/launch_down use");
+
 struct GemmArgs {
   const int *block_expert, *block_pairs, *num_blocks;
   int max_blocks;
