@@ -49,9 +49,9 @@ def drop_drafter(engine):
 
 
 def test_only_python_launched_forwards_prefer_library_products(pair, monkeypatch):
-    """A prefill and an eager round run under registry.prefer_library() (on a GPU their float32 products
-    take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does not pay); a
-    static round's programs, the ones CUDA graphs record, keep the kernels."""
+    """An eager prefill and an eager round run under registry.prefer_library() (on a GPU their float32
+    products take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does not pay);
+    the static programs, prefill chunks and rounds, the ones CUDA graphs record, keep the kernels."""
     import importlib
 
     from ddtree_chat.engine.ops import registry
@@ -60,15 +60,15 @@ def test_only_python_launched_forwards_prefer_library_products(pair, monkeypatch
     seen = []
     dispatch = linear.dispatch
     monkeypatch.setattr(linear, "dispatch", lambda name, *a: seen.append(registry.prefers_library()) or dispatch(name, *a))
-    for engine, eager_rounds in zip(pair, (True, False)):
+    for engine, eager in zip(pair, (True, False)):
         seen.clear()
         events = engine.generate([1, 2, 3, 4, 5], GenerationConfig(mode="ddtree", budget=4, max_new_tokens=12,
                                                                    stop_token_ids=()))
         next(events)  # the prefill's event
         prefill = len(seen)
         rest = list(events)
-        assert prefill > 0 and all(seen[:prefill]) and len(rest) > 2
-        assert len(seen) > prefill and set(seen[prefill:]) == {eager_rounds}
+        assert prefill > 0 and set(seen[:prefill]) == {eager} and len(rest) > 2
+        assert len(seen) > prefill and set(seen[prefill:]) == {eager}
     assert not registry.prefers_library()
 
 
@@ -172,6 +172,60 @@ def test_static_round_over_a_long_context(pair):
     assert static.decoder.graphs.draft_key("ddtree", 16)[3] == 512
 
 
+def committed_state(dec):
+    n, m = dec.cache.length, dec.dcache.length
+    return (list(dec.tokens), n, m, dec.dcache.end_pos, dec.cache.ckv[:, :n].clone(), dec.cache.kpe[:, :n].clone(),
+            dec.dcache.k[:, :m].float().clone(), dec.dcache.v[:, :m].float().clone())
+
+
+def assert_same_state(a, b, atol):
+    assert a[:4] == b[:4]
+    for x, y in zip(a[4:], b[4:]):
+        assert torch.allclose(x, y, atol=atol), (x - y).abs().max()
+
+
+@pytest.mark.parametrize("drafting", [True, False])
+def test_static_prefill_commits_what_the_eager_prefill_commits(pair, drafting):
+    """A prompt through the recorded chunks (256 + 64 rows for 300 tokens; 16 for a short one; a second
+    turn reusing the first's cache) leaves the caches of one eager forward and its last token's logits."""
+    eager, static = pair
+    from ddtree_chat.engine.graphs import PREFILL_SIZES
+
+    assert PREFILL_SIZES == (16, 64, 256)
+    runs = []
+    sr = static.decoder.graphs
+    run_key = sr.run
+    sr.run = lambda key: runs.append(key) or run_key(key)
+    try:
+        # NOTE: a first token neither engine's committed tokens start with: nothing to reuse (earlier tests ran)
+        first = min({1, 2, 3} - {e.decoder.tokens[0] for e in pair if e.decoder.tokens})
+        long = [first] + (eager.tokenizer.encode(LONG) * 2)[:299]
+        for ids, chunks in ((long, [256, 64]), (long[:9], [16]), (long[:9] + [5, 6, 7], [16])):
+            runs.clear()
+            outs = [(e.decoder.prefill(ids, drafting), committed_state(e.decoder)) for e in pair]
+            assert [k[1] for k in runs] == chunks and all(k == ("prefill", k[1], drafting) for k in runs)
+            assert torch.allclose(outs[0][0], outs[1][0], atol=1e-4)
+            # NOTE: each load times whether the CPU drafter runs in bf16, so the two may differ in dtype
+            bf16 = torch.bfloat16 in (eager.decoder.draft_dtype, static.decoder.draft_dtype)
+            assert_same_state(outs[0][1], outs[1][1], 5e-2 if bf16 else 1e-4)
+    finally:
+        del sr.run
+
+
+def test_static_prefill_near_the_context_end_runs_eagerly(synthetic_pair):
+    """A prompt whose padded chunk would pass the context's last slot: the eager forward takes it."""
+    static = Engine.load(*synthetic_pair, device="cpu", max_context=40)
+    static.use_graphs(capture=False)
+    dec = static.decoder
+    assert dec.graphs.prefill_sizes(True) == [16]
+    assert dec._prefill_chunks(20, True) == [(16, 16), (16, 4)]
+    assert dec._prefill_chunks(38, True) is None  # a third 16-row chunk from slot 32 would pass slot 40
+    prompt = list(range(1, 39))
+    want = run(static, prompt, mode="ar", max_new_tokens=4)["token_ids"]
+    static.decoder.graphs = None
+    assert run(static, prompt, mode="ar", max_new_tokens=4)["token_ids"] == want
+
+
 def test_static_round_stops_inside_a_path_and_at_the_limit(pair):
     eager, static = pair
     prompt = eager.tokenizer.encode("stop here")
@@ -231,6 +285,21 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
         for budget in (7, 16, 64, "auto"):
             assert run(graphed, prompt, mode="ddtree", budget=budget, max_new_tokens=24)["token_ids"] == want
         assert run(graphed, prompt, mode="dflash", max_new_tokens=24)["token_ids"] == want
+
+
+@pytest.mark.gpu
+def test_cuda_graph_prefill_equals_the_eager_prefill(synthetic_pair):
+    """The prefill chunks are recorded at load and replayed: the eager forward's caches and logits."""
+    eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)
+    graphed = Engine.load(*synthetic_pair, device="cuda")
+    recorded = graphed.decoder.graphs.graphs
+    assert all(("prefill", n, d) in recorded for n in (16, 64, 256) for d in (True, False))
+    long = (eager.tokenizer.encode(LONG) * 2)[:300]
+    for ids in (long, long[:9], long[:9] + [5, 6, 7]):
+        for drafting in (True, False):
+            outs = [(e.decoder.prefill(ids, drafting), committed_state(e.decoder)) for e in (eager, graphed)]
+            assert torch.allclose(outs[0][0], outs[1][0], atol=1e-4)
+            assert_same_state(outs[0][1], outs[1][1], 1e-4)
 
 
 @pytest.mark.gpu

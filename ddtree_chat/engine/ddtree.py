@@ -137,10 +137,61 @@ class Decoder:
         self._ahead = None  # NOTE: a round launched past the last reply's end is never read
         new = ids[lcp:]
         t = len(new)
+        drafting = drafting and self.dcache is not None
+        chunks = self._prefill_chunks(t, drafting) if self.graphs is not None else None
+        if chunks is not None:
+            return self._prefill_static(new, chunks, drafting)
         with prefer_library():  # NOTE: eager: launch cost is host time here
-            logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t), features=drafting)
+            hidden, feats = self.target(torch.tensor(new, device=self.device), torch.arange(lcp, lcp + t, device=self.device),
+                                        causal_mask(t, self.device), self.cache, self.capture if drafting else ())
             self._commit(list(range(t)), new, feats)
-        return logits[-1]
+            return self.target.logits(hidden[-1:])[0]  # NOTE: one row: a long prompt's [T, V] floats could fill the GPU
+
+    def _prefill_chunks(self, t: int, drafting: bool) -> list[tuple[int, int]] | None:
+        """(recorded rows, prompt tokens) per chunk of a static prefill, largest chunks first; None when
+        the padded chunks would not fit the context (near its end: the eager forward takes it)."""
+        sizes = self.graphs.prefill_sizes(drafting)
+        chunks, room = [], self.max_len - self.cache.length
+        while t > 0 and sizes:
+            n = next((s for s in sizes if s >= t), sizes[-1])
+            if n > room:
+                return None
+            chunks.append((n, min(n, t)))
+            t -= chunks[-1][1]
+            room -= chunks[-1][1]
+        return chunks or None
+
+    def _prefill_static(self, new: list[int], chunks: list[tuple[int, int]], drafting: bool) -> torch.Tensor:
+        """The prompt through the recorded prefill chunks (graphs.StaticRound.prefill); the logits [V] of
+        its last token. NOTE: one upload (the tokens and every chunk's state, the drafter window's slides
+        worked out ahead as make_room() will make them), then no host sync until the caller reads them."""
+        sr = self.graphs
+        meta, start, entries = [], self.cache.length, self.dcache.length if drafting else 0
+        for n, r in chunks:
+            if drafting and entries + n > self.dcache.capacity:
+                entries = self.dcache.capacity - n
+            meta += [start, entries, 0, r - 1]
+            start, entries = start + r, entries + r if drafting else 0
+        staged = torch.tensor(new + meta, device=self.device)
+        off = 0
+        for i, (n, r) in enumerate(chunks):
+            if drafting:
+                self.dcache.make_room(n)  # NOTE: the chunk writes n rows, r of which count
+            sr.begin_chunk(staged[len(new) + 4 * i : len(new) + 4 * i + 4], staged[off : off + r])
+            key = ("prefill", n, drafting)
+            try:  # NOTE: after begin_chunk: a recording runs the program, which must write past what is committed
+                sr.record(key)
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: as a round's: eager from now on
+                log.warning("CUDA graphs off, rounds run eagerly: %s", str(e).splitlines()[0][:200])
+                self.graphs = None
+                return self.prefill(self.tokens + new[off:], drafting)
+            logits = sr.run(key)
+            self.cache.advance(r)
+            self.tokens.extend(new[off : off + r])
+            if drafting:
+                self.dcache.advance(r, self.cache.length)
+            off += r
+        return logits[0]
 
     # -- one speculative round --------------------------------------------------------------------
     def block_logits(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:

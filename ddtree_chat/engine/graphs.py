@@ -1,6 +1,8 @@
 """CUDA-graph capture of the round (DESIGN 5). The round runs as three static-shape programs, each
 recorded once per tree size and then replayed: draft (drafter + tree build), verify (target over the
 tree + greedy choice), accept (verify walk, KV compaction of the path, drafter context update, packing).
+A prompt runs as a fourth kind, prefill chunks (PREFILL_SIZES): a Python-launched forward cost ~15 ms of
+host time for 0.3 ms of kernels on the demo (BENCHMARKS.md, thirteenth session).
 
 NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
 entries, root token) into one device buffer that the programs read, so a graph replays at any length;
@@ -14,11 +16,13 @@ import time
 
 import torch
 
+from .model import causal_mask
 from .tree import DraftTree, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
 MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
 MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
+PREFILL_SIZES = (16, 64, 256)  # prompt chunk rows recorded; a chunk's rows past its tokens are scratch
 RECORDING = "recording CUDA graphs"  # the `what` of Engine.load's progress calls while warm() records
 
 
@@ -86,6 +90,9 @@ class StaticRound:
         self._host = torch.zeros(3, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.tokens, self.depth, self.choice = (torch.zeros(n, **long) for _ in range(3))
         self.parents = torch.full((n,), -1, **long)  # NOTE: node 0 keeps parent -1, depth 0, log-prob 0
+        self.prompt = torch.zeros(PREFILL_SIZES[-1], **long)  # a prefill chunk's tokens ...
+        self.last = torch.zeros(1, **long)  # ... and the row whose logits it returns
+        self._causal: dict[int, torch.Tensor] = {}
         self.logprobs = torch.zeros(n, dtype=torch.float32, device=dev)
         self.cum_mass = torch.zeros(n, dtype=torch.float32, device=dev)  # the auto budget's gain curve
         self.block = dec.block
@@ -143,7 +150,14 @@ class StaticRound:
             yield self.verify_key(mode, n)
             yield self.accept_key(mode, n)
 
+    def prefill_sizes(self, drafting: bool) -> list[int]:
+        """Chunk sizes that fit the target cache (and, drafting, the drafter's window) whole."""
+        cap = min(self.dec.max_len, self.dec.dcache.capacity if drafting else self.dec.max_len)
+        return [s for s in PREFILL_SIZES if s <= cap]
+
     def _program(self, key: tuple):
+        if key[0] == "prefill":
+            return lambda: self.prefill(key[1], key[2])
         if key[0] == "draft":
             return lambda: self.draft(*key[1:])
         if key[0] == "verify":
@@ -160,6 +174,11 @@ class StaticRound:
         for key in self._keys(mode, budget, sizes, choosing, held):
             self._ensure(key)
 
+    def record(self, key: tuple) -> None:
+        """Record one program now (when capturing), unless it is recorded already."""
+        if self.capture:
+            self._ensure(key)
+
     def _ensure(self, key: tuple) -> None:
         if key not in self.graphs:
             try:
@@ -169,15 +188,24 @@ class StaticRound:
             self.outputs[key] = self.graphs[key][1]
 
     def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
-        """Record every program of these (mode, budget, choosing) rounds now; returns the seconds spent.
-        progress(done, total, RECORDING) after each round's programs (the first start compiles kernels here)."""
+        """Record every program of these (mode, budget, choosing) rounds and the prefill chunks now; returns
+        the seconds spent. progress(done, total, RECORDING) after each round's programs and each prefill
+        variant's (the first start compiles kernels here)."""
         before = self.capture_s
         todo = [m for m in modes if self.serves(m[0], m[1])]
+        variants = [False] + ([True] if self.dec.dcache is not None else [])
+        total = len(todo) + len(variants)
         for i, (mode, budget, choosing) in enumerate(todo):
             self.begin(self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0)
             self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
             if progress:
-                progress(i + 1, len(todo), RECORDING)
+                progress(i + 1, total, RECORDING)
+        for i, drafting in enumerate(variants):
+            self.begin(self.dec.cache.length, self.dec.dcache.length if drafting else 0, 0)
+            for n in self.prefill_sizes(drafting):
+                self.record(("prefill", n, drafting))
+            if progress:
+                progress(len(todo) + i + 1, total, RECORDING)
         return self.capture_s - before
 
     def _record(self, fn):
@@ -253,7 +281,32 @@ class StaticRound:
         depth = min(n - 1, self.block - 1)
         return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], max_depth=depth)
 
+    def begin_chunk(self, meta: torch.Tensor, tokens: torch.Tensor) -> None:
+        """A prefill chunk's state from the device: meta [4] (committed length, drafter entries, 0, the row
+        whose logits count), tokens [r] (its prompt tokens). NOTE: chunks follow each other without a sync,
+        so not through begin()'s one pinned buffer."""
+        self.state.copy_(meta[:3])
+        self.last.copy_(meta[3:])
+        self.prompt[: tokens.shape[0]].copy_(tokens)
+
     # -- the programs (static shapes, no host synchronisation) ---------------------------------------
+    def prefill(self, n: int, drafting: bool) -> torch.Tensor:
+        """A prompt chunk: prompt[:n] at positions length.. under a causal mask, its KV rows written in place
+        (and, drafting, the drafter's context rows at entries..). Rows past the chunk's tokens come after
+        every real one, so no real row sees them; what they write lies past the counts the host keeps.
+        Returns the logits [1, V] of row `last` only (a long prompt's every row would be [T, V] floats)."""
+        dec = self.dec
+        if n not in self._causal:  # NOTE: made in the recording's warm-up run, outside the capture
+            self._causal[n] = causal_mask(n, dec.device)
+        length = self.state[0:1]
+        pos = length + self.arange[:n]
+        hidden, feats = dec.target(self.prompt[:n], pos, self._causal[n], SlotView(dec.cache, length, pos),
+                                   dec.capture if drafting else ())
+        if drafting:
+            k, v = dec.drafter.context_kv_stacked(feats.to(dec.draft_dtype), pos)
+            dec.dcache.write_slots(k, v, self.state[1] + self.arange[:n])
+        return dec.target.logits(hidden.index_select(-2, self.last))
+
     def draft(self, mode: str, budget: int, span: int, choosing: bool) -> None:
         dec, b = self.dec, self.block
         length, root = self.state[0], self.state[2:3]
