@@ -303,6 +303,25 @@ def test_cuda_graph_prefill_equals_the_eager_prefill(synthetic_pair):
 
 
 @pytest.mark.gpu
+def test_a_program_recorded_mid_chat_writes_past_the_committed_rows(synthetic_pair):
+    """A budget first used mid-chat records its verify and accept then, which runs each once: on the host's
+    committed lengths, whatever the device state says (here forced to 0, the prompt's first row)."""
+    eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)
+    graphed = Engine.load(*synthetic_pair, device="cuda")
+    dec, sr = graphed.decoder, graphed.decoder.graphs
+    prompt = eager.tokenizer.encode(PROMPTS[1])
+    want = run(eager, prompt, mode="ar", max_new_tokens=24)["token_ids"]
+    prefill = dec.prefill
+    dec.prefill = lambda *a: (prefill(*a), sr.state.zero_())[0]
+    try:
+        assert ("accept", 13, True, False) not in sr.graphs
+        assert run(graphed, prompt, mode="ddtree", budget=12, max_new_tokens=24)["token_ids"] == want
+        assert ("accept", 13, True, False) in sr.graphs
+    finally:
+        del dec.prefill
+
+
+@pytest.mark.gpu
 def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
     """The issue's rule (no host sync inside a round) checked directly: CUDA's sync debug mode turns
     every synchronising call (item(), tolist(), a pageable copy) into an error."""

@@ -172,6 +172,7 @@ class Decoder:
                 entries = self.dcache.capacity - n
             meta += [start, entries, 0, r - 1]
             start, entries = start + r, entries + r if drafting else 0
+        meta += [start, entries if drafting else self.dcache.length if self.dcache is not None else 0, 0, 0]
         staged = torch.tensor(new + meta, device=self.device)
         off = 0
         for i, (n, r) in enumerate(chunks):
@@ -191,6 +192,9 @@ class Decoder:
             if drafting:
                 self.dcache.advance(r, self.cache.length)
             off += r
+        # NOTE: the device state ends at the committed lengths, as a round's accept leaves it: a program
+        # recorded before the next begin() runs once on it, and must write past what is committed
+        sr.state.copy_(staged[-4:-1])
         return logits[0]
 
     # -- one speculative round --------------------------------------------------------------------
@@ -317,12 +321,13 @@ class Decoder:
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
+        host_state = (self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
         try:
-            sr.prepare(mode, budget, sizes, choosing, held)
+            sr.prepare(mode, budget, sizes, choosing, held, host_state if fresh else None)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             raise _RecordingFailed(str(e).splitlines()[0][:200]) from e
         if fresh:
-            sr.begin(self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
+            sr.begin(*host_state)
         clock = sr.clock()
         if n > 1:
             sr.run(sr.draft_key(mode, budget, choosing, held))

@@ -165,13 +165,19 @@ class StaticRound:
         return lambda: self.accept(key[1], self.outputs[("verify", key[1], True)][1] if key[2] else None, key[3])
 
     def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
-                held: int | None = None) -> None:
-        """Record the programs this round may need. NOTE: before the round starts, so the recording's
-        warm-up run writes scratch rows only (accept run twice would move the path's rows twice); a round
-        launched ahead (Decoder) only ever records a draft, which writes nothing but the tree buffers."""
+                held: int | None = None, state: tuple[int, int, int] | None = None) -> None:
+        """Record the programs this round may need. NOTE: before the round starts (begin()), so the
+        recording's warm-up run writes scratch rows only (accept run twice would move the path's rows
+        twice); state (the host's committed length, drafter entries, root): written first when anything is
+        recorded, so that run starts past the committed rows whatever the device state was left at (a
+        verify recorded on a stale length overwrote a prompt's rows). A round launched ahead (Decoder)
+        only ever records a draft, which writes nothing but the tree buffers."""
         if not self.capture:
             return
-        for key in self._keys(mode, budget, sizes, choosing, held):
+        todo = [key for key in self._keys(mode, budget, sizes, choosing, held) if key not in self.graphs]
+        if todo and state is not None:
+            self.state.copy_(torch.tensor(state, dtype=torch.long))  # NOTE: a pageable copy: synchronous
+        for key in todo:
             self._ensure(key)
 
     def record(self, key: tuple) -> None:
