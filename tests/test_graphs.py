@@ -312,7 +312,7 @@ def test_a_program_recorded_mid_chat_writes_past_the_committed_rows(synthetic_pa
     prompt = eager.tokenizer.encode(PROMPTS[1])
     want = run(eager, prompt, mode="ar", max_new_tokens=24)["token_ids"]
     prefill = dec.prefill
-    dec.prefill = lambda *a: (prefill(*a), sr.state.zero_())[0]
+    dec.prefill = lambda *a, **k: (prefill(*a, **k), sr.state.zero_())[0]
     try:
         assert ("accept", 13, True, False) not in sr.graphs
         assert run(graphed, prompt, mode="ddtree", budget=12, max_new_tokens=24)["token_ids"] == want
@@ -390,7 +390,9 @@ def test_static_rounds_fill_the_context_to_its_last_slot(synthetic_pair, mode, b
     static = Engine.load(*synthetic_pair, device=device, max_context=48)
     if device == "cpu":
         static.use_graphs(capture=False)
-    assert static.decoder.graphs is not None
+    sr = static.decoder.graphs
+    assert sr is not None
+    assert sr.serves("ddtree", 32) and not sr.serves("ddtree", 64)  # no recording of a tree past the context
     prompt = list(range(20))
     want = run(static, prompt, mode="ar", max_new_tokens=100)
     got = run(static, prompt, mode=mode, budget=budget, max_new_tokens=100)

@@ -106,8 +106,10 @@ class StaticRound:
 
     # -- which rounds, which programs ----------------------------------------------------------------
     def serves(self, mode: str, budget: int) -> bool:
+        """NOTE: never a tree larger than the context: recording it would write rows past the cache (the
+        kernels take the slots as given), and no round of it can run."""
         n = 1 if mode == "ar" or self.dec.drafter is None else (self.block if mode == "dflash" else budget + 1)
-        return n <= MAX_NODES and (n == 1 or self.dec.dcache.capacity >= self.block)
+        return n <= min(MAX_NODES, self.dec.max_len) and (n == 1 or self.dec.dcache.capacity >= self.block)
 
     def plan(self, mode: str, budget: int, choosing: bool) -> tuple[int, list[int]]:
         """(nodes drafted, root included; the tree sizes this round may verify)."""
