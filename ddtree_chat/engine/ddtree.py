@@ -166,13 +166,13 @@ class Decoder:
         its last token. NOTE: one upload (the tokens and every chunk's state, the drafter window's slides
         worked out ahead as make_room() will make them), then no host sync until the caller reads them."""
         sr = self.graphs
-        meta, start, entries = [], self.cache.length, self.dcache.length if drafting else 0
+        meta, start, entries = [], self.cache.length, self.dcache.length if self.dcache is not None else 0
         for n, r in chunks:
-            if drafting and entries + n > self.dcache.capacity:
-                entries = self.dcache.capacity - n
+            if drafting:
+                entries = min(entries, self.dcache.capacity - n)  # make_room(n)'s slide
             meta += [start, entries, 0, r - 1]
-            start, entries = start + r, entries + r if drafting else 0
-        meta += [start, entries if drafting else self.dcache.length if self.dcache is not None else 0, 0, 0]
+            start, entries = start + r, entries + (r if drafting else 0)
+        meta += [start, entries, 0, 0]  # the state after the prompt
         staged = torch.tensor(new + meta, device=self.device)
         off = 0
         for i, (n, r) in enumerate(chunks):

@@ -178,7 +178,7 @@ class StaticRound:
             return
         todo = [key for key in self._keys(mode, budget, sizes, choosing, held) if key not in self.graphs]
         if todo and state is not None:
-            self.state.copy_(torch.tensor(state, dtype=torch.long))  # NOTE: a pageable copy: synchronous
+            self._set_state(state)
         for key in todo:
             self._ensure(key)
 
@@ -208,8 +208,9 @@ class StaticRound:
             self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
             if progress:
                 progress(i + 1, total, RECORDING)
+        if self.capture:  # NOTE: the prefill programs leave the state as they find it
+            self._set_state((self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0))
         for i, drafting in enumerate(variants):
-            self.begin(self.dec.cache.length, self.dec.dcache.length if drafting else 0, 0)
             for n in self.prefill_sizes(drafting):
                 self.record(("prefill", n, drafting))
             if progress:
@@ -288,6 +289,11 @@ class StaticRound:
     def tree(self, n: int) -> DraftTree:
         depth = min(n - 1, self.block - 1)
         return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], max_depth=depth)
+
+    def _set_state(self, state: tuple[int, int, int]) -> None:
+        """The state as begin() writes it, but synchronously (a pageable copy): for a recording about to
+        run a program, when begin()'s pinned buffer may still be in flight."""
+        self.state.copy_(torch.tensor(state, dtype=torch.long))
 
     def begin_chunk(self, meta: torch.Tensor, tokens: torch.Tensor) -> None:
         """A prefill chunk's state from the device: meta [4] (committed length, drafter entries, 0, the row
