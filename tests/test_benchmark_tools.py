@@ -21,6 +21,20 @@ def test_covered_counts_overlapping_kernels_once_and_clips_to_the_window():
     assert e2e.covered([(1, 9), (2, 3)], 0, 10) == 8  # nested
 
 
+def test_e2e_makes_every_reply_prefill_its_whole_prompt(engine):
+    """Modes run one after another on the same prompt: without forget_prompt the engine would reuse the
+    last reply's cache (its longest common prefix) and the later modes would prefill one token (whole-reply
+    ratios flattered them); after it, the cache shares no prefix with the prompt."""
+    from ddtree_chat.engine import GenerationConfig
+
+    ids = engine.tokenizer.encode("the same prompt for every mode")
+    list(engine.generate(ids, GenerationConfig(mode="ddtree", budget=4, max_new_tokens=4)))
+    dec = engine.decoder
+    assert dec.tokens[: len(ids)] == ids and dec.dcache.end_pos >= len(ids)  # what the next reply would reuse
+    e2e.forget_prompt(engine, ids)
+    assert dec.tokens and dec.tokens[0] != ids[0]
+
+
 def test_k26_round_benchmark_runs_scaled_down_on_cpu(tmp_path):
     """benchmarks/k26_round.py end to end at tiny dims, uncaptured: every program of every round timed,
     with the bytes it must read (the real run is on the GPU)."""
