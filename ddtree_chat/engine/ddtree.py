@@ -94,13 +94,19 @@ class Decoder:
 
     # -- target forward over new tokens on top of the committed cache ------------------------------
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None,
-                features: bool = True):
+                features: bool = True, rows: torch.Tensor | None = None):
         """Target forward over new tokens written after the committed cache (nothing is committed).
         cache: what attention reads and writes (default the KV cache itself; graphs pass a slot view).
-        features=False: no drafter features (None), for a forward whose context the drafter never gets."""
+        features=False: no drafter features (None), for a forward whose context the drafter never gets.
+        rows: device indices of the only rows whose logits are wanted (a prompt's last: its every row's
+        [T, V] floats could fill the GPU)."""
         hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
                                     self.cache if cache is None else cache, self.capture if features else ())
-        return self.target.logits(hidden), feats
+        return self.target.logits(hidden if rows is None else hidden.index_select(-2, rows)), feats
+
+    def committed_state(self, root: int) -> tuple[int, int, int]:
+        """(committed length, drafter entries, root token): what a round's programs read from the device."""
+        return self.cache.length, self.dcache.length if self.dcache is not None else 0, root
 
     def _commit(self, nodes: list[int], tokens: list[int], feats: torch.Tensor | None) -> None:
         start = self.cache.length
@@ -142,10 +148,10 @@ class Decoder:
         if chunks is not None:
             return self._prefill_static(new, chunks, drafting)
         with prefer_library():  # NOTE: eager: launch cost is host time here
-            hidden, feats = self.target(torch.tensor(new, device=self.device), torch.arange(lcp, lcp + t, device=self.device),
-                                        causal_mask(t, self.device), self.cache, self.capture if drafting else ())
+            logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t), features=drafting,
+                                         rows=torch.tensor([t - 1], device=self.device))
             self._commit(list(range(t)), new, feats)
-            return self.target.logits(hidden[-1:])[0]  # NOTE: one row: a long prompt's [T, V] floats could fill the GPU
+        return logits[0]
 
     def _prefill_chunks(self, t: int, drafting: bool) -> list[tuple[int, int]] | None:
         """(recorded rows, prompt tokens) per chunk of a static prefill, largest chunks first; None when
@@ -164,15 +170,16 @@ class Decoder:
     def _prefill_static(self, new: list[int], chunks: list[tuple[int, int]], drafting: bool) -> torch.Tensor:
         """The prompt through the recorded prefill chunks (graphs.StaticRound.prefill); the logits [V] of
         its last token. NOTE: one upload (the tokens and every chunk's state, the drafter window's slides
-        worked out ahead as make_room() will make them), then no host sync until the caller reads them."""
+        worked out ahead as make_room() will make them), then no host sync until the caller reads them.
+        The device state is left at the last chunk's start: the next round's begin() (or a recording's
+        prepare()) writes the committed one."""
         sr = self.graphs
-        meta, start, entries = [], self.cache.length, self.dcache.length if self.dcache is not None else 0
+        meta, (start, entries, _) = [], self.committed_state(0)
         for n, r in chunks:
             if drafting:
                 entries = min(entries, self.dcache.capacity - n)  # make_room(n)'s slide
             meta += [start, entries, 0, r - 1]
             start, entries = start + r, entries + (r if drafting else 0)
-        meta += [start, entries, 0, 0]  # the state after the prompt
         staged = torch.tensor(new + meta, device=self.device)
         off = 0
         for i, (n, r) in enumerate(chunks):
@@ -192,9 +199,6 @@ class Decoder:
             if drafting:
                 self.dcache.advance(r, self.cache.length)
             off += r
-        # NOTE: the device state ends at the committed lengths, as a round's accept leaves it: a program
-        # recorded before the next begin() runs once on it, and must write past what is committed
-        sr.state.copy_(staged[-4:-1])
         return logits[0]
 
     # -- one speculative round --------------------------------------------------------------------
@@ -321,7 +325,7 @@ class Decoder:
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
-        host_state = (self.cache.length, self.dcache.length if self.dcache is not None else 0, self.pending)
+        host_state = self.committed_state(self.pending)
         try:
             sr.prepare(mode, budget, sizes, choosing, held, host_state if fresh else None)
         except (RuntimeError, torch.OutOfMemoryError) as e:

@@ -154,7 +154,7 @@ class StaticRound:
 
     def prefill_sizes(self, drafting: bool) -> list[int]:
         """Chunk sizes that fit the target cache (and, drafting, the drafter's window) whole."""
-        cap = min(self.dec.max_len, self.dec.dcache.capacity if drafting else self.dec.max_len)
+        cap = self.dec.dcache.capacity if drafting else self.dec.max_len  # NOTE: capacity <= max_len
         return [s for s in PREFILL_SIZES if s <= cap]
 
     def _program(self, key: tuple):
@@ -204,12 +204,12 @@ class StaticRound:
         variants = [False] + ([True] if self.dec.dcache is not None else [])
         total = len(todo) + len(variants)
         for i, (mode, budget, choosing) in enumerate(todo):
-            self.begin(self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0)
+            self.begin(*self.dec.committed_state(0))
             self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
             if progress:
                 progress(i + 1, total, RECORDING)
         if self.capture:  # NOTE: the prefill programs leave the state as they find it
-            self._set_state((self.dec.cache.length, self.dec.dcache.length if self.dec.dcache is not None else 0, 0))
+            self._set_state(self.dec.committed_state(0))
         for i, drafting in enumerate(variants):
             for n in self.prefill_sizes(drafting):
                 self.record(("prefill", n, drafting))
@@ -269,7 +269,7 @@ class StaticRound:
         curve. tokens [n]: varied, so the MoE touches as many experts as a real tree. NOTE: writes only
         scratch (tree buffers past the root, cache rows past the committed length)."""
         dec = self.dec
-        self.begin(dec.cache.length, dec.dcache.length if dec.dcache is not None else 0, int(tokens[0]))
+        self.begin(*dec.committed_state(int(tokens[0])))
         self.tokens[:n].copy_(tokens[:n])  # NOTE: the root too (a drafting verify reads the draft's)
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
         key = ("verify", n, True)  # NOTE: as a ddtree round replays it
@@ -314,12 +314,12 @@ class StaticRound:
             self._causal[n] = causal_mask(n, dec.device)
         length = self.state[0:1]
         pos = length + self.arange[:n]
-        hidden, feats = dec.target(self.prompt[:n], pos, self._causal[n], SlotView(dec.cache, length, pos),
-                                   dec.capture if drafting else ())
+        logits, feats = dec.forward(self.prompt[:n], pos, self._causal[n], SlotView(dec.cache, length, pos), drafting,
+                                    rows=self.last)
         if drafting:
             k, v = dec.drafter.context_kv_stacked(feats.to(dec.draft_dtype), pos)
             dec.dcache.write_slots(k, v, self.state[1] + self.arange[:n])
-        return dec.target.logits(hidden.index_select(-2, self.last))
+        return logits
 
     def draft(self, mode: str, budget: int, span: int, choosing: bool) -> None:
         dec, b = self.dec, self.block
