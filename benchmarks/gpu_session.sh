@@ -4,10 +4,13 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests e2e programs k26 layer kernels moemla small
-#                                               tiles fma mlatiles compile ncu cache (tests: a quick subset; gputests:
-#                                               every GPU test of the kernels and graphs, ~300 s; ncu: Nsight
-#                                               Compute counters of the MoE and MLA kernels, ncu.csv)
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed smoke e2e programs k26 layer kernels
+#                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
+#                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
+#                                               alone: each GPU test file in a process of its own; reversed: all
+#                                               of them, last file first; smoke: the one-shot CLI in every mode, fresh
+#                                               homes, text compared; ncu: Nsight Compute counters of the MoE and
+#                                               MLA kernels, ncu.csv)
 #
 # A first start compiles the Triton kernels (BENCHMARKS.md, "First GPU start"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist; the `cache` step
@@ -27,6 +30,15 @@ log="$OUT/log.txt"
 # keeps whichever files exist), and leaving these out shrinks the archive ~3x (34 -> 12 MB in session 11).
 ir=(--exclude='*.llir' --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.ptx' --exclude='*.source')
 
+fresh_home() {  # a new user home holding only the CUDA kernel library already built (no measured costs)
+    local h
+    [ -d "$DDTREE_CHAT_HOME/cache/kernels" ] || python -c "from ddtree_chat.engine.ops.build import library; library()"
+    h=$(mktemp -d)
+    mkdir -p "$h/cache"
+    cp -r "$DDTREE_CHAT_HOME/cache/kernels" "$h/cache/" 2> /dev/null
+    echo "$h"
+}
+
 step() {  # name, seconds, command...
     local name=$1 limit=$2 t0 rc
     shift 2
@@ -43,6 +55,14 @@ for s in "$@"; do
                    -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise or topk \
                    or rms_norm or latent" ;;
         gputests) step gputests 420 python -m pytest -q --durations=10 tests/test_kernels_gpu.py tests/test_graphs.py ;;
+        alone) gpu_files=($(grep -l "mark.gpu" tests/test_*.py))
+               for f in "${gpu_files[@]}"; do  # NOTE: a fresh process and home per file: no test order hides a fault
+                   DDTREE_CHAT_HOME=$(fresh_home) step "alone-$(basename "$f" .py)" 420 python -m pytest -q -m gpu "$f"
+               done ;;
+        reversed) reversed=($(grep -l "mark.gpu" tests/test_*.py | tac))  # the whole GPU suite, last file first
+                  DDTREE_CHAT_HOME=$(fresh_home) step reversed 480 python -m pytest -q -m gpu "${reversed[@]}" ;;
+        smoke) step smoke 420 python benchmarks/cli_smoke.py --device cuda --max-new 64 \
+                   --kernels "$DDTREE_CHAT_HOME/cache/kernels" ;;
         moemla) step moemla 300 python benchmarks/kernels.py --only moe,mla,linear --json "$OUT/moemla.json" ;;
         e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 8 16 32 64 128 auto \
                  --idle --json "$OUT/e2e.json" ;;

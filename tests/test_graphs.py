@@ -3,6 +3,8 @@
 On CPU the programs run uncaptured (capture=False), which checks their math and bookkeeping; the GPU test
 records them as CUDA graphs."""
 
+import os
+
 import pytest
 import torch
 
@@ -287,6 +289,74 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
         assert run(graphed, prompt, mode="dflash", max_new_tokens=24)["token_ids"] == want
 
 
+def test_what_a_warm_up_run_writes_is_put_back(pair):
+    """The recording's warm-up run (here each program run eagerly on CPU, as capture=False does) writes
+    only what _save_for_warm_up keeps: afterwards every buffer and cache row is as before."""
+    _, static = pair
+    dec, sr = static.decoder, static.decoder.graphs
+    dec.prefill(static.tokenizer.encode(LONG)[:40], drafting=True)
+    sr.begin(*dec.committed_state(7))
+    bufs = lambda: [t.clone() for t in (*sr._written, sr.prompt, sr.last, dec.cache.ckv, dec.cache.kpe, dec.dcache.k,
+                                        dec.dcache.v)]  # noqa: E731
+    for key in (sr.draft_key("ddtree", 11), ("verify", 12, True), ("accept", 12, True, False), ("prefill", 16, True),
+                ("verify", 1, False), ("accept", 1, False, True)):
+        before = bufs()
+        saved = sr._save_for_warm_up(0 if key[0] == "draft" else key[1])
+        sr.outputs[key] = sr._program(key)()
+        sr._restore(saved)
+        assert all(torch.equal(a, b) for a, b in zip(before, bufs())), key
+
+
+@pytest.mark.gpu
+def test_a_recording_leaves_the_device_state_as_it_was(synthetic_pair):
+    """Recording a program runs it once; the state, tree buffers and cache rows that run wrote come back."""
+    graphed = Engine.load(*synthetic_pair, device="cuda")
+    dec, sr = graphed.decoder, graphed.decoder.graphs
+    dec.prefill(graphed.tokenizer.encode(LONG)[:40], drafting=True)
+    sr.begin(*dec.committed_state(7))
+    before = [t.clone() for t in (sr._state_block, sr.tokens, sr.choice, dec.cache.ckv, dec.cache.kpe, dec.dcache.k)]
+    sr.graphs.pop(("prefill", 16, True))
+    for key in (("verify", 12, True), ("accept", 12, True, False), sr.draft_key("ddtree", 11), ("prefill", 16, True)):
+        assert key not in sr.graphs
+        sr.record(key)
+    after = (sr._state_block, sr.tokens, sr.choice, dec.cache.ckv, dec.cache.kpe, dec.dcache.k)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.gpu
+def test_the_prompts_logits_survive_other_programs(synthetic_pair):
+    """The graphs share one memory pool: a verify replayed after the prefill (the auto budget times them
+    before the first token is read) overwrote the prefill graph's output, and a fresh engine's first
+    `--budget auto` reply began with a wrong token. Fresh engine and home, so no test order hides it."""
+    code = f"""
+import os, sys, tempfile, torch
+os.environ["DDTREE_CHAT_HOME"] = tempfile.mkdtemp()
+from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.budget import CANDIDATES
+eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda")
+dec, sr = eng.decoder, eng.decoder.graphs
+ids = eng.tokenizer.encode("def f(x):")
+want = dec.prefill(ids, drafting=True).clone()
+got = dec.prefill(ids, drafting=True)
+for c in CANDIDATES:
+    sr.verify_seconds(c + 1, torch.arange(c + 1, device="cuda"), repeats=1)
+assert torch.equal(got, want), "prefill logits overwritten"
+ar = list(eng.generate(ids, GenerationConfig(mode="ar", max_new_tokens=12, stop_token_ids=())))[-1]["token_ids"]
+auto = list(eng.generate(ids, GenerationConfig(mode="ddtree", budget="auto", max_new_tokens=12, stop_token_ids=())))
+assert auto[-1]["token_ids"] == ar, (auto[-1]["token_ids"], ar)
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "DDTREE_CHAT_HOME"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
 @pytest.mark.gpu
 def test_cuda_graph_prefill_equals_the_eager_prefill(synthetic_pair):
     """The prefill chunks are recorded at load and replayed: the eager forward's caches and logits."""
@@ -304,8 +374,9 @@ def test_cuda_graph_prefill_equals_the_eager_prefill(synthetic_pair):
 
 @pytest.mark.gpu
 def test_a_program_recorded_mid_chat_writes_past_the_committed_rows(synthetic_pair):
-    """A budget first used mid-chat records its verify and accept then, which runs each once: on the host's
-    committed lengths, whatever the device state says (here forced to 0, the prompt's first row)."""
+    """A budget first used mid-chat records its verify and accept then, which runs each once (the warm-up
+    before the capture): whatever the device state says (here forced to 0, the prompt's first row), the
+    recording puts back what that run wrote."""
     eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)
     graphed = Engine.load(*synthetic_pair, device="cuda")
     dec, sr = graphed.decoder, graphed.decoder.graphs

@@ -171,8 +171,7 @@ class Decoder:
         """The prompt through the recorded prefill chunks (graphs.StaticRound.prefill); the logits [V] of
         its last token. NOTE: one upload (the tokens and every chunk's state, the drafter window's slides
         worked out ahead as make_room() will make them), then no host sync until the caller reads them.
-        The device state is left at the last chunk's start: the next round's begin() (or a recording's
-        prepare()) writes the committed one."""
+        The device state is left at the last chunk's start: the next round's begin() writes the committed one."""
         sr = self.graphs
         meta, (start, entries, _) = [], self.committed_state(0)
         for n, r in chunks:
@@ -187,7 +186,7 @@ class Decoder:
                 self.dcache.make_room(n)  # NOTE: the chunk writes n rows, r of which count
             sr.begin_chunk(staged[len(new) + 4 * i : len(new) + 4 * i + 4], staged[off : off + r])
             key = ("prefill", n, drafting)
-            try:  # NOTE: after begin_chunk: a recording runs the program, which must write past what is committed
+            try:
                 sr.record(key)
             except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: as a round's: eager from now on
                 log.warning("CUDA graphs off, rounds run eagerly: %s", str(e).splitlines()[0][:200])
@@ -325,13 +324,12 @@ class Decoder:
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
-        host_state = self.committed_state(self.pending)
         try:
-            sr.prepare(mode, budget, sizes, choosing, held, host_state if fresh else None)
+            sr.prepare(mode, budget, sizes, choosing, held)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             raise _RecordingFailed(str(e).splitlines()[0][:200]) from e
         if fresh:
-            sr.begin(*host_state)
+            sr.begin(*self.committed_state(self.pending))
         clock = sr.clock()
         if n > 1:
             sr.run(sr.draft_key(mode, budget, choosing, held))

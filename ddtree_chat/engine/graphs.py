@@ -7,7 +7,12 @@ host time for 0.3 ms of kernels on the demo (BENCHMARKS.md, thirteenth session).
 NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
 entries, root token) into one device buffer that the programs read, so a graph replays at any length;
 after it, the one copy of the packed result tells the host how many rows to count. Rows the programs
-write past the committed lengths are scratch. Without capture (CPU tests) the same programs run eagerly."""
+write past the committed lengths are scratch. Without capture (CPU tests) the same programs run eagerly.
+
+NOTE: recording a program runs it once (the warm-up before the capture); _record puts back every buffer
+that run wrote, so a recording never moves the state a later round reads. The graphs share one memory
+pool, so a program's outputs are valid only until another program runs: what the host reads later (the
+prompt's logits, read after the auto budget's timing replays) is copied into a buffer of this class."""
 
 from __future__ import annotations
 
@@ -103,6 +108,10 @@ class StaticRound:
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
         self.capture_s = 0.0
         self._pinned: dict[int, list[torch.Tensor]] = {}
+        self.prompt_logits: torch.Tensor | None = None  # [1, V]: made by the first prefill run, outside any capture
+        # the buffers a program writes besides the caches (restored after a recording's warm-up run)
+        self._written = (self._state_block, self.tokens, self.parents, self.depth, self.choice, self.logprobs,
+                         self.cum_mass)
 
     # -- which rounds, which programs ----------------------------------------------------------------
     def serves(self, mode: str, budget: int) -> bool:
@@ -167,20 +176,11 @@ class StaticRound:
         return lambda: self.accept(key[1], self.outputs[("verify", key[1], True)][1] if key[2] else None, key[3])
 
     def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
-                held: int | None = None, state: tuple[int, int, int] | None = None) -> None:
-        """Record the programs this round may need. NOTE: before the round starts (begin()), so the
-        recording's warm-up run writes scratch rows only (accept run twice would move the path's rows
-        twice); state (the host's committed length, drafter entries, root): written first when anything is
-        recorded, so that run starts past the committed rows whatever the device state was left at (a
-        verify recorded on a stale length overwrote a prompt's rows). A round launched ahead (Decoder)
-        only ever records a draft, which writes nothing but the tree buffers."""
-        if not self.capture:
-            return
-        todo = [key for key in self._keys(mode, budget, sizes, choosing, held) if key not in self.graphs]
-        if todo and state is not None:
-            self._set_state(state)
-        for key in todo:
-            self._ensure(key)
+                held: int | None = None) -> None:
+        """Record the programs this round may need (a recording leaves the device state as it was)."""
+        if self.capture:
+            for key in self._keys(mode, budget, sizes, choosing, held):
+                self._ensure(key)
 
     def record(self, key: tuple) -> None:
         """Record one program now (when capturing), unless it is recorded already."""
@@ -190,7 +190,7 @@ class StaticRound:
     def _ensure(self, key: tuple) -> None:
         if key not in self.graphs:
             try:
-                self.graphs[key] = self._record(self._program(key))
+                self.graphs[key] = self._record(key)
             except RuntimeError as e:
                 raise RuntimeError(f"recording {key}: {e}") from e
             self.outputs[key] = self.graphs[key][1]
@@ -204,12 +204,9 @@ class StaticRound:
         variants = [False] + ([True] if self.dec.dcache is not None else [])
         total = len(todo) + len(variants)
         for i, (mode, budget, choosing) in enumerate(todo):
-            self.begin(*self.dec.committed_state(0))
             self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
             if progress:
                 progress(i + 1, total, RECORDING)
-        if self.capture:  # NOTE: the prefill programs leave the state as they find it
-            self._set_state(self.dec.committed_state(0))
         for i, drafting in enumerate(variants):
             for n in self.prefill_sizes(drafting):
                 self.record(("prefill", n, drafting))
@@ -217,8 +214,10 @@ class StaticRound:
                 progress(len(todo) + i + 1, total, RECORDING)
         return self.capture_s - before
 
-    def _record(self, fn):
+    def _record(self, key: tuple):
         t0 = time.perf_counter()
+        fn = self._program(key)
+        saved = self._save_for_warm_up(0 if key[0] == "draft" else key[1])
         side = torch.cuda.Stream(self.dec.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -227,9 +226,34 @@ class StaticRound:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = fn()
+        self._restore(saved)
         torch.cuda.synchronize(self.dec.device)
         self.capture_s += time.perf_counter() - t0
         return graph, out
+
+    def _save_for_warm_up(self, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Point the state at rows that exist (a program writes `rows` cache rows from the state's length
+        and drafter entries: stale or run-ahead lengths could reach past the caches; a prefill's logits row
+        is one of its rows) and keep copies of everything the warm-up run may write: the state and tree
+        buffers, those cache rows."""
+        dec = self.dec
+        saved = [(buf, buf.clone()) for buf in (*self._written, self.last)]
+        self.last.zero_()
+        length, entries = self.state[:2].tolist()  # NOTE: a host sync; recording synchronises anyway
+        length = max(0, min(length, dec.max_len - rows))
+        saved += [(c[:, length : length + rows], c[:, length : length + rows].clone()) for c in (dec.cache.ckv, dec.cache.kpe)]
+        if dec.dcache is not None:
+            rows = min(rows, dec.dcache.capacity)
+            entries = max(0, min(entries, dec.dcache.capacity - rows))
+            saved += [(c[:, entries : entries + rows], c[:, entries : entries + rows].clone())
+                      for c in (dec.dcache.k, dec.dcache.v)]
+        self.state[:2].copy_(torch.tensor([length, entries]))
+        return saved
+
+    @staticmethod
+    def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for buf, copy in saved:
+            buf.copy_(copy)
 
     # -- per round -------------------------------------------------------------------------------------
     def begin(self, length: int, draft_entries: int, root: int) -> None:
@@ -290,11 +314,6 @@ class StaticRound:
         depth = min(n - 1, self.block - 1)
         return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], max_depth=depth)
 
-    def _set_state(self, state: tuple[int, int, int]) -> None:
-        """The state as begin() writes it, but synchronously (a pageable copy): for a recording about to
-        run a program, when begin()'s pinned buffer may still be in flight."""
-        self.state.copy_(torch.tensor(state, dtype=torch.long))
-
     def begin_chunk(self, meta: torch.Tensor, tokens: torch.Tensor) -> None:
         """A prefill chunk's state from the device: meta [4] (committed length, drafter entries, 0, the row
         whose logits count), tokens [r] (its prompt tokens). NOTE: chunks follow each other without a sync,
@@ -308,7 +327,8 @@ class StaticRound:
         """A prompt chunk: prompt[:n] at positions length.. under a causal mask, its KV rows written in place
         (and, drafting, the drafter's context rows at entries..). Rows past the chunk's tokens come after
         every real one, so no real row sees them; what they write lies past the counts the host keeps.
-        Returns the logits [1, V] of row `last` only (a long prompt's every row would be [T, V] floats)."""
+        Returns the logits [1, V] of row `last` only (a long prompt's every row would be [T, V] floats), in
+        prompt_logits (outside the graphs' pool: the host reads them after other programs ran)."""
         dec = self.dec
         if n not in self._causal:  # NOTE: made in the recording's warm-up run, outside the capture
             self._causal[n] = causal_mask(n, dec.device)
@@ -319,7 +339,9 @@ class StaticRound:
         if drafting:
             k, v = dec.drafter.context_kv_stacked(feats.to(dec.draft_dtype), pos)
             dec.dcache.write_slots(k, v, self.state[1] + self.arange[:n])
-        return logits
+        if self.prompt_logits is None:
+            self.prompt_logits = torch.empty_like(logits)
+        return self.prompt_logits.copy_(logits)
 
     def draft(self, mode: str, budget: int, span: int, choosing: bool) -> None:
         dec, b = self.dec, self.block
