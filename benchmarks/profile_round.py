@@ -33,8 +33,8 @@ def programs(g, mode: str, budget, reps: int = 50, top_n: int = 8) -> list[dict]
     choosing = budget == "auto"
     size = CANDIDATES[-1] if choosing else (budget if isinstance(budget, int) else 0)
     sizes = g.plan(mode, size, choosing)[1]
-    keys = list(g._keys(mode, size, sizes, choosing, None))
-    g.prepare(mode, size, sizes, choosing)
+    keys = list(g.round_keys(mode, size, sizes, choosing))
+    g.prepare(keys)
     state = g.state.clone()
     rows = []
     for key in keys:
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
         for t in top:
             print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
-        if a.programs and eng.decoder.graphs is not None:
+        if a.programs:
             out[spec]["programs"] = programs(eng.decoder.graphs, mode, cfg.budget, top_n=a.top)
         if a.host:
             import cProfile

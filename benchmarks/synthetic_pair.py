@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for name, drafter in (("random", None), ("oracle", TargetDrafter(eng))):
         if drafter is not None:
-            eng.decoder.draft_logits = drafter
+            eng.decoder.block_logits = drafter
         for mode, budget in (("dflash", 7), ("ddtree", 16)):
             done, t = run(mode, budget)
             print(f"| {name} | {mode} {budget} | {done['mean_accepted_length']:.2f} | {t_ar / t:.2f}x | "

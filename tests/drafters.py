@@ -9,9 +9,8 @@ import torch
 class TargetDrafter:
     """Puts (almost) all mass on the target's greedy continuation. With `noise`, every depth whose
     (position * 7919 + seed) % 100 < noise*100 ranks a wrong token first instead (so paths get cut and
-    siblings matter). Used as `decoder.draft_logits = TargetDrafter(engine, ...)`, or for the static
-    round (graphs.py) as `decoder.block_logits = TargetDrafter(engine, ...)` (then the root comes as the
-    block's first token)."""
+    siblings matter). Used as `decoder.block_logits = TargetDrafter(engine, ...)` (the root comes as the
+    block's first token); it reads the host's committed tokens, so rounds must not run ahead."""
 
     def __init__(self, engine, noise: float = 0.0, seed: int = 0, useless: bool = False):
         self.engine, self.noise, self.seed, self.useless = engine, noise, seed, useless

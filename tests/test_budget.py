@@ -40,12 +40,12 @@ def test_calibration_follows_observed_acceptance():
 
 def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
     prompt = engine.tokenizer.encode("auto budget")
-    engine.decoder.draft_logits = TargetDrafter(engine, noise=0.3)
+    engine.decoder.block_logits = TargetDrafter(engine, noise=0.3)
     try:
         evs = list(engine.generate(prompt, GenerationConfig(mode="ddtree", budget="auto", max_new_tokens=30,
                                                              stop_token_ids=())))
     finally:
-        del engine.decoder.draft_logits
+        del engine.decoder.block_logits
     ar = list(engine.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=30, stop_token_ids=())))
     assert evs[-1]["token_ids"] == ar[-1]["token_ids"]
     costs = engine._auto.costs

@@ -18,7 +18,7 @@ from drafters import TargetDrafter, closure_mask
 def eng(synthetic_pair):
     e = Engine.load(*synthetic_pair, device="cpu")
     yield e
-    e.decoder.__dict__.pop("draft_logits", None)
+    e.decoder.__dict__.pop("block_logits", None)
 
 
 def ids_of(engine, prompt, **kw):
@@ -40,7 +40,7 @@ def test_ddtree_equals_ar_with_random_drafter(eng, budget):
 
 @pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 4), (0.3, 16), (0.6, 64), (0.5, 256)])
 def test_lossless_with_partial_acceptance(eng, noise, budget):
-    eng.decoder.draft_logits = TargetDrafter(eng, noise=noise, seed=budget)
+    eng.decoder.block_logits = TargetDrafter(eng, noise=noise, seed=budget)
     try:
         for text in PROMPTS:
             prompt = eng.tokenizer.encode(text)
@@ -49,7 +49,7 @@ def test_lossless_with_partial_acceptance(eng, noise, budget):
             assert dd["token_ids"] == ar
             assert ids_of(eng, prompt, mode="dflash", max_new_tokens=30)["token_ids"] == ar
     finally:
-        del eng.decoder.draft_logits
+        del eng.decoder.block_logits
     if noise == 0.0:
         assert dd["mean_accepted_length"] > 4
 
@@ -57,16 +57,16 @@ def test_lossless_with_partial_acceptance(eng, noise, budget):
 def test_oracle_accepts_whole_blocks_and_useless_accepts_one(eng):
     prompt = eng.tokenizer.encode("oracle")
     b = eng.dcfg.block_size
-    eng.decoder.draft_logits = TargetDrafter(eng)
+    eng.decoder.block_logits = TargetDrafter(eng)
     try:
         rounds = [ev for ev in eng.generate(prompt, GenerationConfig(mode="dflash", max_new_tokens=4 * b + 1,
                                                                       stop_token_ids=())) if ev["event"] == "round"]
         assert [r["accepted_length"] for r in rounds[1:]] == [b] * 4
-        eng.decoder.draft_logits = TargetDrafter(eng, useless=True)
+        eng.decoder.block_logits = TargetDrafter(eng, useless=True)
         done = ids_of(eng, prompt, mode="ddtree", budget=8, max_new_tokens=10)
         assert done["acceptance_histogram"] == {"1": 9}
     finally:
-        del eng.decoder.draft_logits
+        del eng.decoder.block_logits
     assert done["token_ids"] == ids_of(eng, prompt, mode="ar", max_new_tokens=10)["token_ids"]
 
 
@@ -75,18 +75,18 @@ def test_stop_token_inside_accepted_path(eng):
     ar = ids_of(eng, prompt, mode="ar", max_new_tokens=20)["token_ids"]
     stop = next(t for i, t in enumerate(ar) if i >= 3 and t not in ar[:i])  # first occurrence past a round start
     want = ar[: ar.index(stop) + 1]
-    eng.decoder.draft_logits = TargetDrafter(eng)
+    eng.decoder.block_logits = TargetDrafter(eng)
     try:
         dd = ids_of(eng, prompt, mode="ddtree", budget=16, max_new_tokens=20, stop_token_ids=(stop,))
     finally:
-        del eng.decoder.draft_logits
+        del eng.decoder.block_logits
     assert dd["token_ids"] == want and dd["stop_reason"] == "stop_token"
     assert eng.decoder.tokens + [eng.decoder.pending] == prompt + want  # nothing after the stop is committed
 
 
 def test_multi_turn_reuses_cache_and_stays_lossless(eng, synthetic_pair):
     tok = eng.tokenizer
-    eng.decoder.draft_logits = TargetDrafter(eng, noise=0.3)
+    eng.decoder.block_logits = TargetDrafter(eng, noise=0.3)
     messages = [{"role": "user", "content": "first question"}]
     try:
         for turn in range(3):
@@ -97,16 +97,16 @@ def test_multi_turn_reuses_cache_and_stays_lossless(eng, synthetic_pair):
             messages += [{"role": "assistant", "content": tok.decode(dd["token_ids"])},
                          {"role": "user", "content": f"follow-up {turn}"}]
     finally:
-        del eng.decoder.draft_logits
+        del eng.decoder.block_logits
 
 
 def test_commit_leaves_the_cache_ar_would_build(eng, synthetic_pair):
     prompt = eng.tokenizer.encode("cache check")
-    eng.decoder.draft_logits = TargetDrafter(eng, noise=0.3)
+    eng.decoder.block_logits = TargetDrafter(eng, noise=0.3)
     try:
         ids_of(eng, prompt, mode="ddtree", budget=16, max_new_tokens=25)
     finally:
-        del eng.decoder.draft_logits
+        del eng.decoder.block_logits
     ref = Engine.load(*synthetic_pair, device="cpu")
     ids_of(ref, prompt, mode="ar", max_new_tokens=25)
     a, b = eng.decoder, ref.decoder
@@ -231,7 +231,7 @@ def test_sampled_distribution_matches_target(eng):
     target's own tempered/top-p law, chi-square with fixed seeds (false-failure rate ~1e-3)."""
     temp, top_p, runs = 0.2, 0.9, 1200
     prompt = eng.tokenizer.encode("sampling")
-    eng.decoder.draft_logits = TargetDrafter(eng, noise=0.2)
+    eng.decoder.block_logits = TargetDrafter(eng, noise=0.2)
     counts: dict[tuple[int, ...], int] = {}
     accepted = 0
     try:
@@ -241,7 +241,7 @@ def test_sampled_distribution_matches_target(eng):
             counts[tuple(done["token_ids"])] = counts.get(tuple(done["token_ids"]), 0) + 1
             accepted += done["rounds"] == 1
     finally:
-        del eng.decoder.draft_logits
+        del eng.decoder.block_logits
     assert accepted > runs // 4  # the third token often came from an accepted node, not a second round
 
     def probs(prefix):

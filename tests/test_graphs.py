@@ -1,7 +1,9 @@
-"""The static-shape round (engine/graphs.py) is the eager round: same tokens, same committed caches.
+"""The round's programs (engine/graphs.py) and their two executors agree: run directly, and run as the
+recorded path runs them (padded prompt chunks, rounds launched one ahead; on a GPU recorded as CUDA
+graphs): the same tokens as `ar`, the same committed caches.
 
-On CPU the programs run uncaptured (capture=False), which checks their math and bookkeeping; the GPU test
-records them as CUDA graphs."""
+On CPU the `pair` fixture's second engine runs the recorded path's logic uncaptured, which checks its
+math and bookkeeping; the GPU tests record it."""
 
 import os
 
@@ -27,7 +29,8 @@ def pair(synthetic_pair):
     static = Engine.load(*synthetic_pair, device="cpu")
     calls = []
     static.use_graphs(capture=False, progress=lambda *a: calls.append(a))
-    assert static.decoder.graphs is not None
+    # NOTE: as recorded rounds do (padded prompt chunks, rounds run ahead): that logic checked on the CPU
+    static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
     # the loading screen's second step: one call per recorded round kind, counting up to a fixed total
     from ddtree_chat.engine.graphs import RECORDING
     total = calls[-1][1]
@@ -36,24 +39,19 @@ def pair(synthetic_pair):
 
 
 def with_drafter(engine, drafter):
-    dec = engine.decoder
-    if dec.graphs is not None:
-        dec.block_logits = drafter
-        dec.run_ahead = False  # NOTE: these drafters read the host's committed tokens
-    else:
-        dec.draft_logits = drafter
+    engine.decoder.block_logits = drafter
+    engine.decoder.run_ahead = False  # NOTE: these drafters read the host's committed tokens
 
 
-def drop_drafter(engine):
+def drop_drafter(engine, run_ahead=True):
     engine.decoder.__dict__.pop("block_logits", None)
-    engine.decoder.__dict__.pop("draft_logits", None)
-    engine.decoder.run_ahead = True
+    engine.decoder.run_ahead = run_ahead
 
 
-def test_only_python_launched_forwards_prefer_library_products(pair, monkeypatch):
-    """An eager prefill and an eager round run under registry.prefer_library() (on a GPU their float32
-    products take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does not pay);
-    the static programs, prefill chunks and rounds, the ones CUDA graphs record, keep the kernels."""
+def test_directly_run_programs_prefer_library_products(pair, monkeypatch):
+    """Programs run directly (here every one: CPU) run under registry.prefer_library() (on a GPU their
+    float32 products take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does
+    not pay); recorded programs keep the kernels (the GPU tests record them)."""
     import importlib
 
     from ddtree_chat.engine.ops import registry
@@ -62,15 +60,11 @@ def test_only_python_launched_forwards_prefer_library_products(pair, monkeypatch
     seen = []
     dispatch = linear.dispatch
     monkeypatch.setattr(linear, "dispatch", lambda name, *a: seen.append(registry.prefers_library()) or dispatch(name, *a))
-    for engine, eager in zip(pair, (True, False)):
-        seen.clear()
-        events = engine.generate([1, 2, 3, 4, 5], GenerationConfig(mode="ddtree", budget=4, max_new_tokens=12,
-                                                                   stop_token_ids=()))
-        next(events)  # the prefill's event
-        prefill = len(seen)
-        rest = list(events)
-        assert prefill > 0 and set(seen[:prefill]) == {eager} and len(rest) > 2
-        assert len(seen) > prefill and set(seen[prefill:]) == {eager}
+    events = pair[1].generate([1, 2, 3, 4, 5], GenerationConfig(mode="ddtree", budget=4, max_new_tokens=12,
+                                                                stop_token_ids=()))
+    next(events)  # the prefill's event
+    prefill = len(seen)
+    assert len(list(events)) > 2 and prefill > 0 and len(seen) > prefill and set(seen) == {True}
     assert not registry.prefers_library()
 
 
@@ -214,17 +208,16 @@ def test_static_prefill_commits_what_the_eager_prefill_commits(pair, drafting):
         del sr.run
 
 
-def test_static_prefill_near_the_context_end_runs_eagerly(synthetic_pair):
-    """A prompt whose padded chunk would pass the context's last slot: the eager forward takes it."""
-    static = Engine.load(*synthetic_pair, device="cpu", max_context=40)
-    static.use_graphs(capture=False)
+def test_static_prefill_near_the_context_end_runs_unpadded(synthetic_pair):
+    """A prompt whose padded chunk would pass the context's last slot runs in chunks of its own length."""
+    direct, static = (Engine.load(*synthetic_pair, device="cpu", max_context=40) for _ in range(2))
     dec = static.decoder
-    assert dec.graphs.prefill_sizes(True) == [16]
-    assert dec._prefill_chunks(20, True) == [(16, 16), (16, 4)]
-    assert dec._prefill_chunks(38, True) is None  # a third 16-row chunk from slot 32 would pass slot 40
     prompt = list(range(1, 39))
-    want = run(static, prompt, mode="ar", max_new_tokens=4)["token_ids"]
-    static.decoder.graphs = None
+    want = run(direct, prompt, mode="ar", max_new_tokens=4)["token_ids"]
+    dec.graphs.pads_prefill = True
+    assert dec.graphs.prefill_sizes(True) == [16]
+    assert dec._chunks(20, True) == [(16, 16), (16, 4)]
+    assert dec._chunks(38, True) == [(38, 38)]  # a third 16-row chunk from slot 32 would pass slot 40
     assert run(static, prompt, mode="ar", max_new_tokens=4)["token_ids"] == want
 
 
@@ -430,27 +423,26 @@ def test_bf16_rounds_record_with_the_fast_kernels():
         assert len(done["token_ids"]) == 24 and done["stop_reason"] == "max_new_tokens"
 
 
-def test_a_failed_recording_falls_back_to_eager_rounds(synthetic_pair):
-    """A size or span that cannot be recorded mid-reply (an op that cannot be captured, OOM) turns graphs
-    off with one warning; the reply goes on, eagerly, with the same tokens."""
+def test_a_failed_recording_falls_back_to_direct_runs(synthetic_pair):
+    """A size or span that cannot be recorded mid-reply (an op that cannot be captured, OOM) turns recording
+    off with one warning; the reply goes on, its programs run directly, with the same tokens. (On the CPU
+    the executor only pretends to record: prepare is replaced.)"""
     eng = Engine.load(*synthetic_pair, device="cpu")
-    eng.use_graphs(capture=False)
     prompt = eng.tokenizer.encode(PROMPTS[0])
     want = run(eng, prompt, mode="ar", max_new_tokens=30)["token_ids"]
-    calls = []
+    for failing, error in ((3, RuntimeError("operation not permitted when stream is capturing")),
+                           (1, torch.OutOfMemoryError("no room"))):
+        sr, calls = eng.decoder.graphs, []
 
-    def prepare(*args):
-        calls.append(args)
-        if len(calls) == 3:  # the third launch of the reply: one launched ahead
-            raise RuntimeError("operation not permitted when stream is capturing")
+        def prepare(keys):
+            calls.append(keys)
+            if len(calls) == failing:  # 3: the third launch of the reply, one launched ahead; 1: the first
+                raise error
 
-    eng.decoder.graphs.prepare = prepare
-    assert run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=30)["token_ids"] == want
-    assert eng.decoder.graphs is None and len(calls) == 3
-    eng.use_graphs(capture=False)
-    eng.decoder.graphs.prepare = lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("no room"))
-    assert run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=30)["token_ids"] == want  # first launch
-    assert eng.decoder.graphs is None
+        sr.capture, sr.prepare = True, prepare
+        assert run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=30)["token_ids"] == want
+        assert not sr.capture and len(calls) == failing
+        del sr.prepare
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -460,10 +452,9 @@ def test_static_rounds_fill_the_context_to_its_last_slot(synthetic_pair, mode, b
     the context full, with `ar`'s tokens (on a GPU: recorded CUDA graphs)."""
     static = Engine.load(*synthetic_pair, device=device, max_context=48)
     if device == "cpu":
-        static.use_graphs(capture=False)
+        static.decoder.run_ahead = True
     sr = static.decoder.graphs
-    assert sr is not None
-    assert sr.serves("ddtree", 32) and not sr.serves("ddtree", 64)  # no recording of a tree past the context
+    assert sr.fits("ddtree", 32) and not sr.fits("ddtree", 64)  # no recording of a tree past the context
     prompt = list(range(20))
     want = run(static, prompt, mode="ar", max_new_tokens=100)
     got = run(static, prompt, mode=mode, budget=budget, max_new_tokens=100)

@@ -129,7 +129,7 @@ print(json.dumps(bad))
 
 WALK_SCRIPT = r"""
 import json, sys, torch
-from ddtree_chat.engine.ddtree import pack_round_ref
+from ddtree_chat.engine.tree import pack_round_ref
 from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, pack_round_triton, walk_commit_triton, walk_triton
 from ddtree_chat.engine.tree import build_tree_topk_ref, walk_commit_ref, walk_topk_ref
 bad = []

@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 
 import torch
 
 from .ddtree import Decoder
+from .generation import AUTO_BUDGETS
 from .parallel import TPGroup
 from .tree import DraftTree, path_scores
 
-CANDIDATES = (2, 4, 8, 16, 32, 64, 128, 256)
+CANDIDATES = AUTO_BUDGETS
 EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays ...
 EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles that interval, up to this
 log = logging.getLogger(__name__)
@@ -90,21 +90,7 @@ class AutoBudget:
                 break
             # NOTE: varied tokens, so the MoE routes them to as many distinct experts as a real tree does
             toks = torch.randint(0, dec.tcfg.vocab_size, (b + 1,), generator=torch.Generator().manual_seed(b))
-            if dec.graphs is not None and dec.graphs.serves("ddtree", b):  # what the rounds will replay
-                costs[b] = dec.graphs.verify_seconds(b + 1, toks.to(dec.device))
-                continue
-            pos = torch.arange(dec.cache.length, dec.cache.length + b + 1)
-            mask = torch.ones(b + 1, b + 1, dtype=torch.bool).tril()
-            times = []
-            for _ in range(3):  # NOTE: writes past the committed length only; nothing is committed
-                if dec.device.type == "cuda":
-                    torch.cuda.synchronize(dec.device)
-                t0 = time.perf_counter()
-                dec.forward(toks, pos, mask)
-                if dec.device.type == "cuda":
-                    torch.cuda.synchronize(dec.device)
-                times.append(time.perf_counter() - t0)
-            costs[b] = min(times)
+            costs[b] = dec.graphs.verify_seconds(b + 1, toks.to(dec.device))  # what the rounds will run
         return costs
 
     def ensure_costs(self) -> None:

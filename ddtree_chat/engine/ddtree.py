@@ -1,4 +1,6 @@
-"""The decoding round: draft -> tree -> verify -> accept -> commit (DESIGN 3), plus prefill.
+"""The decoding round: draft -> tree -> verify -> accept -> commit, plus prefill. The Decoder keeps the
+host's state (committed tokens, pending root, counts) and runs the round's programs (graphs.StaticRound),
+which an executor runs directly or replays as recorded CUDA graphs.
 
 State between calls: the target cache holds the committed tokens; `pending` is the last emitted token
 (the next round's root), not yet in the cache. The drafter context holds the committed tokens' features.
@@ -8,7 +10,6 @@ engine exactly at the emitted tokens."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,9 +21,9 @@ from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
 from .generation import MAX_BUDGET
 from .kv_cache import DraftCache, KVCache
-from .model import KimiModel, causal_mask
-from .ops.registry import dispatch, prefer_library
-from .tree import DraftTree, build_tree_topk, root_only, target_choice, walk_topk
+from .graphs import PREFILL_SIZES, StaticRound
+from .model import KimiModel
+from .tree import DraftTree, build_tree_topk, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 
@@ -37,21 +38,6 @@ class RoundResult:
     emitted: list[int]  # accepted tokens after the root, plus the bonus (truncated at a stop)
     t_draft: float
     t_target: float
-
-
-class _RecordingFailed(Exception):
-    pass
-
-
-def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
-    """[6N + 1] float64: tokens, parents, depth, draft log-probs, target choices, accepted flags, bonus."""
-    parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
-    return torch.cat([t.double().view(-1) for t in parts])
-
-
-def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
-    """pack_round_ref (eight launches as torch ops: a cast per part and the concatenation; one kernel)."""
-    return dispatch("pack_round", tree.tokens, pack_round_ref, tree, choice, ok, bonus)
 
 
 class Decoder:
@@ -79,9 +65,11 @@ class Decoder:
                 model.reserve_rope(max_len + MAX_TREE_POSITIONS, dtype)
         self.tokens: list[int] = []  # committed (in the cache)
         self.pending: int | None = None
-        self.graphs = None  # a graphs.StaticRound when rounds run on static buffers (set by the engine)
+        self.graphs = StaticRound(self, capture=False)  # the round's programs (the engine may record them)
         self._ahead = None  # a graphs.Flight launched before the previous round's result was read
-        self.run_ahead = True  # NOTE: off for drafters that read host state (the tests' oracle drafters)
+        # None: rounds run one ahead when recorded (a direct run gains nothing by it); True/False force it
+        # (off for drafters that read host state, such as the tests' oracle drafters)
+        self.run_ahead: bool | None = None
 
     @property
     def max_len(self) -> int:
@@ -108,15 +96,6 @@ class Decoder:
         """(committed length, drafter entries, root token): what a round's programs read from the device."""
         return self.cache.length, self.dcache.length if self.dcache is not None else 0, root
 
-    def _commit(self, nodes: list[int], tokens: list[int], feats: torch.Tensor | None) -> None:
-        start = self.cache.length
-        self.cache.commit(nodes)
-        self.tokens.extend(tokens)
-        if self.drafter is not None and feats is not None:
-            idx = torch.tensor(nodes, device=feats.device)  # NOTE: by node index along the path, not the first n rows
-            pos = torch.arange(start, start + len(nodes), device=self.device)
-            self.dcache.append(*self.drafter.context_kv_stacked(feats[idx].to(self.draft_dtype), pos), start + len(nodes))
-
     def prefill(self, ids: list[int], drafting: bool = True) -> torch.Tensor:
         """Bring the state to `ids` (reusing the longest common committed prefix); returns the logits
         [V] for the token after ids[-1]. Afterwards all of ids are committed and nothing is pending.
@@ -142,36 +121,32 @@ class Decoder:
         self.pending = None
         self._ahead = None  # NOTE: a round launched past the last reply's end is never read
         new = ids[lcp:]
-        t = len(new)
         drafting = drafting and self.dcache is not None
-        chunks = self._prefill_chunks(t, drafting) if self.graphs is not None else None
-        if chunks is not None:
-            return self._prefill_static(new, chunks, drafting)
-        with prefer_library():  # NOTE: eager: launch cost is host time here
-            logits, feats = self.forward(torch.tensor(new), torch.arange(lcp, lcp + t), causal_mask(t), features=drafting,
-                                         rows=torch.tensor([t - 1], device=self.device))
-            self._commit(list(range(t)), new, feats)
-        return logits[0]
+        return self._prefill_chunks(new, self._chunks(len(new), drafting), drafting)
 
-    def _prefill_chunks(self, t: int, drafting: bool) -> list[tuple[int, int]] | None:
-        """(recorded rows, prompt tokens) per chunk of a static prefill, largest chunks first; None when
-        the padded chunks would not fit the context (near its end: the eager forward takes it)."""
-        sizes = self.graphs.prefill_sizes(drafting)
-        chunks, room = [], self.max_len - self.cache.length
-        while t > 0 and sizes:
-            n = next((s for s in sizes if s >= t), sizes[-1])
-            if n > room:
-                return None
-            chunks.append((n, min(n, t)))
-            t -= chunks[-1][1]
-            room -= chunks[-1][1]
-        return chunks or None
+    def _chunks(self, t: int, drafting: bool) -> list[tuple[int, int]]:
+        """(program rows, prompt tokens) per prefill chunk. Recorded chunks are padded to the recorded sizes
+        (largest first) while they fit the context; otherwise (near its end, or not recording) each chunk
+        runs exactly its tokens, at most the largest recorded size at a time."""
+        sr, room = self.graphs, self.max_len - self.cache.length
+        sizes = sr.prefill_sizes(drafting)
+        if sr.pads_prefill and sizes:
+            chunks, left = [], t
+            while 0 < left and chunks is not None:
+                n = next((s for s in sizes if s >= left), sizes[-1])
+                chunks = chunks + [(n, min(n, left))] if n <= room else None
+                left, room = left - min(n, left), room - min(n, left)
+            if chunks is not None:
+                return chunks
+        step = min(PREFILL_SIZES[-1], self.dcache.capacity if drafting else self.max_len)
+        return [(min(step, t - i), min(step, t - i)) for i in range(0, t, step)]
 
-    def _prefill_static(self, new: list[int], chunks: list[tuple[int, int]], drafting: bool) -> torch.Tensor:
-        """The prompt through the recorded prefill chunks (graphs.StaticRound.prefill); the logits [V] of
-        its last token. NOTE: one upload (the tokens and every chunk's state, the drafter window's slides
-        worked out ahead as make_room() will make them), then no host sync until the caller reads them.
-        The device state is left at the last chunk's start: the next round's begin() writes the committed one."""
+    def _prefill_chunks(self, new: list[int], chunks: list[tuple[int, int]], drafting: bool) -> torch.Tensor:
+        """The prompt through the prefill program (graphs.StaticRound.prefill), chunk by chunk; the logits
+        [V] of its last token. NOTE: one upload (the tokens and every chunk's state, the drafter window's
+        slides worked out ahead as make_room() will make them), then no host sync until the caller reads
+        them. The device state is left at the last chunk's start: the next round's begin() writes the
+        committed one."""
         sr = self.graphs
         meta, (start, entries, _) = [], self.committed_state(0)
         for n, r in chunks:
@@ -186,12 +161,7 @@ class Decoder:
                 self.dcache.make_room(n)  # NOTE: the chunk writes n rows, r of which count
             sr.begin_chunk(staged[len(new) + 4 * i : len(new) + 4 * i + 4], staged[off : off + r])
             key = ("prefill", n, drafting)
-            try:
-                sr.record(key)
-            except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: as a round's: eager from now on
-                log.warning("CUDA graphs off, rounds run eagerly: %s", str(e).splitlines()[0][:200])
-                self.graphs = None
-                return self.prefill(self.tokens + new[off:], drafting)
+            self._record([key])
             logits = sr.run(key)
             self.cache.advance(r)
             self.tokens.extend(new[off : off + r])
@@ -199,6 +169,18 @@ class Decoder:
                 self.dcache.advance(r, self.cache.length)
             off += r
         return logits[0]
+
+    def _record(self, keys) -> None:
+        """Record these programs if the executor records; a program that cannot be recorded (an op that
+        cannot be captured, no memory) turns recording off: it and every later one run directly."""
+        if not self.graphs.capture:
+            return
+        try:
+            self.graphs.prepare(keys)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            log.warning("CUDA graphs off, rounds run eagerly: %s", str(e).splitlines()[0][:200])
+            self.graphs.stop_recording()
+            self._ahead = None
 
     # -- one speculative round --------------------------------------------------------------------
     def block_logits(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:
@@ -208,15 +190,6 @@ class Decoder:
             return self.target.head(self.drafter(self.target.embed_tokens(block), pos, ctx, mask)[1:])
         hidden = self.drafter(F.embedding(block, self.draft_embed), pos, ctx, mask)
         return hidden[1:] @ self.draft_head.T
-
-    def draft_logits(self, root: int) -> torch.Tensor:
-        """The drafter's logits [B-1, V] for the block after `root` (at the cache end)."""
-        b = self.dcfg.block_size
-        start = self.cache.length  # the root's position
-        block = torch.full((b,), self.dcfg.mask_token_id, dtype=torch.long, device=self.device)
-        block[0] = root  # NOTE: slot 0 must hold the real bonus token
-        pos = torch.arange(start, start + b, device=self.device)
-        return self.block_logits(block, pos, self.dcache.layers())
 
     @staticmethod
     def tree_from_logits(root, logits: torch.Tensor, mode: str, budget: int, out=None) -> DraftTree:
@@ -228,64 +201,30 @@ class Decoder:
         return build_tree_topk(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
 
     @torch.no_grad()
-    def draft(self, root: int, mode: str, budget: int) -> DraftTree:
-        if mode == "ar" or self.drafter is None or budget == 0:
-            return root_only(root, self.device)
-        return self.tree_from_logits(root, self.draft_logits(root), mode, budget)
-
-    @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
               stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
               then: Callable[[], int | None] | None = None) -> RoundResult:
-        """One round from the pending token. `room`: tokens still allowed (>= 1). `choose` may cut the
-        drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next round will
-        verify whole (None: it will not be a fixed-size round); default: this round's own, when it has
-        no `choose`."""
-        if self.graphs is not None and self.graphs.serves(mode, budget):
-            return self._round_static(mode, budget, temperature, top_p, gen, stop_ids, room, choose, then)
-        with prefer_library():
-            return self._round_eager(mode, budget, temperature, top_p, gen, stop_ids, room, choose)
-
-    def _round_eager(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose) -> RoundResult:
-        t0 = time.perf_counter()
-        tree = self.draft(self.pending, mode, budget)
-        if choose is not None and tree.size > 1:
-            tree = tree.prefix(choose(tree))
-        t1 = time.perf_counter()
-        start = self.cache.length
-        logits, feats = self.forward(tree.tokens, tree.positions(start), tree.mask(), features=mode != "ar")
-        choice = target_choice(logits, temperature, top_p, gen)
-        ok, bonus = walk_topk(tree, choice)
-        host_tree, path, emitted = self._outcome(pack_round(tree, choice, ok, bonus), tree.size, stop_ids, room)
-        m = len(emitted)
-        # NOTE: the cache keeps the root and the accepted nodes before the last emitted token,
-        # which becomes the next root.
-        self._commit(path[:m], [self.pending] + emitted[:-1], feats)
-        self.pending = emitted[-1]
-        return RoundResult(tree, host_tree, path, emitted, t1 - t0, time.perf_counter() - t1)
-
-    def _round_static(self, mode, budget, temperature, top_p, gen, stop_ids, room, choose, then) -> RoundResult:
-        """round() through graphs.StaticRound: the same math on static buffers (CUDA graphs on GPU).
-        Greedy rounds followed by a fixed-size one run one ahead: the next round is launched (on the state
-        this round's accept leaves on the device) before this one's result is read, so the GPU works while
-        the host reads; a round launched past a stop or the limit is simply never read (it wrote scratch only)."""
-        key, sr = (mode, budget), self.graphs
+        """One round from the pending token. `room`: tokens still allowed (>= 1). `choose(tree, cum_mass)`
+        may cut the drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next
+        round will verify whole (None: it will not be a fixed-size round); default: this round's own, when
+        it has no `choose`. Greedy rounds followed by a fixed-size one run one ahead when recorded: the next
+        round is launched (on the state this round's accept leaves on the device) before this one's result
+        is read, so the GPU works while the host reads; a round launched past a stop or the limit is simply
+        never read (it wrote scratch only)."""
+        sr = self.graphs
+        if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
+            mode, budget, choose, then = "ar", 0, None, None
+        key = (mode, budget)
         flight, self._ahead = self._ahead, None
         if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead(temperature)):
             flight = None  # launched for another kind of round: never read
-        try:
-            if flight is None:
-                flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
-            # NOTE: asked after the launch: a choosing round has made its choice by now
-            nxt = (budget if choose is None else None) if then is None else then()
-            if (nxt is not None and self.runs_ahead(temperature) and sr.serves(mode, nxt)
-                    and self._room_ahead(flight.n, sr.plan(mode, nxt, False)[0])):
-                self._ahead = self._launch(mode, nxt, 0.0, 1.0, None, None, fresh=False)
-        except _RecordingFailed as e:  # NOTE: a new size or span that cannot be recorded: eager from now on
-            log.warning("CUDA graphs off, rounds run eagerly: %s", e)
-            self.graphs, self._ahead = None, None
-            if flight is None:  # this round's own launch failed
-                return self.round(mode, budget, temperature, top_p, gen, stop_ids, room, choose)
+        if flight is None:
+            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
+        # NOTE: asked after the launch: a choosing round has made its choice by now
+        nxt = (budget if choose is None else None) if then is None else then()
+        if (nxt is not None and self.runs_ahead(temperature) and sr.fits(mode, nxt)
+                and self._room_ahead(flight.n, sr.plan(mode, nxt, False)[0])):
+            self._ahead = self._launch(mode, nxt, 0.0, 1.0, None, None, fresh=False)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
         t_draft, t_target = flight.clock.split()
@@ -302,8 +241,9 @@ class Decoder:
         return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target)
 
     def runs_ahead(self, temperature: float) -> bool:
-        """Whether fixed-size rounds at this temperature run one ahead (graph path, greedy)."""
-        return self.graphs is not None and self.run_ahead and temperature <= 0
+        """Whether fixed-size rounds at this temperature run one ahead (recorded rounds, greedy)."""
+        ahead = self.graphs.capture if self.run_ahead is None else self.run_ahead
+        return ahead and temperature <= 0
 
     def _room_ahead(self, n: int, n_next: int) -> bool:
         """Whether a round of n_next nodes launched now, before this n-node round's path is known, surely
@@ -324,10 +264,7 @@ class Decoder:
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
-        try:
-            sr.prepare(mode, budget, sizes, choosing, held)
-        except (RuntimeError, torch.OutOfMemoryError) as e:
-            raise _RecordingFailed(str(e).splitlines()[0][:200]) from e
+        self._record(sr.round_keys(mode, budget, sizes, choosing, held))
         if fresh:
             sr.begin(*self.committed_state(self.pending))
         clock = sr.clock()

@@ -168,9 +168,9 @@ class Engine:
         return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx, tp, checkpoint_fingerprint(model_dir, draft_dir))
 
     def use_graphs(self, capture: bool = True, progress: Progress = None) -> None:
-        """Rounds on static buffers (graphs.StaticRound), recorded as CUDA graphs when `capture`; records
-        the AR, dflash and auto-budget rounds now (reported through `progress`). NOTE: one GPU only
-        (collectives are not captured)."""
+        """A new executor of the round's programs (graphs.StaticRound), recording them as CUDA graphs when
+        `capture`; records the AR, dflash and auto-budget rounds now (reported through `progress`). NOTE:
+        one GPU only (collectives are not captured)."""
         from .budget import CANDIDATES
         from .graphs import StaticRound
 
@@ -186,8 +186,7 @@ class Engine:
                 seconds = dec.graphs.warm(rounds, progress)
         except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: an op that cannot be captured, or OOM
             log.warning("CUDA graphs unavailable, rounds run eagerly: %s", str(e).splitlines()[0][:200])
-            dec.graphs = None
-            torch.cuda.empty_cache()
+            dec.graphs.stop_recording()
             return
         log.info("recorded %d CUDA graphs in %.2f s", len(dec.graphs.graphs), seconds)
 
@@ -249,8 +248,8 @@ class Engine:
             "max_context": self.decoder.max_len,
             "modes": ["ddtree", "dflash", "ar"] if self.drafter is not None else ["ar"],
             "block_size": self.dcfg.block_size if self.dcfg else None,
-            "cuda_graphs": len(self.decoder.graphs.graphs) if self.decoder.graphs is not None else 0,
-            "graph_capture_s": round(self.decoder.graphs.capture_s, 3) if self.decoder.graphs is not None else 0.0,
+            "cuda_graphs": len(self.decoder.graphs.graphs),
+            "graph_capture_s": round(self.decoder.graphs.capture_s, 3),
         }
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -314,7 +313,7 @@ class Engine:
         logits = dec.prefill(ids, drafting=mode != "ar")
         if auto:
             if self._auto is None:
-                how = "graphs" if dec.graphs is not None and dec.graphs.capture else "eager"
+                how = "graphs" if dec.graphs.capture else "eager"
                 self._auto = AutoBudget(dec, self.tp, f"v4-{self.fingerprint[:16]}-{_machine(self.device)}-{dec.dtype}-"
                                                       f"tp{self.tp.world}-{how}")
             self._auto.ensure_costs()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 MODES = ("ddtree", "dflash", "ar")
 MAX_BUDGET = 1023  # tree nodes past the root a round may draft (the rope table reserves these positions)
+AUTO_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)  # the tree sizes --budget auto chooses among
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""CUDA-graph capture of the round (DESIGN 5). The round runs as three static-shape programs, each
-recorded once per tree size and then replayed: draft (drafter + tree build), verify (target over the
-tree + greedy choice), accept (verify walk, KV compaction of the path, drafter context update, packing).
-A prompt runs as a fourth kind, prefill chunks (PREFILL_SIZES): a Python-launched forward cost ~15 ms of
-host time for 0.3 ms of kernels on the demo (BENCHMARKS.md, thirteenth session).
+"""The round as static-shape programs over explicit buffers and caches, and their executor: draft
+(drafter + tree build), verify (target over the tree + greedy choice), accept (verify walk, KV compaction
+of the path, drafter context update, packing), and prefill chunks for a prompt. The executor runs a
+program directly (CPU, `--eager`, tensor parallel, shapes not recorded) or, recording (one GPU), records
+it once as a CUDA graph per shape and replays it: a Python-launched demo forward cost ~15 ms of host time
+for 0.3 ms of kernels (BENCHMARKS.md, thirteenth session).
 
 NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
 entries, root token) into one device buffer that the programs read, so a graph replays at any length;
@@ -21,11 +22,14 @@ import time
 
 import torch
 
+from .generation import AUTO_BUDGETS, MAX_BUDGET
 from .model import causal_mask
-from .tree import DraftTree, path_scores, walk_commit
+from .ops.registry import prefer_library
+from .tree import DraftTree, pack_round, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
-MAX_NODES = 257  # tree sizes served (budget <= 256); larger trees take the eager round
+MAX_NODES = MAX_BUDGET + 1  # tree nodes a round may have (root included)
+MAX_RECORDED = 257  # tree sizes recorded as graphs (budget <= 256); larger trees run directly
 MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
 PREFILL_SIZES = (16, 64, 256)  # prompt chunk rows recorded; a chunk's rows past its tokens are scratch
 RECORDING = "recording CUDA graphs"  # the `what` of Engine.load's progress calls while warm() records
@@ -104,6 +108,7 @@ class StaticRound:
         cap = dec.dcache.capacity if dec.dcache is not None else 0
         self.arange = torch.arange(max(n, cap, self.block), **long)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pads_prefill = capture  # prompt chunks padded to the recorded sizes (tests set it on the CPU)
         self.graphs: dict[tuple, tuple] = {}  # key -> (CUDAGraph, static outputs)
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
         self.capture_s = 0.0
@@ -114,22 +119,29 @@ class StaticRound:
                          self.cum_mass)
 
     # -- which rounds, which programs ----------------------------------------------------------------
-    def serves(self, mode: str, budget: int) -> bool:
-        """NOTE: never a tree larger than the context: recording it would write rows past the cache (the
-        kernels take the slots as given), and no round of it can run."""
-        n = 1 if mode == "ar" or self.dec.drafter is None else (self.block if mode == "dflash" else budget + 1)
-        return n <= min(MAX_NODES, self.dec.max_len) and (n == 1 or self.dec.dcache.capacity >= self.block)
+    def fits(self, mode: str, budget: int) -> bool:
+        """Whether this round's nodes fit the context (and, drafting, its block the drafter's window)."""
+        n = self.nodes(mode, budget)
+        return n <= self.dec.max_len and (n == 1 or self.dec.dcache.capacity >= self.block)
+
+    def nodes(self, mode: str, budget: int) -> int:
+        return 1 if mode == "ar" or self.dec.drafter is None else (self.block if mode == "dflash" else budget + 1)
+
+    def recordable(self, key: tuple) -> bool:
+        """Recorded: prefill chunks of the recorded sizes, rounds of at most MAX_RECORDED nodes (a larger
+        graph would hold a large share of the pool for rare budgets)."""
+        if not self.capture:
+            return False
+        if key[0] == "prefill":
+            return key[1] in PREFILL_SIZES
+        return (self.nodes(key[1], key[2]) if key[0] == "draft" else key[1]) <= MAX_RECORDED
 
     def plan(self, mode: str, budget: int, choosing: bool) -> tuple[int, list[int]]:
         """(nodes drafted, root included; the tree sizes this round may verify)."""
-        if mode == "ar" or self.dec.drafter is None:
-            return 1, [1]
-        n = self.block if mode == "dflash" else budget + 1
-        if not choosing:
+        n = self.nodes(mode, budget)
+        if n == 1 or not choosing:
             return n, [n]
-        from .budget import CANDIDATES  # NOTE: the auto budget cuts to one of its candidate sizes
-
-        return n, [c + 1 for c in CANDIDATES if c + 1 <= n]
+        return n, [c + 1 for c in AUTO_BUDGETS if c + 1 <= n]  # NOTE: the auto budget cuts to a candidate size
 
     def draft_key(self, mode: str, budget: int, choosing: bool = False, held: int | None = None) -> tuple:
         """NOTE: the draft attends a power-of-two span of the drafter cache that covers its entries, not
@@ -154,7 +166,7 @@ class StaticRound:
         an `ar` or `dflash` round's nodes are a chain, so its accepted path is already in place."""
         return ("accept", n, self.drafting(mode), mode != "ddtree" or n == 1)
 
-    def _keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None):
+    def round_keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None = None):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
@@ -175,41 +187,42 @@ class StaticRound:
             return lambda: self.verify(key[1], key[2])
         return lambda: self.accept(key[1], self.outputs[("verify", key[1], True)][1] if key[2] else None, key[3])
 
-    def prepare(self, mode: str, budget: int, sizes: list[int], choosing: bool = False,
-                held: int | None = None) -> None:
-        """Record the programs this round may need (a recording leaves the device state as it was)."""
-        if self.capture:
-            for key in self._keys(mode, budget, sizes, choosing, held):
-                self._ensure(key)
+    def prepare(self, keys) -> None:
+        """Record the programs of these keys that are recordable and not recorded yet (a recording leaves
+        the device state as it was)."""
+        for key in keys:
+            if key not in self.graphs and self.recordable(key):
+                try:
+                    self.graphs[key] = self._record(key)
+                except RuntimeError as e:
+                    raise RuntimeError(f"recording {key}: {e}") from e
+                self.outputs[key] = self.graphs[key][1]
 
-    def record(self, key: tuple) -> None:
-        """Record one program now (when capturing), unless it is recorded already."""
-        if self.capture:
-            self._ensure(key)
-
-    def _ensure(self, key: tuple) -> None:
-        if key not in self.graphs:
-            try:
-                self.graphs[key] = self._record(key)
-            except RuntimeError as e:
-                raise RuntimeError(f"recording {key}: {e}") from e
-            self.outputs[key] = self.graphs[key][1]
+    def stop_recording(self) -> None:
+        """From now on every program runs directly (a program could not be recorded)."""
+        cuda = self.dec.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.dec.device)  # NOTE: no replay in flight while its graph goes
+        self.capture = self.pads_prefill = False
+        self.graphs.clear()
+        self.outputs.clear()
+        if cuda:
+            torch.cuda.empty_cache()
 
     def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
         """Record every program of these (mode, budget, choosing) rounds and the prefill chunks now; returns
         the seconds spent. progress(done, total, RECORDING) after each round's programs and each prefill
         variant's (the first start compiles kernels here)."""
         before = self.capture_s
-        todo = [m for m in modes if self.serves(m[0], m[1])]
+        todo = [m for m in modes if self.fits(m[0], m[1])]
         variants = [False] + ([True] if self.dec.dcache is not None else [])
         total = len(todo) + len(variants)
         for i, (mode, budget, choosing) in enumerate(todo):
-            self.prepare(mode, budget, self.plan(mode, budget, choosing)[1], choosing)
+            self.prepare(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
             if progress:
                 progress(i + 1, total, RECORDING)
         for i, drafting in enumerate(variants):
-            for n in self.prefill_sizes(drafting):
-                self.record(("prefill", n, drafting))
+            self.prepare([("prefill", n, drafting) for n in self.prefill_sizes(drafting)])
             if progress:
                 progress(len(todo) + i + 1, total, RECORDING)
         return self.capture_s - before
@@ -269,7 +282,7 @@ class StaticRound:
         """Start the round's one device-to-host copy (into one of two pinned buffers per size, so a round
         launched ahead does not overwrite the one being read) and close its clock."""
         clock.mark()
-        if not self.capture:
+        if self.dec.device.type != "cuda":
             return Flight(key, n, packed.clone(), None, clock)
         bufs = self._pinned.setdefault(n, [torch.empty(packed.numel(), dtype=packed.dtype, pin_memory=True)
                                            for _ in range(2)])
@@ -280,11 +293,14 @@ class StaticRound:
         return Flight(key, n, bufs[0], event, clock)
 
     def run(self, key: tuple):
-        if self.capture:
+        """Replay the key's graph, or run its program directly (launched from Python: the library's
+        products, registry.prefer_library)."""
+        if key in self.graphs:
             graph, out = self.graphs[key]
             graph.replay()
             return out
-        self.outputs[key] = out = self._program(key)()
+        with prefer_library():
+            self.outputs[key] = out = self._program(key)()
         return out
 
     @torch.no_grad()
@@ -297,8 +313,7 @@ class StaticRound:
         self.tokens[:n].copy_(tokens[:n])  # NOTE: the root too (a drafting verify reads the draft's)
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
         key = ("verify", n, True)  # NOTE: as a ddtree round replays it
-        if self.capture:
-            self._ensure(key)
+        self.prepare([key])
         best = float("inf")
         for _ in range(repeats):
             if self.capture:
@@ -330,11 +345,14 @@ class StaticRound:
         Returns the logits [1, V] of row `last` only (a long prompt's every row would be [T, V] floats), in
         prompt_logits (outside the graphs' pool: the host reads them after other programs ran)."""
         dec = self.dec
-        if n not in self._causal:  # NOTE: made in the recording's warm-up run, outside the capture
-            self._causal[n] = causal_mask(n, dec.device)
+        mask = self._causal.get(n)
+        if mask is None:  # NOTE: made in the recording's warm-up run, outside the capture
+            mask = causal_mask(n, dec.device)
+            if self.recordable(("prefill", n, drafting)):
+                self._causal[n] = mask
         length = self.state[0:1]
         pos = length + self.arange[:n]
-        logits, feats = dec.forward(self.prompt[:n], pos, self._causal[n], SlotView(dec.cache, length, pos), drafting,
+        logits, feats = dec.forward(self.prompt[:n], pos, mask, SlotView(dec.cache, length, pos), drafting,
                                     rows=self.last)
         if drafting:
             k, v = dec.drafter.context_kv_stacked(feats.to(dec.draft_dtype), pos)
@@ -374,8 +392,6 @@ class StaticRound:
         """feats None: the drafter's context is not extended (and its device count not advanced). chain:
         node i is at depth i (ar, dflash), so the accepted path's rows are in place already (the moves
         would only write scratch rows past it)."""
-        from .ddtree import pack_round
-
         dec = self.dec
         tree = self.tree(n)
         choice = self.choice[:n]

@@ -229,3 +229,14 @@ def walk(tree: DraftTree, choice: torch.Tensor) -> tuple[list[int], int]:
             return path, picks[cur]
         cur = nxt
         path.append(cur)
+
+
+def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """[6N + 1] float64: tokens, parents, depth, draft log-probs, target choices, accepted flags, bonus."""
+    parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
+    return torch.cat([t.double().view(-1) for t in parts])
+
+
+def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """pack_round_ref (eight launches as torch ops: a cast per part and the concatenation; one kernel)."""
+    return dispatch("pack_round", tree.tokens, pack_round_ref, tree, choice, ok, bonus)
