@@ -15,6 +15,9 @@ def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tenso
     tensor [1] (the graphs' device count: the first that many context entries and the whole block are
     visible), or None (everything visible) -> [B, nh, d]. Query head h reads kv head h // (nh / kv)."""
     nkv = k_ctx.shape[-2]
+    if mask is not None and mask.dtype != torch.bool and mask.device.type == "cpu":
+        held = int(mask)  # NOTE: free on the CPU: slice the held entries instead of masking the span
+        k_ctx, v_ctx, mask = k_ctx[:held], v_ctx[:held], None
     if mask is not None and mask.dtype != torch.bool:
         b, n = q.shape[0], k_ctx.shape[0]
         held = torch.arange(n, device=q.device) < mask.to(q.device)

@@ -30,6 +30,8 @@ def mla_attention_ref(q_lat: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor
     """Absorbed form. q_lat [..., T, h, r], q_pe [..., T, h, p], ckv [..., S, r], kpe [..., S, p]
     with S >= prefix_len + T (an int, or a device tensor [1]); tree_mask [T, T] bool -> o_lat [..., T, h, r]."""
     t = q_lat.shape[-3]
+    if torch.is_tensor(prefix_len) and prefix_len.device.type == "cpu":
+        prefix_len = int(prefix_len)  # NOTE: free on the CPU: slice the prefix instead of masking the whole buffer
     if torch.is_tensor(prefix_len):
         visible = _slot_mask(prefix_len, tree_mask, ckv.shape[-2])
     else:
