@@ -78,6 +78,7 @@ class DDTreeChatApp(App):
         self._stop: threading.Event | None = None
         self._reply: AssistantMessage | None = None
         self._prompt_tokens = 0
+        self._meter = ""
         self._editing = False
         self._tree_shown = {False: True, True: False}  # by narrow layout: shown beside a wide chat, hidden under a narrow one
         self.exit_code = 0
@@ -129,6 +130,7 @@ class DDTreeChatApp(App):
         narrow = width < NARROW
         self.query_one("#main").set_class(narrow, "narrow")
         self.query_one(TreePanel).display = self._tree_shown[narrow]
+        self._render_status()
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
@@ -347,10 +349,16 @@ class DDTreeChatApp(App):
                 log.exception("counting the context failed")
                 return
         left_out = self.session.window
-        line = f"context {used:,}/{self.max_context:,} tokens"
+        self._meter = f"context {used:,}/{self.max_context:,} tokens"
         if left_out:
-            line += f" · {left_out} older message{'s' if left_out != 1 else ''} left out"
-        self.query_one("#status-line", Static).update(line)
+            self._meter += f" · {left_out} older message{'s' if left_out != 1 else ''} left out"
+        elif used > self.max_context:
+            self._meter += " · the oldest turns are left out at the next message"
+        self._render_status()
+
+    def _render_status(self) -> None:
+        hidden = "" if self.query_one(TreePanel).display else "ctrl+t: DDTree panel"
+        self.query_one("#status-line", Static).update(" · ".join(part for part in (self._meter, hidden) if part))
 
     # -- retry, edit, copy -----------------------------------------------------------------
 
@@ -507,8 +515,6 @@ class DDTreeChatApp(App):
         self.query_one(TreePanel).reset()
         self.query_one(DebugPane).reset(self.piece)
         self._settings_changed()
-        self.query_one("#status-line", Static).update("")
-        self._show_context()
         self.note(note)
 
     def action_conversations(self) -> None:
