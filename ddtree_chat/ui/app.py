@@ -10,6 +10,7 @@ import logging
 import random
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +21,7 @@ from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
 from ddtree_chat import paths
 from ddtree_chat import settings as settings_mod
-from ddtree_chat.history import History, Message
+from ddtree_chat.history import Conversation, History, Message
 from ddtree_chat.settings import Settings, SettingsError
 from ddtree_chat.ui import commands, export
 from ddtree_chat.ui.chat_view import AssistantMessage, ChatInput, Note, UserMessage, answer_markdown
@@ -571,19 +572,23 @@ class DDTreeChatApp(App):
             self.new_chat("The open conversation was deleted; this is a new chat.")
 
     def export_conversation(self, path: str | None) -> None:
-        history, cid = self.session.history, self.session.conversation_id
-        if history is None or cid is None:
+        """Export what is on screen (an unsaved chat too), with this conversation's settings."""
+        session = self.session
+        if not session.messages:
             self.note("Nothing to export yet: send a message first.", "error")
             return
         try:
-            conv = history.get(cid)
+            saved = session.history.get(session.conversation_id) if session.history and session.conversation_id else None
+            now = time.time()
+            conv = Conversation(session.conversation_id or 0, session.title, saved.created if saved else now,
+                                saved.updated if saved else now, len(session.messages), dataclasses.asdict(self.settings))
             if path:
                 target = Path(path)
             else:
                 folder = paths.data_dir() / "exports"
                 folder.mkdir(exist_ok=True)  # NOTE: our own folder under the data dir, not one the user named
                 target = export.default_path(folder, conv)
-            out = export.write(conv, history.messages(cid), target)
+            out = export.write(conv, session.messages, target)
         except export.ExportError as err:
             self.note(str(err), "error")
             return
