@@ -160,6 +160,24 @@ async def submit(pilot, text: str) -> None:
     await pilot.pause()
 
 
+async def loaded(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.engine is not None)
+
+
+async def reply(pilot, text: str) -> None:
+    """Send text and wait for the whole reply."""
+    app = pilot.app
+    before = len(app.session.messages)
+    await submit(pilot, text)
+    await wait_until(pilot, lambda: len(app.session.messages) >= before + 2 and not app.generating)
+    await pilot.pause()
+
+
+def notes(app, kind: str | None = None) -> list[str]:
+    """The text of the notes in the conversation (kind "error": only the errors)."""
+    return [str(n.render()) for n in app.query(".note") if kind is None or n.has_class(kind)]
+
+
 def fake_app(engine: FakeEngine | None = None, **kwargs):
     from ddtree_chat.ui.app import DDTreeChatApp
 
