@@ -72,6 +72,21 @@ async def test_message_longer_than_the_context_is_refused_and_kept():
     assert History.open().conversations() == []
 
 
+async def test_a_prompt_that_cannot_be_built_is_one_line_and_kept():
+    engine = FakeEngine()
+
+    def broken(*args, **kwargs):
+        raise ValueError("no chat template")
+
+    engine.tokenizer.render_chat = broken
+    app = fake_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await submit(pilot, "hello")
+        (line,) = notes(app, "error")
+        assert "no chat template" in line and app.query_one("#input").text == "hello" and app.session.messages == []
+
+
 class FailsOnce(FakeEngine):
     def __init__(self):
         super().__init__()
@@ -129,6 +144,9 @@ async def test_edit_resends_the_last_message_in_place_of_the_old_turn():
         await submit(pilot, "/edit")
         box = app.query_one("#input")
         assert box.text == "second"
+        await pilot.press("escape")
+        assert box.text == "" and not app._editing, "Esc cancels the edit"
+        await submit(pilot, "/edit")
         await submit(pilot, "second, edited")
         await wait_until(pilot, lambda: len(app.session.messages) == 4 and not app.generating)
         assert texts(app, "UserMessage") == ["first", "second, edited"] and len(app.query("AssistantMessage")) == 2

@@ -78,6 +78,7 @@ class DDTreeChatApp(App):
         self._gen_id = 0
         self._stop: threading.Event | None = None
         self._reply: AssistantMessage | None = None
+        self._reply_settings = self.settings  # the settings the reply in progress was asked with
         self._prompt_tokens = 0
         self._meter = ""
         self._editing = False
@@ -216,7 +217,15 @@ class DDTreeChatApp(App):
     def _fit(self, messages: list[Message]) -> tuple[int, list[int]] | None:
         """(first message the model sees, prompt ids) for a reply to messages[-1], dropping the oldest turns
         when the whole history does not fit the context with room for the reply; None when the last
-        message alone does not fit (a note says so)."""
+        message alone does not fit or the prompt cannot be built (a note says why)."""
+        try:
+            return self._fit_or_raise(messages)
+        except Exception as err:  # noqa: BLE001 - e.g. a tokenizer error: one line, the message stays in the input
+            log.exception("preparing the prompt failed")
+            self.note(describe_error(err).replace("while loading the model", "while preparing the prompt"), "error")
+            return None
+
+    def _fit_or_raise(self, messages: list[Message]) -> tuple[int, list[int]] | None:
         s, tok = self.settings, self.engine.tokenizer
         rendered: dict[int, list[int]] = {}
 
@@ -245,12 +254,7 @@ class DDTreeChatApp(App):
         before = self.session.messages
         if self._editing:
             before = before[:self._last_user_index()]
-        try:
-            fitted = self._fit(before + [Message("user", text)])
-        except Exception as err:  # noqa: BLE001 - e.g. a tokenizer error: one line, the message stays in the input
-            log.exception("preparing the prompt failed")
-            self.note(describe_error(err).replace("while loading the model", "while preparing the prompt"), "error")
-            fitted = None
+        fitted = self._fit(before + [Message("user", text)])
         if fitted is None:
             box.give_back(text)
             return
@@ -274,7 +278,7 @@ class DDTreeChatApp(App):
         await log_widget.mount(self._reply)
         log_widget.anchor()
         self._prompt_tokens = len(prompt)
-        self._show_context()
+        self._show_context(len(prompt))
         self.query_one(TreePanel).start_reply(s.mode, s.budget)
         self.query_one(DebugPane).reset(self.piece)
         self._gen_id += 1
@@ -327,6 +331,10 @@ class DDTreeChatApp(App):
     def action_stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+        elif self._editing:
+            self._editing = False
+            self.query_one(ChatInput).clear()
+            self.note("Edit cancelled.")
 
     async def action_quit(self) -> None:
         if self._reply is not None and self._stop is not None:
@@ -400,7 +408,7 @@ class DDTreeChatApp(App):
         # NOTE: the same seed would sample the same reply again; at temperature 0 no seed changes it
         seed = random.randrange(2**31) if s.temperature > 0 else None
         if seed is None:
-            self.note("Temperature is 0: the reply will be the same (set /temp above 0 for a different one).")
+            self.note("At temperature 0 the same settings give the same reply (/temp above 0 varies it).")
         await self._generate(fitted[1], seed)
 
     def edit(self) -> None:
@@ -413,7 +421,7 @@ class DDTreeChatApp(App):
             return
         self._editing = True
         self.prefill(last.content)
-        self.note("Editing your last message: Enter sends it in place of the old turn (/new or ctrl+n discards the chat).")
+        self.note("Editing your last message: Enter sends it in place of the old turn; Esc cancels.")
 
     async def _remove_last_turn(self) -> None:
         log_widget = self.query_one("#log", VerticalScroll)

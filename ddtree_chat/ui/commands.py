@@ -24,7 +24,7 @@ COMMANDS = [
     ("/seed", "N", "sampling seed"),
     ("/think", "on|off", "let the model think before answering"),
     ("/retry", "", "write the last reply again (replaces it)"),
-    ("/edit", "", "put your last message back in the input; Enter resends it in place of the old turn"),
+    ("/edit", "", "put your last message back in the input: Enter resends it in place of the old turn, Esc cancels"),
     ("/copy", "[code]", "copy the last reply (code: its last code block) to the clipboard"),
     ("/new", "", "start a new conversation"),
     ("/list", "", "saved conversations (open, search, delete)"),
