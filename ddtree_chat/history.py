@@ -4,6 +4,9 @@ Every message is written in its own transaction when it completes (the user's wh
 the assistant's when done or stopped), so a crash loses at most the reply in progress.
 A corrupt database is moved aside (never overwritten) and a fresh one is started; a
 locked one is left alone and this session writes to a fresh file beside it.
+
+The schema version is kept in PRAGMA user_version and migrated forward at open, one step
+at a time (see MIGRATIONS); a database from a newer version is left untouched.
 """
 
 from __future__ import annotations
@@ -11,23 +14,23 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtree_chat import paths
 
 DB_FILE = "history.sqlite3"
-SCHEMA_VERSION = 1
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
+# NOTE: lists of single statements (executescript would commit the migration's transaction half-way)
+_TABLES = [
+    """CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     title TEXT NOT NULL,
     created REAL NOT NULL,
     updated REAL NOT NULL,
     settings TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS messages (
+)""",
+    """CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
@@ -35,9 +38,53 @@ CREATE TABLE IF NOT EXISTS messages (
     thinking TEXT NOT NULL DEFAULT '',
     meta TEXT NOT NULL DEFAULT '{}',
     created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
-"""
+)""",
+    "CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id)",
+]
+
+# Full-text index of the message text (external content: the text is stored once, in messages).
+_FTS = [
+    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(content, content='messages', content_rowid='id')",
+    """CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    END""",
+    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
+]
+
+
+def _fts_available(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.execute("CREATE VIRTUAL TABLE temp.fts_probe USING fts5(x)")
+        conn.execute("DROP TABLE temp.fts_probe")
+        return True
+    except sqlite3.OperationalError:  # an SQLite built without FTS5: search falls back to LIKE
+        return False
+
+
+def _to_v1(conn: sqlite3.Connection) -> None:
+    for statement in _TABLES:
+        conn.execute(statement)
+
+
+def _to_v2(conn: sqlite3.Connection) -> None:
+    if _fts_available(conn):
+        for statement in _FTS:
+            conn.execute(statement)
+
+
+MIGRATIONS = [_to_v1, _to_v2]  # MIGRATIONS[v] brings a version-v database to version v + 1
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class NewerSchemaError(sqlite3.DatabaseError):
+    """The database was written by a newer ddtree-chat; it is left as it is."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +94,8 @@ class Conversation:
     created: float
     updated: float
     message_count: int
+    settings: dict = field(default_factory=dict)
+    match: str = ""  # a search hit's context, for the conversation list
 
 
 @dataclass(frozen=True)
@@ -55,10 +104,16 @@ class Message:
     content: str
     thinking: str = ""
     meta: dict | None = None
+    id: int | None = None
 
 
 def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
+
+
+def _fts_query(text: str) -> str:
+    """Every word of `text` as a quoted prefix term (so user text never parses as FTS syntax)."""
+    return " ".join('"' + word.replace('"', '""') + '"*' for word in text.split())
 
 
 class History:
@@ -76,6 +131,8 @@ class History:
         path = Path(path) if path else paths.data_dir() / DB_FILE
         try:
             return cls(cls._connect(path, timeout), path)
+        except NewerSchemaError:
+            raise
         except sqlite3.OperationalError as err:
             if "locked" not in str(err).lower() and "busy" not in str(err).lower():
                 raise
@@ -104,9 +161,23 @@ class History:
         conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None)
         try:
             conn.execute("PRAGMA foreign_keys = ON")
-            # NOTE: touching the schema reads the file header, so corruption shows up here
-            # (not later, mid-conversation) and a lock shows up as "database is locked".
-            conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;")
+            # NOTE: BEGIN IMMEDIATE + reading the version reads the file header, so corruption shows up
+            # here (not later, mid-conversation) and a lock shows up as "database is locked".
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise NewerSchemaError(
+                        f"the conversation database {path} is from a newer ddtree-chat (schema {version}); "
+                        "it was left as it is")
+                for migrate in MIGRATIONS[version:]:
+                    migrate(conn)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
             if conn.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("quick_check failed")
         except BaseException:
@@ -141,6 +212,14 @@ class History:
             c.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
             return int(cur.lastrowid)
 
+    def delete_messages(self, message_ids: list[int]) -> None:
+        with self._tx() as c:
+            c.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in message_ids])
+
+    def set_settings(self, conversation_id: int, settings: dict) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE conversations SET settings = ? WHERE id = ?", (json.dumps(settings), conversation_id))
+
     def rename(self, conversation_id: int, title: str) -> None:
         with self._tx() as c:
             c.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
@@ -152,51 +231,54 @@ class History:
 
     # -- reading ------------------------------------------------------------------------
 
+    _LIST = ("SELECT c.id, c.title, c.created, c.updated, COUNT(m.id), c.settings FROM conversations c "
+             "LEFT JOIN messages m ON m.conversation_id = c.id {where} GROUP BY c.id ORDER BY c.updated DESC, c.id DESC")
+
+    def _list(self, where: str = "", args: tuple = ()) -> list[Conversation]:
+        rows = self._conn.execute(self._LIST.format(where=where), args).fetchall()
+        return [Conversation(*row[:5], json.loads(row[5] or "{}")) for row in rows]
+
     def conversations(self) -> list[Conversation]:
-        rows = self._conn.execute(
-            "SELECT c.id, c.title, c.created, c.updated, COUNT(m.id) FROM conversations c "
-            "LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
-        ).fetchall()
-        return [Conversation(*row) for row in rows]
+        return self._list()
 
     def get(self, conversation_id: int) -> Conversation | None:
-        return next((c for c in self.conversations() if c.id == conversation_id), None)
+        found = self._list("WHERE c.id = ?", (conversation_id,))
+        return found[0] if found else None
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self._conn.execute(
-            "SELECT role, content, thinking, meta FROM messages WHERE conversation_id = ? ORDER BY id",
+            "SELECT role, content, thinking, meta, id FROM messages WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         ).fetchall()
-        return [Message(role, content, thinking, json.loads(meta or "{}")) for role, content, thinking, meta in rows]
+        return [Message(role, content, thinking, json.loads(meta or "{}"), mid) for role, content, thinking, meta, mid in rows]
 
-    # -- export ------------------------------------------------------------------------
+    def has_fts(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone() is not None
 
-    def export_markdown(self, conversation_id: int, path: Path | None = None) -> Path:
-        conv = self.get(conversation_id)
-        if conv is None:
-            raise KeyError(conversation_id)
-        if path is None:
-            folder = paths.data_dir() / "exports"
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"conversation-{conv.id}-{_stamp()}.md"
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(to_markdown(conv.title, self.messages(conversation_id)), encoding="utf-8")
-        return path
-
-
-def to_markdown(title: str, messages: list[Message]) -> str:
-    out = [f"# {title}", ""]
-    names = {"system": "System", "user": "You", "assistant": "Assistant"}
-    for m in messages:
-        out += [f"## {names.get(m.role, m.role)}", ""]
-        if m.thinking.strip():
-            quoted = "\n".join("> " + line for line in m.thinking.strip().splitlines())
-            out += ["<details><summary>Thinking</summary>", "", quoted, "", "</details>", ""]
-        out += [m.content.rstrip(), ""]
-        if (m.meta or {}).get("stop_reason") == "stopped":
-            out += ["*(stopped)*", ""]
-    return "\n".join(out)
+    def search(self, text: str) -> list[Conversation]:
+        """Conversations whose title or messages contain every word of `text` (word prefixes), newest first."""
+        if not text.split():
+            return self.conversations()
+        words = text.split()
+        title_hit = " AND ".join("c.title LIKE ?" for _ in words)
+        like = tuple(f"%{w}%" for w in words)
+        snippets: dict[int, str] = {}
+        if self.has_fts():
+            rows = self._conn.execute(
+                "SELECT m.conversation_id, snippet(messages_fts, 0, '', '', '…', 8) FROM messages_fts "
+                "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH ? ORDER BY rank",
+                (_fts_query(text),)).fetchall()
+        else:
+            rows = self._conn.execute(
+                "SELECT conversation_id, substr(content, 1, 60) FROM messages WHERE "
+                + " AND ".join("content LIKE ?" for _ in words), like).fetchall()
+        for cid, snippet in rows:
+            snippets.setdefault(cid, " ".join(snippet.split()))
+        ids = tuple(snippets)
+        where = f"WHERE ({title_hit})" + (f" OR c.id IN ({','.join('?' * len(ids))})" if ids else "")
+        found = self._list(where, like + ids)
+        return [Conversation(c.id, c.title, c.created, c.updated, c.message_count, c.settings, snippets.get(c.id, ""))
+                for c in found]
 
 
 class _Transaction:

@@ -34,6 +34,11 @@ def test_main_layout_after_a_reply(snap_compare):
     assert snap_compare(fake_app(), terminal_size=SIZE, run_before=_one_reply)
 
 
+def test_narrow_layout_keeps_the_chat_wide(snap_compare):
+    # NOTE: under 110 columns the tree panel leaves the chat's side; the status line says how to show it
+    assert snap_compare(fake_app(), terminal_size=(90, 30), run_before=_one_reply)
+
+
 def test_debug_pane_one_round_back(snap_compare):
     async def run_before(pilot):
         await _one_reply(pilot)

@@ -80,7 +80,7 @@ def test_generation_updates_are_coalesced():
     run_generation(engine, [1, 2], FakeConfig(max_new_tokens=1000), threading.Event(), posted.append, gen_id=7, interval=0.05)
     updates = [m for m in posted if isinstance(m, GenerationUpdate)]
     assert isinstance(posted[-1], GenerationDone) and posted[-1].done["stop_reason"] in ("max_new_tokens", "stop_token")
-    rounds = sum(len(m.rounds) for m in updates)
+    rounds = sum(1 for m in updates for ev in m.rounds if not ev.get("prefill"))
     assert rounds == posted[-1].done["rounds"] and len(updates) < rounds / 10
     assert "".join(m.text for m in updates) == posted[-1].done["text"]
 
@@ -155,3 +155,41 @@ def test_loading_label_names_the_step():
     assert loading_label(EngineProgress(3, 10, "layers.0.mlp.gate.weight")) == "Loading the model… 3/10 tensors"
     label = loading_label(EngineProgress(2, 18, RECORDING))
     assert label.startswith("Recording CUDA graphs… 2/18") and "compiles GPU kernels" in label
+
+
+def test_code_blocks_of_a_reply():
+    from ddtree_chat.ui.copying import code_blocks
+
+    text = "a\n```py\none\n```\ntext ``` inline\n~~~\ntwo\n```\nstill two\n~~~\n````\nthree\n```\n````"
+    assert code_blocks(text) == ["one", "two\n```\nstill two", "three\n```"]
+    assert code_blocks("no code") == [] and code_blocks("```\nopen") == ["open"]
+
+
+def test_recall_walks_like_a_shell_history():
+    from ddtree_chat.ui.recall import Recall
+
+    r, entries = Recall(), ["one", "two"]
+    assert r.step(entries, "", 1) is None, "down in a fresh input does nothing"
+    assert r.step(entries, "", -1) == "two" and r.step(entries, "two", -1) == "one" and r.step(entries, "one", -1) == "one"
+    assert r.step(entries, "one", 1) == "two" and r.step(entries, "two", 1) == ""
+    assert r.step(entries, "typed", -1) is None and r.step([], "", -1) is None
+    r.step(entries, "", -1)
+    assert r.step(entries, "two edited", -1) is None, "an edited recall is the user's text now"
+
+
+def test_context_window_drops_whole_turns_with_slack():
+    from ddtree_chat.ui.context import SLACK, reply_room, window
+
+    roles = ["user", "assistant"] * 5 + ["user"]
+    cost = [10] * len(roles)  # every message: 10 tokens
+
+    def count(i):
+        return sum(cost[i:])
+
+    assert window(roles, 0, count, 200) == 0, "everything fits: nothing dropped"
+    start = window(roles, 0, count, 100)
+    assert roles[start] == "user" and count(start) <= 100 * (1 - SLACK) and count(start - 2) > 100 * (1 - SLACK)
+    assert window(roles, start, count, 100) == start, "the window holds while it fits"
+    assert window(roles, 0, count, 12) == 10, "no slack left: the last turn alone"
+    assert window(roles, 0, count, 9) is None, "the last message alone is too long"
+    assert reply_room(4096, 512) == 513 and reply_room(4096, 100_000) == 2049

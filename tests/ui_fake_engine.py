@@ -58,14 +58,15 @@ DEFAULT_REPLY = " Let| me| think| of| the| fox|</think>|The| quick| brown| fox| 
 class FakeEngine:
     """Replies with `reply` (tokens joined by "|"), a few tokens per round, with a made-up tree."""
 
-    def __init__(self, reply: str = DEFAULT_REPLY, delay: float = 0.0, has_drafter: bool = True, repeat: int = 1):
+    def __init__(self, reply: str = DEFAULT_REPLY, delay: float = 0.0, has_drafter: bool = True, repeat: int = 1,
+                 max_context: int = 4096):
         self.tokenizer = FakeTokenizer()
         self.reply_ids = _ids(reply) * repeat
         self.delay = delay
         self.prompts: list[list[int]] = []
         self.configs: list = []
         modes = ["ddtree", "dflash", "ar"] if has_drafter else ["ar"]
-        self.info = {"model": "fake-tiny", "device": "cpu", "tp": 1, "has_drafter": has_drafter, "max_context": 4096, "modes": modes}
+        self.info = {"model": "fake-tiny", "device": "cpu", "tp": 1, "has_drafter": has_drafter, "max_context": max_context, "modes": modes}
 
     @classmethod
     def load(cls, *args, progress=None, **kwargs):
@@ -75,13 +76,23 @@ class FakeEngine:
         return cls()
 
     def generate(self, prompt_ids, cfg, stop: threading.Event | None = None):
+        from ddtree_chat.engine.errors import ContextLengthError
+
+        max_context = self.info["max_context"]
+        if len(prompt_ids) + 1 > max_context:  # NOTE: the engine's prefill refuses a prompt that fills the context
+            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens but the context holds {max_context}")
         self.prompts.append(list(prompt_ids))
         self.configs.append(cfg)
         rng = random.Random(cfg.seed)
-        out: list[int] = []
+        # Like the engine: the prompt's forward yields the first token as a "prefill" event (not a round).
+        out: list[int] = self.reply_ids[:1]
+        yield {"event": "round", "prefill": True, "token_ids": list(out), "text": self.tokenizer.decode([t for t in out if t != 0]),
+               "accepted_length": 1, "tree": _tree(rng, [], 0), "budget": cfg.budget, "mode": cfg.mode, "elapsed_s": 0.01}
         rounds = 0
-        limit = min(cfg.max_new_tokens, len(self.reply_ids))
+        limit = min(cfg.max_new_tokens, len(self.reply_ids), max_context - len(prompt_ids))
         stop_reason = "max_new_tokens" if limit < len(self.reply_ids) else "stop_token"
+        if limit == max_context - len(prompt_ids) and limit < len(self.reply_ids):
+            stop_reason = "context"
         while len(out) < limit:
             if stop is not None and stop.is_set():
                 stop_reason = "stopped"
@@ -100,8 +111,8 @@ class FakeEngine:
             }
         yield {
             "event": "done", "token_ids": out, "text": self.tokenizer.decode([t for t in out if t != 0]), "rounds": rounds,
-            "target_forwards": rounds, "mean_accepted_length": len(out) / max(rounds, 1),
-            "tokens_per_second": 100.0 * len(out) / max(rounds, 1), "stop_reason": stop_reason,
+            "target_forwards": rounds + 1, "mean_accepted_length": len(out) / (rounds + 1),
+            "tokens_per_second": 100.0 * len(out) / (rounds + 1), "stop_reason": stop_reason,
         }
 
 
@@ -147,6 +158,24 @@ async def submit(pilot, text: str) -> None:
     box.text = text
     await pilot.press("enter")
     await pilot.pause()
+
+
+async def loaded(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.engine is not None)
+
+
+async def reply(pilot, text: str) -> None:
+    """Send text and wait for the whole reply."""
+    app = pilot.app
+    before = len(app.session.messages)
+    await submit(pilot, text)
+    await wait_until(pilot, lambda: len(app.session.messages) >= before + 2 and not app.generating)
+    await pilot.pause()
+
+
+def notes(app, kind: str | None = None) -> list[str]:
+    """The text of the notes in the conversation (kind "error": only the errors)."""
+    return [str(n.render()) for n in app.query(".note") if kind is None or n.has_class(kind)]
 
 
 def fake_app(engine: FakeEngine | None = None, **kwargs):

@@ -6,10 +6,12 @@ import re
 
 from textual import events
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static, TextArea
 
+from ddtree_chat.ui.recall import Recall
 from ddtree_chat.ui.thinking import ThinkSplitter, split_text
 
 NEWLINE_KEYS = {"ctrl+j", "shift+enter", "alt+enter", "ctrl+enter"}
@@ -57,7 +59,7 @@ class AssistantMessage(Vertical):
         answer, thinking, footer = self._initial
         title = f"Thinking ({_words(thinking)} words)" if thinking else "Thinking…"
         with Collapsible(title=title, collapsed=True, classes="thinking") as c:
-            c.display = bool(thinking) or self.splitter.in_think
+            c.display = bool(thinking.strip())  # shown once there is thinking text, never as an empty block
             yield Markdown(thinking, classes="thinking-text")
         yield Markdown(answer_markdown(answer), classes="answer")
         footer_widget = Static(footer, markup=False, classes="reply-footer")
@@ -73,7 +75,7 @@ class AssistantMessage(Vertical):
         think, answer = self.splitter.feed(text)
         if think:
             collapsible = self.query_one(".thinking", Collapsible)
-            collapsible.display = True
+            collapsible.display = bool(self.splitter.thinking.strip())
             collapsible.title = f"Thinking… ({_words(self.splitter.thinking)} words)"
             await self._stream("think", self.query_one(".thinking-text", Markdown)).write(think)
         if answer:
@@ -119,7 +121,16 @@ def _words(text: str) -> int:
 
 
 class ChatInput(TextArea):
-    """Enter sends; ctrl+j (or shift/alt+enter where the terminal reports them) adds a newline."""
+    """Enter sends; ctrl+j (or shift/alt+enter where the terminal reports them) adds a newline.
+
+    Up/Down in an empty input recall this chat's earlier messages (`entries` gives them);
+    PageUp/PageDown scroll the conversation, not the input.
+    """
+
+    BINDINGS = [
+        Binding("pageup", "app.scroll_chat(-1)", "Scroll up", show=False),
+        Binding("pagedown", "app.scroll_chat(1)", "Scroll down", show=False),
+    ]
 
     class Submitted(Message):
         def __init__(self, text: str):
@@ -128,6 +139,13 @@ class ChatInput(TextArea):
 
     def __init__(self, **kwargs):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self.entries = lambda: []
+        self.recall = Recall()
+
+    def give_back(self, text: str) -> None:
+        """Return a message the app could not take yet; keys typed since stay after it."""
+        self.text = text + self.text
+        self.move_cursor(self.document.end)
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -135,6 +153,10 @@ class ChatInput(TextArea):
             event.prevent_default()
             text = self.text
             if text.strip():
+                # NOTE: cleared here, not when the app handles the message: keys typed right after
+                # Enter land in an empty input instead of joining the text just sent.
+                self.clear()
+                self.recall.reset()
                 self.post_message(self.Submitted(text))
             return
         if event.key in NEWLINE_KEYS:
@@ -143,4 +165,12 @@ class ChatInput(TextArea):
             start, end = self.selection
             self._replace_via_keyboard("\n", start, end)
             return
+        if event.key in ("up", "down"):
+            recalled = self.recall.step(self.entries(), self.text, -1 if event.key == "up" else 1)
+            if recalled is not None:
+                event.stop()
+                event.prevent_default()
+                self.text = recalled
+                self.move_cursor(self.document.end)
+                return
         await super()._on_key(event)

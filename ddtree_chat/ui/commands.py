@@ -2,14 +2,15 @@
 
 The app provides: `settings`, `set_setting(name, value) -> str`, `new_chat()`,
 `export_conversation(path|None)`, `save_defaults()`, `note(text, kind)`,
-`action_conversations()`, `action_toggle_debug()`, `prefill(text)`.
+`action_conversations()`, `action_toggle_debug()`, `prefill(text)`, `retry()`, `edit()`, `copy(what)`.
 """
 
 from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ddtree_chat.settings import MODES, SettingsError
+from ddtree_chat import settings as settings_mod
+from ddtree_chat.settings import MAX_BUDGET, MODES, SettingsError
 
 # (command, argument, what it does) — /help prints this table
 COMMANDS = [
@@ -19,13 +20,16 @@ COMMANDS = [
     ("/top_p", "X", "nucleus sampling threshold, 0 < X ≤ 1"),
     ("/max", "N", "max new tokens per reply"),
     ("/mode", "ddtree|dflash|ar", "decoding mode"),
-    ("/budget", "N|auto", "DDTree node budget"),
+    ("/budget", "N|auto", f"DDTree node budget (0-{MAX_BUDGET}, or auto)"),
     ("/seed", "N", "sampling seed"),
     ("/think", "on|off", "let the model think before answering"),
+    ("/retry", "", "write the last reply again (replaces it)"),
+    ("/edit", "", "put your last message back in the input: Enter resends it in place of the old turn, Esc cancels"),
+    ("/copy", "[code]", "copy the last reply (code: its last code block) to the clipboard"),
     ("/new", "", "start a new conversation"),
-    ("/list", "", "saved conversations (open, delete)"),
+    ("/list", "", "saved conversations (open, search, delete)"),
     ("/rename", "TITLE", "rename this conversation"),
-    ("/export", "[PATH]", "export this conversation to Markdown"),
+    ("/export", "[PATH]", "export this conversation to Markdown (JSON when PATH ends in .json); never overwrites"),
     ("/save", "", "save the current settings as defaults"),
     ("/settings", "", "show the current settings"),
 ]
@@ -37,7 +41,10 @@ KEYS = [
     ("enter", "send"), ("ctrl+j", "newline in the input (also shift+enter where the terminal reports it)"),
     ("esc", "stop the reply (keeps what was generated)"), ("f2", "toggle the round-detail debug pane"),
     ("f3 / f4", "previous / next round in the debug pane ([ ] { } when its table has focus)"),
-    ("ctrl+n", "new chat"), ("ctrl+o", "conversations"), ("ctrl+t", "show/hide the DDTree panel"),
+    ("up / down", "in an empty input: your earlier messages in this chat"),
+    ("pgup / pgdn", "scroll the conversation"), ("ctrl+r", "copy the last reply"), ("ctrl+b", "copy its last code block"),
+    ("ctrl+n", "new chat"), ("ctrl+o", "conversations"),
+    ("ctrl+t", "show/hide the DDTree panel (below the chat when the window is narrow)"),
     ("ctrl+p", "command palette"), ("ctrl+q", "quit"),
 ]
 
@@ -74,6 +81,14 @@ def run_command(app, text: str) -> None:
             if not arg:
                 raise SettingsError(f"{name} needs a value: {name} {next(a for c, a, _ in COMMANDS if c == name)}.")
             app.note(app.set_setting(SETTING_OF[name], arg))
+        elif name == "/retry":
+            app.retry()
+        elif name == "/edit":
+            app.edit()
+        elif name == "/copy":
+            if arg not in ("", "code"):
+                raise SettingsError("/copy copies the last reply; /copy code its last code block.")
+            app.copy(arg)
         elif name == "/new":
             app.new_chat()
         elif name == "/list":
@@ -98,6 +113,16 @@ def run_command(app, text: str) -> None:
         app.note(str(err), "error")
 
 
+def parse_budget(value):
+    """A budget as the engine takes it: auto or 0-MAX_BUDGET (0: no drafted nodes), the range the CLI states."""
+    try:
+        return settings_mod.validate("budget", value)
+    except SettingsError:
+        if str(value).strip() == "0":
+            return 0
+        raise SettingsError(f"budget must be auto or a number from 0 to {MAX_BUDGET}, not {value!r}.") from None
+
+
 def describe(settings) -> str:
     return (
         f"mode {settings.mode or 'auto'} · budget {settings.budget} · temperature {settings.temperature:g} · "
@@ -120,6 +145,10 @@ def palette_commands(app):
                        ("Set max new tokens…", "/max "), ("Set tree budget…", "/budget "), ("Set seed…", "/seed "),
                        ("Export conversation to…", "/export ")):
         yield SystemCommand(label, f"type {cmd.strip()} VALUE in the input", lambda cmd=cmd: app.prefill(cmd))
+    yield SystemCommand("Retry", "write the last reply again", app.retry)
+    yield SystemCommand("Edit last message", "put it back in the input; Enter resends it", app.edit)
+    yield SystemCommand("Copy reply", "the last reply to the clipboard", app.copy)
+    yield SystemCommand("Copy code", "the last reply's last code block to the clipboard", lambda: app.copy("code"))
     yield SystemCommand("New chat", "start a new conversation", app.new_chat)
     yield SystemCommand("Conversations", "open or delete saved conversations", app.action_conversations)
     yield SystemCommand("Export conversation", "write it as Markdown under the data dir", lambda: app.export_conversation(None))

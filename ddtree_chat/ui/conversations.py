@@ -1,4 +1,4 @@
-"""Modal list of saved conversations: open, delete, or start a new one."""
+"""Modal list of saved conversations: search, open, delete, or start a new one."""
 
 from __future__ import annotations
 
@@ -9,14 +9,24 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Label, OptionList
+from textual.widgets import Footer, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from ddtree_chat.history import History
+from ddtree_chat.history import Conversation, History
 
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def describe(c: Conversation, current: int | None) -> str:
+    mark = "▶ " if c.id == current else "  "
+    line = f"{mark}{c.title}  ·  {plural(c.message_count, 'message')}  ·  {_when(c.updated)}  ·  #{c.id}"
+    return line + (f"\n    …{c.match}…" if c.match else "")
 
 
 class ConversationDeleted(Message):
@@ -32,6 +42,7 @@ class ConversationsScreen(ModalScreen):
         Binding("escape", "dismiss(None)", "Close"),
         Binding("n", "new", "New chat"),
         Binding("d,delete", "delete", "Delete"),
+        Binding("slash,ctrl+f", "search", "Search"),
     ]
 
     def __init__(self, history: History, current: int | None):
@@ -42,26 +53,40 @@ class ConversationsScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="conversations-box"):
-            yield Label("Conversations — enter open · d d delete · n new · esc close", id="conversations-title")
+            yield Label("Conversations — enter open · d d delete · n new · / search · esc close", id="conversations-title")
+            yield Input(placeholder="search the conversations (words in titles and messages)", id="conversations-search")
             yield OptionList(id="conversations-list")
         yield Footer()
 
     def on_mount(self) -> None:
         self._fill()
+        self.query_one(OptionList).focus()
+
+    @property
+    def query_text(self) -> str:
+        return self.query_one("#conversations-search", Input).value
 
     def _fill(self) -> None:
         options = self.query_one(OptionList)
         options.clear_options()
-        convs = self.history.conversations()
+        text = self.query_text
+        convs = self.history.search(text) if text.strip() else self.history.conversations()
         for c in convs:
-            mark = "▶ " if c.id == self.current else "  "
-            options.add_option(Option(f"{mark}{c.title}  ·  {c.message_count} messages  ·  {_when(c.updated)}", id=str(c.id)))
+            options.add_option(Option(describe(c, self.current), id=str(c.id)))
         if not convs:
-            options.add_option(Option("no saved conversations yet", id="none", disabled=True))
+            empty = f"nothing matches “{text.strip()}”" if text.strip() else "no saved conversations yet"
+            options.add_option(Option(empty, id="none", disabled=True))
         else:
-            current = next((i for i, c in enumerate(convs) if c.id == self.current), 0)
-            options.highlighted = current
-        options.focus()
+            options.highlighted = next((i for i, c in enumerate(convs) if c.id == self.current), 0)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self._fill()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(OptionList).focus()  # NOTE: enter in the search box goes to the results
+
+    def action_search(self) -> None:
+        self.query_one("#conversations-search", Input).focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         if event.option.id and event.option.id != "none":

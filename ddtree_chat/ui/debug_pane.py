@@ -47,7 +47,7 @@ class DebugPane(Vertical, can_focus=False):
         self.refresh_view()
 
     def add_rounds(self, rounds: list[dict]) -> None:
-        self.rounds.extend(rounds)
+        self.rounds.extend(ev for ev in rounds if not ev.get("prefill"))  # NOTE: the prompt's forward drafts no tree
         if self.index is None and self.display:
             self.refresh_view()
 

@@ -30,23 +30,34 @@ def log_path() -> Path:
 _handler: logging.FileHandler | None = None
 
 
-def setup_logging() -> Path:
-    """Tracebacks go to a file under the user state dir, never onto the screen."""
+def setup_logging() -> str | None:
+    """Tracebacks go to a file under the user state dir, never onto the screen.
+
+    Returns a one-line warning when that file cannot be used (the app then runs without it).
+    """
     global _handler
-    path = log_path()
-    root = logging.getLogger("ddtree_chat")
-    if _handler is not None and _handler.baseFilename == str(path.resolve()):
-        return path
-    if any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in logging.getLogger().handlers):
-        return path  # the CLI already logs there (records propagate to the root logger)
+    try:
+        path = log_path()
+        resolved = str(path.resolve())
+        root = logging.getLogger("ddtree_chat")
+        if _handler is not None and _handler.baseFilename == resolved:
+            return None
+        if any(getattr(h, "baseFilename", None) == resolved for h in logging.getLogger().handlers):
+            return None  # the CLI already logs there (records propagate to the root logger)
+        handler = logging.FileHandler(path, encoding="utf-8")  # NOTE: opened now, so an unwritable file fails here
+    except OSError as err:
+        quiet = logging.getLogger("ddtree_chat")
+        if not any(isinstance(h, logging.NullHandler) for h in quiet.handlers):
+            quiet.addHandler(logging.NullHandler())  # NOTE: else logging's last resort prints onto the TUI
+        return f"No log file this session: {err.strerror or err} ({getattr(err, 'filename', None) or 'state dir'})."
     if _handler is not None:  # the state dir changed (tests): move the one handler we own
         root.removeHandler(_handler)
         _handler.close()
-    _handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    _handler = handler
     _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(_handler)
     root.setLevel(logging.INFO)
-    return path
+    return None
 
 
 class EngineProgress(Message):
@@ -119,6 +130,13 @@ def describe_error(err: BaseException) -> str:
     return f"Unexpected error while loading the model: {type(err).__name__}: {err}"
 
 
+def _details() -> str:
+    try:
+        return f"Details were written to {log_path()}."
+    except OSError:
+        return "No log file could be written."
+
+
 class ErrorScreen(Screen):
     """A readable message in place of a traceback; the traceback is in the log file."""
 
@@ -134,5 +152,5 @@ class ErrorScreen(Screen):
             with Vertical(id="error-box"):
                 yield Static(self.title_text, id="error-title", markup=False)
                 yield Static(self.message, id="error-message", markup=False)
-                yield Static(f"Details were written to {log_path()}.\nPress q to quit.", id="error-hint", markup=False)
+                yield Static(f"{_details()}\nPress q to quit.", id="error-hint", markup=False)
         yield Footer()

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from ddtree_chat import settings as settings_mod
-from ddtree_chat.ui.loading import setup_logging
-
-log = logging.getLogger("ddtree_chat.ui")
 
 
 def engine_factory(args):
@@ -20,8 +16,10 @@ def engine_factory(args):
 def build_app(args):
     from ddtree_chat.ui.app import DDTreeChatApp
 
-    setup_logging()
-    settings, warning = settings_mod.load()
+    try:
+        settings, warning = settings_mod.load()
+    except OSError as err:  # e.g. the config dir is a file or unwritable: defaults, and one line in the chat
+        settings, warning = settings_mod.Settings(), f"Settings not loaded: {err.strerror or err} ({err.filename}); using defaults."
     warnings = [warning] if warning else []
     settings, problems = settings_mod.with_overrides(settings, args)
     warnings += problems

@@ -47,17 +47,24 @@ def device_label(info: dict) -> str:
         device = f"{device} ×{info['tp']}"
     return f"{device} graphs" if info.get("cuda_graphs") else device
 
+
 class Stats:
-    """Running numbers for the reply in progress (from event data only: no UI clock)."""
+    """Running numbers for the reply in progress (from event data only: no UI clock).
+
+    Counted as the engine's done event counts them: the prompt's forward (the "prefill"
+    event) adds a token and a forward but no round, so the panel and the reply footer agree.
+    """
 
     def __init__(self):
         self.rounds = 0
+        self.forwards = 0
         self.tokens = 0
         self.elapsed = 0.0
         self.done: dict | None = None
 
     def add(self, ev: dict) -> None:
-        self.rounds += 1
+        self.rounds += 0 if ev.get("prefill") else 1
+        self.forwards += 1
         self.tokens += len(ev.get("token_ids") or ())
         self.elapsed += float(ev.get("elapsed_s") or 0.0)  # NOTE: the engine reports per-round time
 
@@ -71,7 +78,7 @@ class Stats:
     def per_forward(self) -> float | None:
         if self.done and self.done.get("mean_accepted_length") is not None:
             return float(self.done["mean_accepted_length"])
-        return self.tokens / self.rounds if self.rounds else None
+        return self.tokens / self.forwards if self.forwards else None
 
 
 class TreePanel(Vertical):
@@ -98,6 +105,15 @@ class TreePanel(Vertical):
 
     def configure(self, info: dict, piece, mode: str, budget: int | None) -> None:
         self.info, self.piece, self.mode, self.budget = info, piece, mode, budget
+        self._render_stats()
+
+    def reset(self) -> None:
+        """A new chat: no tree, no history of accepted lengths, no numbers."""
+        self.lengths.clear()
+        self.last_round = None
+        self.stats = Stats()
+        self.query_one("#tree-view", Static).update("waiting for the first round…")
+        self.query_one(Sparkline).data = []
         self._render_stats()
 
     def start_reply(self, mode: str, budget: int | None) -> None:
