@@ -182,7 +182,7 @@ def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
     if not args.json:
         sys.stdout.write("\n" if not splitter.answer.endswith("\n") else "")
         sys.stdout.flush()
-    if splitter.in_think and not splitter.answer:
+    if splitter.in_think and not splitter.answer and not args.json:
         _note("the reply ended while the model was still thinking: no answer (--show-thinking shows the thinking).")
     meta = meta_for(done, settings)
     if done["stop_reason"] == "interrupted":
