@@ -156,19 +156,17 @@ def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
     engine = load_engine(args)
     load_s = time.perf_counter() - t0
     cfg = generation_config(settings, engine.drafter is not None, mode_given=args.mode is not None)
-    tok = engine.tokenizer
     if args.raw:
-        ids = tok.encode(text)
+        ids = engine.tokenizer.encode(text)
     else:
-        system = [{"role": "system", "content": settings.system}] if settings.system.strip() else []
-        ids = tok.render_chat(system + past + [{"role": "user", "content": text}], add_generation_prompt=True,
-                              thinking=settings.thinking)
-    store.add_user(text, _title(text), {k: getattr(settings, k) for k in CONVERSATION_FIELDS})
+        ids = _chat_ids(engine, settings, past, text, cfg.max_new_tokens)
 
     splitter = ThinkSplitter(in_think=settings.thinking and not args.raw)
     done = None
     with _Interrupt() as interrupt:
         for ev in engine.generate(ids, cfg, stop=interrupt.stop):
+            if ev.get("prefill"):  # NOTE: saved once the prompt fits and ran, so a failed prompt leaves no orphan turn
+                store.add_user(text, _title(text), {k: getattr(settings, k) for k in CONVERSATION_FIELDS})
             if ev["event"] == "done":
                 ev = done = dict(ev, load_s=load_s)
                 if interrupt.stop.is_set():
@@ -193,6 +191,27 @@ def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
         _note("interrupted.")
         return 130
     return 0
+
+
+def _chat_ids(engine, settings, past: list[dict], text: str, max_new_tokens: int) -> list[int]:
+    """The chat prompt; a continued conversation too long for the context loses its oldest turns (the system
+    prompt stays), so the prompt leaves room for the reply."""
+    system = [{"role": "system", "content": settings.system}] if settings.system.strip() else []
+    context = engine.info["max_context"]
+    room = context - min(max_new_tokens, context // 2)
+    kept = past
+    while True:
+        ids = engine.tokenizer.render_chat(system + kept + [{"role": "user", "content": text}],
+                                           add_generation_prompt=True, thinking=settings.thinking)
+        if len(ids) <= room or not kept:
+            break
+        kept = kept[1:]
+        while kept and kept[0]["role"] != "user":  # a turn is a question and its answer
+            kept = kept[1:]
+    if len(kept) < len(past):
+        _note(f"left out the {len(past) - len(kept)} oldest messages of this conversation to fit the context "
+              f"({context} tokens).")
+    return ids
 
 
 def _show(splitter: ThinkSplitter, text: str | None, args) -> None:

@@ -124,7 +124,8 @@ def _conversations(home):
 
 def test_demo_answer_only_piped_stdin_and_saved_conversations(tmp_path):
     """The demo pair (the default model): stdout is the answer without think tags; a piped file follows
-    --prompt; -c continues the saved exchange; piped text alone is a one-shot (not the TUI)."""
+    --prompt; -c continues the saved exchange; piped text alone is a one-shot (not the TUI); a continued
+    conversation drops its oldest turns to fit --context."""
     r = run_cli("--prompt", "Write a function that reverses a list", "--max-new-tokens", "16", "--show-thinking",
                 home=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -133,7 +134,7 @@ def test_demo_answer_only_piped_stdin_and_saved_conversations(tmp_path):
     first = _conversations(tmp_path)
     assert [role for role, _ in first[1]] == ["user", "assistant"] and first[1][1][1] == r.stdout.strip()
 
-    r = run_cli("--prompt", "explain this", "-c", "--max-new-tokens", "8", "--json", stdin="def f(x):\n    return x\n",
+    r = run_cli("--prompt", "explain this", "-c", "--max-new-tokens", "8", "--json", "--budget", "16", stdin="def f(x):\n    return x\n",
                 home=tmp_path)
     assert r.returncode == 0, r.stderr
     saved = _conversations(tmp_path)
@@ -142,9 +143,16 @@ def test_demo_answer_only_piped_stdin_and_saved_conversations(tmp_path):
     done = json.loads(r.stdout.splitlines()[-1])
     assert done["prompt_tokens"] > 20  # the first exchange is part of the prompt
 
-    r = run_cli("--max-new-tokens", "4", "--no-save", "--conversation", "1", stdin="only piped text\n", home=tmp_path)
+    r = run_cli("--max-new-tokens", "4", "--no-save", "--conversation", "1", "--budget", "16", stdin="only piped text\n", home=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and len(_conversations(tmp_path)[1]) == 4
+
+    # a conversation longer than the context loses its oldest turns instead of failing
+    r = run_cli("--prompt", "shorter?", "-c", "--context", "48", "--max-new-tokens", "4", "--json", "--budget", "16",
+                home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "oldest messages of this conversation to fit the context (48 tokens)" in r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["prompt_tokens"] <= 44 and len(_conversations(tmp_path)[1]) == 6
 
 
 def test_ctrl_c_under_json_ends_with_an_interrupted_done_event(model_args, tmp_path):
@@ -164,23 +172,20 @@ def test_ctrl_c_under_json_ends_with_an_interrupted_done_event(model_args, tmp_p
 def test_blocked_user_dirs_are_one_line_and_the_reply_still_comes(model_args, tmp_path):
     blocker = tmp_path / "home-is-a-file"
     blocker.write_text("")
-    r = run_cli(*model_args, "--prompt", "hi", "--max-new-tokens", "4", "--json", home=blocker)
+    r = run_cli(*model_args, "--prompt", "hi", "--max-new-tokens", "4", "--json", "--budget", "8", home=blocker)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"
     notes = [line for line in r.stderr.splitlines() if not line.startswith("[")]
     assert len(notes) == 1 and str(blocker) in notes[0] and "running without" in notes[0]
 
 
-def test_saved_model_defaults_flag_over_env_over_settings(tmp_path):
+def test_saved_model_defaults_env_over_settings(tmp_path):
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "settings.json").write_text(json.dumps({"model": "/nonexistent/saved-model"}))
     r = run_cli("--prompt", "hi", home=tmp_path)
     assert r.returncode == 1 and "/nonexistent/saved-model" in r.stderr
     r = run_cli("--prompt", "hi", home=tmp_path, env={"DDTREE_CHAT_MODEL": "/nonexistent/env-model"})
-    assert r.returncode == 1 and "/nonexistent/env-model" in r.stderr
-    r = run_cli("--prompt", "hi", "--model", "/nonexistent/flag-model", home=tmp_path,
-                env={"DDTREE_CHAT_MODEL": "/nonexistent/env-model"})
-    assert r.returncode == 1 and "/nonexistent/flag-model" in r.stderr
+    assert r.returncode == 1 and "/nonexistent/env-model" in r.stderr  # the flag over both: test_settings
 
 
 def test_completion_scripts_follow_the_parser(tmp_path):

@@ -32,7 +32,7 @@ def test_random_fallback_is_said_on_stderr(tmp_path):
     # NOTE: the demo dir pointed elsewhere stands for an install without it
     code = ("import pathlib, sys; import ddtree_chat.engine.default_model as d; d.DEMO_DIR = pathlib.Path(sys.argv[1]); "
             "from ddtree_chat.cli import main; raise SystemExit(main(['--prompt', 'hi', '--max-new-tokens', '2', "
-            "'--no-save', '--json']))")
+            "'--no-save', '--json', '--mode', 'ar']))")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "no-demo")], capture_output=True, text=True,
                        timeout=300, stdin=subprocess.DEVNULL, env=dict(os.environ, DDTREE_CHAT_HOME=str(tmp_path)))
     assert r.returncode == 0, r.stderr
