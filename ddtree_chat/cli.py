@@ -198,9 +198,12 @@ def main(argv=None) -> int:
     if "data" in unusable:
         args.save = False
     vars(args).update(settings_mod.load_choice(args, saved))
-    text = prompt_text(args)
+    try:
+        text = prompt_text(args)
+    except KeyboardInterrupt:  # e.g. Ctrl+C while `--prompt -` waits for the terminal
+        return 130
     if text is None:
-        if args.prompt is not None or not sys.stdin.isatty():
+        if not sys.stdin.isatty():
             _fail("nothing to answer: the prompt and stdin are empty (use --prompt TEXT, or pipe text in).", args.json)
             return 2
         from .ui.app import run_app
