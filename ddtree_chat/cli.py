@@ -1,6 +1,6 @@
-"""ddtree-chat command line: the interactive TUI, or one-shot generation with --prompt.
+"""ddtree-chat command line: the interactive TUI, or a one-shot reply (--prompt, or text piped to stdin).
 
-One-shot mode never imports Textual: text streams to stdout, a stats line goes to stderr, and
+One-shot mode never imports Textual: the answer streams to stdout, a stats line goes to stderr, and
 --json prints one JSON event per line."""
 
 from __future__ import annotations
@@ -8,54 +8,116 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import stat
 import sys
 import traceback
 
+from . import __version__
+from . import settings as settings_mod
+
 KEYS_HELP = """\
 keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, F2 draft-tree debug pane,
-  ctrl+p command palette, ctrl+q quit; type /help in the input for slash commands."""
+  ctrl+p command palette, ctrl+q quit; type /help in the input for slash commands.
+
+defaults: --model/--draft/--device/--context come from the flag, else the environment
+  (DDTREE_CHAT_MODEL, DDTREE_CHAT_DRAFT), else the settings file (/save in the chat writes it)."""
 
 
-def _budget(text: str):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', not {text!r}") from None
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (and a JSON error event under --json), never the usage block."""
+
+    json_errors = False
+
+    def error(self, message):
+        _fail(f"{message} (ddtree-chat --help lists the options)", self.json_errors)
+        raise SystemExit(2)
+
+
+def _fail(message: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"event": "error", "message": message}, ensure_ascii=False), flush=True)
+    print(f"ddtree-chat: {message}", file=sys.stderr, flush=True)
+
+
+def _setting(name: str):
+    """An argparse type that checks a value with the settings' rules (the TUI and the file use the same)."""
+    def parse(text: str):
+        try:
+            return settings_mod.validate(name, text)
+        except settings_mod.SettingsError as err:
+            raise argparse.ArgumentTypeError(str(err).rstrip(".")) from None
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="ddtree-chat",
-        description="Chat with Kimi K2.6 (or the built-in demo model) using DDTree speculative decoding.",
+        description="Chat with Kimi K2.6 (or the built-in demo model) using DDTree speculative decoding. "
+                    "With --prompt, or text piped to stdin, answer once and exit.",
         epilog=KEYS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     ap.add_argument("--model", metavar="DIR", help="target checkpoint directory (default: the built-in demo model)")
     ap.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (default: the demo drafter with the demo model)")
-    ap.add_argument("--prompt", metavar="TEXT", help="one-shot: generate a reply to TEXT ('-' reads stdin) and exit")
+    ap.add_argument("--prompt", metavar="TEXT",
+                    help="one-shot: reply to TEXT and exit; text piped to stdin follows it ('-': stdin only)")
     ap.add_argument("--json", action="store_true", help="one-shot: print one JSON event per line")
-    ap.add_argument("--mode", choices=["ddtree", "dflash", "ar"], help="decoding mode (default: ddtree with a drafter, else ar)")
-    ap.add_argument("--budget", type=_budget, metavar="N|auto",
-                    help="draft tree nodes per round, root excluded (default auto: measured verify cost vs acceptance)")
-    ap.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0 = greedy; default 0)")
-    ap.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling mass (default 1.0)")
-    ap.add_argument("--seed", type=int, metavar="S", help="sampling seed (default 0)")
-    ap.add_argument("--max-new-tokens", type=int, metavar="N", help="most tokens to generate per reply (default 512)")
+    ap.add_argument("--show-thinking", action="store_true", help="one-shot: print the model's thinking to stderr")
+    ap.add_argument("-c", "--continue", dest="continue_", action="store_true",
+                    help="one-shot: continue the most recent conversation")
+    ap.add_argument("--conversation", type=int, metavar="ID", help="one-shot: continue conversation ID")
+    ap.add_argument("--no-save", dest="save", action="store_false",
+                    help="one-shot: do not save the exchange as a conversation")
+    ap.add_argument("--mode", choices=settings_mod.MODES, help="decoding mode (default: ddtree with a drafter, else ar)")
+    ap.add_argument("--budget", type=_setting("budget"), metavar="N|auto",
+                    help=f"draft tree nodes per round, root excluded, 0-{settings_mod.MAX_BUDGET} "
+                         "(default auto: measured verify cost vs acceptance)")
+    ap.add_argument("--temperature", type=_setting("temperature"), metavar="T",
+                    help="sampling temperature, 0-5 (0 = greedy; default 0)")
+    ap.add_argument("--top-p", type=_setting("top_p"), metavar="P", help="nucleus sampling mass, (0, 1] (default 1.0)")
+    ap.add_argument("--seed", type=_setting("seed"), metavar="S", help="sampling seed (default 0)")
+    ap.add_argument("--max-new-tokens", type=_setting("max_new_tokens"), metavar="N",
+                    help="most tokens to generate per reply (default 512)")
     ap.add_argument("--tp", type=int, metavar="N",
                     help="tensor-parallel ranks (default: 1 when one GPU holds the model, else all visible GPUs; 1 on CPU)")
     ap.add_argument("--expert-parallel", action="store_true",
                     help="with --tp: split the routed experts across ranks instead of splitting each expert")
-    ap.add_argument("--device", choices=["cpu", "cuda"], help="where to run (default: cuda when available)")
+    ap.add_argument("--device", choices=settings_mod.DEVICES, help="where to run (default: cuda when available)")
     ap.add_argument("--system", metavar="TEXT", help="system prompt")
-    ap.add_argument("--raw", action="store_true", help="one-shot: tokenize the prompt as is, without the chat template")
+    ap.add_argument("--raw", action="store_true",
+                    help="one-shot: tokenize the prompt as is, without the chat template (not saved)")
     ap.add_argument("--no-think", dest="thinking", action="store_false", help="open the reply with an empty <think></think>")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="compute precision (default auto: float32 on CPU and for small models on GPU, where the "
                          "tree's tokens match --mode ar; bf16 otherwise: faster kernels, rounding may make long "
                          "replies drift from --mode ar)")
-    ap.add_argument("--context", type=int, metavar="N", help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
+    ap.add_argument("--context", type=_setting("context"), metavar="N",
+                    help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
     ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (GPU rounds then launch every kernel from Python)")
+    ap.add_argument("--print-completion", choices=("bash", "zsh"), metavar="SHELL",
+                    help="print a completion script for bash or zsh and exit (e.g. eval \"$(ddtree-chat "
+                         "--print-completion bash)\")")
     return ap
+
+
+_USES = {"state": "the log", "config": "the saved settings", "data": "saving conversations"}
+
+
+def _unusable_dirs() -> set[str]:
+    """The user dirs that cannot be written, said in one line (a file-blocked DDTREE_CHAT_HOME blocks them all)."""
+    from . import paths
+
+    errors = {}
+    for kind in _USES:
+        try:
+            getattr(paths, f"{kind}_dir")()
+        except OSError as err:
+            errors[kind] = err
+    if errors:
+        print(f"ddtree-chat: {next(iter(errors.values()))}; running without "
+              f"{', '.join(_USES[k] for k in errors)}.", file=sys.stderr)
+    return set(errors)
 
 
 def _setup_log() -> str:
@@ -66,23 +128,25 @@ def _setup_log() -> str:
     return str(path)
 
 
-def generation_config(args, has_drafter: bool):
+def _load_saved() -> settings_mod.Settings:
+    """The saved defaults; a broken file is a warning, never a stop."""
+    saved, warning = settings_mod.load()
+    if warning:
+        print(f"ddtree-chat: {warning}", file=sys.stderr)
+    return saved
+
+
+def generation_config(settings, has_drafter: bool, mode_given: bool = True):
+    """The engine's config for these settings; a saved mode the model cannot run falls back to ar."""
     from .engine import GenerationConfig
 
-    mode = args.mode or ("ddtree" if has_drafter else "ar")
+    mode = settings.mode or ("ddtree" if has_drafter else "ar")
     if mode != "ar" and not has_drafter:
-        raise ValueError(f"--mode {mode} needs a drafter; pass --draft DIR or use --mode ar.")
-    fields = dict(mode=mode, budget=args.budget, temperature=args.temperature, top_p=args.top_p,
-                  seed=args.seed, max_new_tokens=args.max_new_tokens)
-    return GenerationConfig(**{k: v for k, v in fields.items() if v is not None})
-
-
-def _prompt_ids(engine, args, text: str) -> list[int]:
-    tok = engine.tokenizer
-    if args.raw:
-        return tok.encode(text)
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": text}]
-    return tok.render_chat(messages, add_generation_prompt=True, thinking=args.thinking)
+        if mode_given:
+            raise ValueError(f"--mode {mode} needs a drafter; pass --draft DIR or use --mode ar.")
+        mode = "ar"
+    return GenerationConfig(mode=mode, budget=settings.budget, temperature=settings.temperature, top_p=settings.top_p,
+                            seed=settings.seed, max_new_tokens=settings.max_new_tokens)
 
 
 def load_engine(args, progress=None):
@@ -96,55 +160,76 @@ def load_engine(args, progress=None):
                        graphs=not args.eager)
 
 
-def run_oneshot(args) -> int:
-    text = sys.stdin.read() if args.prompt == "-" else args.prompt
-    engine = load_engine(args)
-    cfg = generation_config(args, engine.drafter is not None)
-    ids = _prompt_ids(engine, args, text)
-    done = None
-    for ev in engine.generate(ids, cfg):
-        if args.json:
-            print(json.dumps(ev, ensure_ascii=False), flush=True)
-        elif ev["event"] == "round":
-            sys.stdout.write(ev["text"])
-            sys.stdout.flush()
-        if ev["event"] == "done":
-            done = ev
-    if not args.json:
-        sys.stdout.write(done["tail_text"] + "\n")
-    print(f"[{done['mode']}] {len(done['token_ids'])} tokens in {done['elapsed_s']:.2f}s, "
-          f"{done['tokens_per_second']:.1f} tok/s, {done['mean_accepted_length']:.2f} tokens/forward, "
-          f"{done['rounds']} rounds, stop: {done['stop_reason']}", file=sys.stderr)
-    return 0
+def _piped_stdin() -> bool:
+    """stdin is a pipe or a redirected file (a terminal, /dev/null or a socket is not read)."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def prompt_text(args) -> str | None:
+    """The one-shot's user text (--prompt, then piped stdin), or None for the interactive chat."""
+    if args.prompt == "-":
+        return sys.stdin.read().rstrip("\n")
+    piped = sys.stdin.read().rstrip("\n") if _piped_stdin() else ""
+    if args.prompt is None:
+        return piped if piped.strip() else None
+    return f"{args.prompt}\n\n{piped}" if piped.strip() else args.prompt
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    log_path = _setup_log()
-    if args.prompt is None:
-        if not sys.stdin.isatty() and not sys.stdout.isatty():
-            print("ddtree-chat: no terminal; use --prompt TEXT (or --prompt - to read stdin).", file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    parser.json_errors = "--json" in argv
+    args = parser.parse_args(argv)
+    if args.print_completion:
+        from .completion import completion_script
+
+        try:
+            print(completion_script(parser, args.print_completion), flush=True)
+        except BrokenPipeError:  # e.g. piped into `head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    unusable = _unusable_dirs()
+    log_path = _setup_log() if "state" not in unusable else None
+    saved = _load_saved() if "config" not in unusable else settings_mod.Settings()
+    if "data" in unusable:
+        args.save = False
+    vars(args).update(settings_mod.load_choice(args, saved))
+    try:
+        text = prompt_text(args)
+    except KeyboardInterrupt:  # e.g. Ctrl+C while `--prompt -` waits for the terminal
+        return 130
+    if text is None:
+        if not sys.stdin.isatty():
+            _fail("nothing to answer: the prompt and stdin are empty (use --prompt TEXT, or pipe text in).", args.json)
             return 2
         from .ui.app import run_app
 
         return run_app(args)
     from .engine.errors import EngineError
+    from .oneshot import run_oneshot
 
     try:
-        return run_oneshot(args)
-    except (EngineError, ValueError, FileNotFoundError, PermissionError) as e:
-        logging.getLogger("ddtree_chat").error("one-shot failed\n%s", traceback.format_exc())
-        print(f"ddtree-chat: {e}", file=sys.stderr)
-        return 1
+        return run_oneshot(args, text, saved)
     except BrokenPipeError:  # e.g. piped into `head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
+    except (EngineError, ValueError, OSError) as e:
+        logging.getLogger("ddtree_chat").error("one-shot failed\n%s", traceback.format_exc())
+        _fail(str(e), args.json)
+        return 1
+    except KeyboardInterrupt:  # before or after the reply (during it, the reply stops and run_oneshot returns)
+        if args.json:
+            print(json.dumps({"event": "done", "token_ids": [], "text": "", "stop_reason": "interrupted"}), flush=True)
         print("\nddtree-chat: interrupted.", file=sys.stderr)
         return 130
     except Exception as e:  # a bug: keep the user's terminal clean, keep the traceback in the log
         logging.getLogger("ddtree_chat").error("unexpected error\n%s", traceback.format_exc())
-        print(f"ddtree-chat: internal error ({type(e).__name__}: {e}); details in {log_path}", file=sys.stderr)
+        where = f"; details in {log_path}" if log_path else ""
+        _fail(f"internal error ({type(e).__name__}: {e}){where}", args.json)
         return 1
 
 

@@ -8,6 +8,10 @@ from pathlib import Path
 _APP = "ddtree-chat"
 
 
+class UserDirError(OSError):
+    """A user dir cannot be created or written; str(err) is one sentence naming the path."""
+
+
 def _base(kind: str) -> Path:
     home = os.environ.get("DDTREE_CHAT_HOME")
     if home:
@@ -19,8 +23,22 @@ def _base(kind: str) -> Path:
             path = Path.home() / f".{_APP}" / kind
         else:
             path = Path(getattr(platformdirs, f"user_{kind}_dir")(_APP))
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _dir_error(kind, path, err) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _dir_error(kind, path, PermissionError("permission denied"))
     return path
+
+
+def _dir_error(kind: str, path: Path, err: OSError) -> UserDirError:
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        why = "a file is in the way"
+    else:
+        why = (err.strerror or str(err)).lower()  # e.g. "permission denied", "read-only file system"
+    hint = " (DDTREE_CHAT_HOME)" if os.environ.get("DDTREE_CHAT_HOME") else ""
+    return UserDirError(f"cannot use {path} as the {kind} directory{hint}: {why}")
 
 
 def cache_dir() -> Path:

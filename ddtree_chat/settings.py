@@ -3,6 +3,9 @@
 One place validates every value, so the file, the CLI, slash commands and the command
 palette all agree on what is allowed. A corrupt or invalid file never stops the program:
 the bad parts are reported as a warning and the defaults are used instead.
+
+The model to load (model, draft, device, context) is saved here too; for those, a flag wins over
+the environment (DDTREE_CHAT_MODEL, DDTREE_CHAT_DRAFT), which wins over this file (load_choice).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from ddtree_chat import paths
 
 MODES = ("ddtree", "dflash", "ar")
 MAX_BUDGET = 1023  # engine.generation.MAX_BUDGET (this module stays free of the engine's imports)
+MAX_CONTEXT = 1 << 20  # far above any model's positions; only catches typos
+DEVICES = ("cpu", "cuda")
 SETTINGS_FILE = "settings.json"
+ENV_MODEL, ENV_DRAFT = "DDTREE_CHAT_MODEL", "DDTREE_CHAT_DRAFT"
 
 
 class SettingsError(ValueError):
@@ -34,6 +40,10 @@ class Settings:
     budget: int | str = "auto"  # drafted nodes per round, or auto (measured cost vs acceptance)
     thinking: bool = True
     seed: int = 0
+    model: str | None = None  # None: the built-in demo pair
+    draft: str | None = None  # the drafter saved with `model`
+    device: str | None = None  # None: cuda when available
+    context: int | None = None  # None: the engine's default for the device
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -79,18 +89,28 @@ def validate(name: str, value):
     if name == "top_p":
         number = _to_number(name, value, float, 0.0, 1.0)
         if number == 0.0:
-            raise SettingsError("top_p must be greater than 0 and at most 1.")
+            raise SettingsError(f"top_p must be greater than 0 and at most 1, not {value!r}.")
         return number
     if name == "max_new_tokens":
         return _to_number(name, value, int, 1, 1_000_000)
     if name == "budget":
         if str(value).strip().lower() == "auto":
             return "auto"
-        return _to_number(name, value, int, 1, MAX_BUDGET)
+        return _to_number(name, value, int, 0, MAX_BUDGET)
     if name == "seed":
         return _to_number(name, value, int, 0, 2**63 - 1)
     if name == "thinking":
         return _to_bool(name, value)
+    if name in ("model", "draft"):
+        if value is None or (isinstance(value, str) and value.strip()):
+            return value
+        raise SettingsError(f"{name} must be a directory path, not {value!r}.")
+    if name == "device":
+        if value is None or value in DEVICES:
+            return value
+        raise SettingsError(f"device must be one of {', '.join(DEVICES)}, not {value!r}.")
+    if name == "context":
+        return None if value is None else _to_number(name, value, int, 1, MAX_CONTEXT)
     if name == "mode":
         if value is None:
             return None
@@ -151,6 +171,23 @@ def save(settings: Settings, path: Path | None = None) -> Path:
     tmp.write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def load_choice(args, saved: Settings, environ=None) -> dict:
+    """model, draft, device and context for this run: a flag, else the environment, else the settings file.
+
+    The drafter goes with its model: --draft, else the one from the source that named the model."""
+    environ = os.environ if environ is None else environ
+    if args.model:
+        model, draft = args.model, args.draft
+    elif environ.get(ENV_MODEL):
+        model, draft = environ[ENV_MODEL], args.draft or environ.get(ENV_DRAFT) or None
+    elif saved.model:
+        model, draft = saved.model, args.draft or saved.draft
+    else:
+        model, draft = None, args.draft
+    return dict(model=model, draft=draft, device=args.device or saved.device,
+                context=args.context if args.context is not None else saved.context)
 
 
 def with_overrides(settings: Settings, args) -> tuple[Settings, list[str]]:

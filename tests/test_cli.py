@@ -2,18 +2,22 @@
 
 import json
 import os
+import re
+import signal
+import sqlite3
 import subprocess
 import sys
 
 import pytest
 
 
-def run_cli(*args, stdin=None, env_home=None):
-    env = dict(os.environ)
-    if env_home:
-        env["DDTREE_CHAT_HOME"] = str(env_home)
+def run_cli(*args, stdin=None, home=None, env=None):
+    """Run the CLI in a fresh process; stdin is /dev/null unless text is given (never the test runner's)."""
+    full_env = dict(os.environ, **(env or {}))
+    if home is not None:
+        full_env["DDTREE_CHAT_HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "ddtree_chat.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=300, env=env)
+                          text=True, timeout=300, env=full_env, stdin=subprocess.DEVNULL if stdin is None else None)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +26,9 @@ def model_args(synthetic_pair):
     return ["--model", str(target), "--draft", str(draft)]
 
 
-def test_json_events_schema(model_args):
-    r = run_cli(*model_args, "--prompt", "hello", "--mode", "ddtree", "--budget", "8", "--json", "--max-new-tokens", "12")
+def test_json_events_schema(model_args, tmp_path):
+    r = run_cli(*model_args, "--prompt", "hello", "--mode", "ddtree", "--budget", "8", "--json", "--max-new-tokens", "12",
+                home=tmp_path)
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
     rounds, done = events[:-1], events[-1]
@@ -37,52 +42,166 @@ def test_json_events_schema(model_args):
     for key in ("token_ids", "text", "rounds", "target_forwards", "mean_accepted_length", "tokens_per_second", "stop_reason"):
         assert key in done
     assert done["token_ids"] == [t for e in rounds for t in e["token_ids"]]
+    assert done["prompt_tokens"] > 1 and 0 < done["prompt_s"] < done["elapsed_s"] and done["load_s"] > 0
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])
-def test_modes_stream_text_and_stats(model_args, mode):
-    r = run_cli(*model_args, "--prompt", "hi", "--mode", mode, "--max-new-tokens", "10", "--raw")
+def test_modes_stream_text_and_stats(model_args, mode, tmp_path):
+    r = run_cli(*model_args, "--prompt", "hi", "--mode", mode, "--max-new-tokens", "10", "--raw", home=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert f"[{mode}]" in r.stderr and "tok/s" in r.stderr and "tokens/forward" in r.stderr
-    assert "Traceback" not in r.stderr
+    stats = r.stderr.strip().splitlines()[-1]
+    assert re.match(rf"\[{mode}\] prompt \d+ tokens in [0-9.]+s \([0-9.]+ tok/s\) · reply 10 tokens in ", stats), stats
+    assert "tokens/forward" in stats
+    assert "load " in stats and "Traceback" not in r.stderr
 
 
-def test_stdin_prompt(model_args):
-    r = run_cli(*model_args, "--prompt", "-", "--max-new-tokens", "5", "--json", stdin="from stdin\n")
+def test_stdin_prompt(model_args, tmp_path):
+    r = run_cli(*model_args, "--prompt", "-", "--max-new-tokens", "5", "--json", stdin="from stdin\n", home=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"
 
 
-def test_same_ids_across_modes(model_args):
+def test_same_ids_across_modes(model_args, tmp_path):
     outs = []
     for mode in ("ar", "ddtree"):
-        r = run_cli(*model_args, "--prompt", "same", "--mode", mode, "--max-new-tokens", "16", "--json")
+        r = run_cli(*model_args, "--prompt", "same", "--mode", mode, "--max-new-tokens", "16", "--json", home=tmp_path)
         outs.append(json.loads(r.stdout.splitlines()[-1])["token_ids"])
     assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--model", "/nonexistent/model", "--prompt", "hi"], "/nonexistent/model"),
-    (["--prompt", "hi", "--budget", "-3"], "budget"),
+    (["--model", "/nonexistent/model", "--prompt", "hi", "--json"], "/nonexistent/model"),
+    (["--prompt", "hi", "--budget", "-3"], "'-3'"),
+    (["--prompt", "hi", "--context", "0"], "--context: context must be between 1 and"),
+    (["--prompt", "hi", "--context", "-5"], "'-5'"),
+    (["--prompt", "hi", "--temperature", "nan"], "--temperature: temperature must be between 0.0 and 5.0, not 'nan'"),
+    (["--prompt", "hi", "--top-p", "0", "--json"], "--top-p: top_p must be greater than 0"),
+    (["--prompt", "hi", "--top-p", "1.5"], "--top-p: top_p must be between 0.0 and 1.0, not '1.5'"),
+    (["--prompt", "hi", "--conversation", "99"], "no conversation 99"),
+    ([], "nothing to answer"),  # stdin is /dev/null: neither a terminal nor a pipe
 ])
 def test_errors_are_one_line_and_nonzero(model_args, tmp_path, args, needle):
-    full = args if args[0] == "--model" else model_args + args
-    r = run_cli(*full, env_home=tmp_path)
+    full = args if not args or args[0] == "--model" else model_args + args
+    r = run_cli(*full, home=tmp_path)
     assert r.returncode != 0
     assert needle in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    if "--json" in args:
+        event = json.loads(r.stdout)
+        assert event["event"] == "error" and needle in event["message"]
+    else:
+        assert r.stdout == ""
 
 
-def test_help_documents_flags_and_keys():
+def test_help_version_and_flags():
     r = run_cli("--help")
     for flag in ("--model", "--draft", "--prompt", "--json", "--mode", "--budget", "--temperature", "--top-p",
-                 "--seed", "--max-new-tokens", "--tp", "--device", "--system", "--raw", "Esc"):
+                 "--seed", "--max-new-tokens", "--tp", "--device", "--system", "--raw", "--show-thinking", "--continue",
+                 "--conversation", "--no-save", "--print-completion", "DDTREE_CHAT_MODEL", "Esc"):
         assert flag in r.stdout
+    from ddtree_chat import __version__
+
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"ddtree-chat {__version__}"
 
 
-def test_oneshot_never_imports_textual(model_args):
+def test_oneshot_never_imports_textual(model_args, tmp_path):
     code = ("import sys; from ddtree_chat.cli import main; "
             f"rc = main({model_args + ['--prompt', 'hi', '--max-new-tokens', '3', '--json']!r}); "
             "assert rc == 0 and not any(m == 'textual' or m.startswith('textual.') for m in sys.modules), 'textual'")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL, env=dict(os.environ, DDTREE_CHAT_HOME=str(tmp_path)))
     assert r.returncode == 0, r.stderr[-500:]
+
+
+def _conversations(home):
+    with sqlite3.connect(home / "data" / "history.sqlite3") as db:
+        ids = [i for (i,) in db.execute("SELECT id FROM conversations ORDER BY id")]
+        return {i: db.execute("SELECT role, content FROM messages WHERE conversation_id = ? ORDER BY id", (i,)).fetchall()
+                for i in ids}
+
+
+def test_demo_answer_only_piped_stdin_and_saved_conversations(tmp_path):
+    """The demo pair (the default model): stdout is the answer without think tags; a piped file follows
+    --prompt; -c continues the saved exchange; piped text alone is a one-shot (not the TUI); a continued
+    conversation drops its oldest turns to fit --context."""
+    r = run_cli("--prompt", "Write a function that reverses a list", "--max-new-tokens", "16", "--show-thinking",
+                home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "<think>" not in r.stdout and "</think>" not in r.stdout
+    assert "demo model is not installed" not in r.stderr
+    first = _conversations(tmp_path)
+    assert [role for role, _ in first[1]] == ["user", "assistant"] and first[1][1][1] == r.stdout.strip()
+
+    r = run_cli("--prompt", "explain this", "-c", "--max-new-tokens", "8", "--json", "--budget", "16", stdin="def f(x):\n    return x\n",
+                home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    saved = _conversations(tmp_path)
+    assert list(saved) == [1] and saved[1][2] == ("user", "explain this\n\ndef f(x):\n    return x")
+    assert saved[1][3][0] == "assistant" and len(saved[1]) == 4
+    done = json.loads(r.stdout.splitlines()[-1])
+    assert done["prompt_tokens"] > 20  # the first exchange is part of the prompt
+
+    r = run_cli("--max-new-tokens", "4", "--no-save", "--conversation", "1", "--budget", "16", stdin="only piped text\n", home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and len(_conversations(tmp_path)[1]) == 4
+
+    # a conversation longer than the context loses its oldest turns instead of failing
+    r = run_cli("--prompt", "shorter?", "-c", "--context", "48", "--max-new-tokens", "4", "--json", "--budget", "16",
+                home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "oldest messages of this conversation to fit the context (48 tokens)" in r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["prompt_tokens"] <= 44 and len(_conversations(tmp_path)[1]) == 6
+
+
+def test_ctrl_c_under_json_ends_with_an_interrupted_done_event(model_args, tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "ddtree_chat.cli", *model_args, "--prompt", "hi", "--json",
+                          "--max-new-tokens", "100000", "--context", "100000", "--no-save"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, DDTREE_CHAT_HOME=str(tmp_path)))
+    first = json.loads(p.stdout.readline())  # the reply is under way
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    events = [first] + [json.loads(line) for line in out.splitlines()]
+    assert p.returncode == 130 and "Traceback" not in err
+    assert events[-1]["event"] == "done" and events[-1]["stop_reason"] == "interrupted"
+    assert events[-1]["token_ids"] == [t for e in events[:-1] for t in e["token_ids"]]
+
+
+def test_blocked_user_dirs_are_one_line_and_the_reply_still_comes(model_args, tmp_path):
+    blocker = tmp_path / "home-is-a-file"
+    blocker.write_text("")
+    r = run_cli(*model_args, "--prompt", "hi", "--max-new-tokens", "4", "--json", "--budget", "8", home=blocker)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"
+    notes = [line for line in r.stderr.splitlines() if not line.startswith("[")]
+    assert len(notes) == 1 and str(blocker) in notes[0] and "running without" in notes[0]
+
+
+def test_saved_model_defaults_env_over_settings(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "settings.json").write_text(json.dumps({"model": "/nonexistent/saved-model"}))
+    r = run_cli("--prompt", "hi", home=tmp_path)
+    assert r.returncode == 1 and "/nonexistent/saved-model" in r.stderr
+    r = run_cli("--prompt", "hi", home=tmp_path, env={"DDTREE_CHAT_MODEL": "/nonexistent/env-model"})
+    assert r.returncode == 1 and "/nonexistent/env-model" in r.stderr  # the flag over both: test_settings
+
+
+def test_completion_scripts_follow_the_parser(tmp_path):
+    from ddtree_chat.cli import build_parser
+
+    bash = run_cli("--print-completion", "bash").stdout
+    (tmp_path / "models" / "kimi").mkdir(parents=True)
+    probe = (f'{bash}\ncomplete_at() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _ddtree_chat; echo "${{COMPREPLY[*]}}"; }}\n'
+             f'complete_at ddtree-chat --mo\ncomplete_at ddtree-chat --mode d\ncd {tmp_path}\n'
+             'complete_at ddtree-chat --draft models/k\ncomplete_at ddtree-chat --prompt x')
+    lines = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert lines == ["--model --mode", "ddtree dflash", "models/kimi", ""]
+
+    zsh = run_cli("--print-completion", "zsh").stdout
+    assert zsh.startswith("#compdef ddtree-chat") and "compdef _ddtree_chat ddtree-chat" in zsh
+    for action in build_parser()._actions:
+        for name in action.option_strings:
+            assert f"'{name}[" in zsh
+    assert ":mode:(ddtree dflash ar)'" in zsh and "'--model[" in zsh and ":DIR:_files -/'" in zsh

@@ -7,8 +7,8 @@ import pytest
 
 from ddtree_chat.engine.default_model import shipped_demo_dirs
 
-ROOT = Path(__file__).resolve().parents[1]
-HELDOUT = ROOT / "assets" / "demo" / "heldout_prompts.json"
+ASSETS = Path(__file__).resolve().parents[1] / "ddtree_chat" / "assets"
+HELDOUT = ASSETS / "demo" / "heldout_prompts.json"
 # Generated with the committed assets (CPU float32, T=0, max_new_tokens=24); first two held-out prompts
 # with a user turn <= 600 characters.
 EXPECTED = {
@@ -44,7 +44,7 @@ def _run(engine, ids, mode, budget=32):
 
 
 def test_assets_sizes():
-    files = [p for p in (ROOT / "assets").rglob("*") if p.is_file()]
+    files = [p for p in ASSETS.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 40 * 10**6
     assert all(p.stat().st_size < 16 * 2**20 for p in files)
 

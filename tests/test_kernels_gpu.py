@@ -531,7 +531,7 @@ def test_engine_on_gpu_is_lossless():
 
     from ddtree_chat.engine import Engine, GenerationConfig
 
-    root = Path(__file__).resolve().parents[1] / "assets" / "demo"
+    root = Path(__file__).resolve().parents[1] / "ddtree_chat" / "assets" / "demo"
     if not (root / "target" / "config.json").is_file():
         pytest.skip("demo assets absent")
     eng = Engine.load(root / "target", root / "draft", device="cuda")

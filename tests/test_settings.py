@@ -41,7 +41,9 @@ def test_bad_values_are_dropped_with_warning():
 @pytest.mark.parametrize(
     "name,value,expected",
     [("temperature", "0.5", 0.5), ("top_p", "1", 1.0), ("max_new_tokens", "12", 12), ("mode", "AR", "ar"),
-     ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256), ("budget", "auto", "auto")],
+     ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256), ("budget", "auto", "auto"),
+     ("budget", "0", 0), ("context", "8192", 8192), ("context", None, None), ("device", "cuda", "cuda"),
+     ("model", "/models/kimi", "/models/kimi")],
 )
 def test_validate_accepts(name, value, expected):
     assert st.validate(name, value) == expected
@@ -51,7 +53,8 @@ def test_validate_accepts(name, value, expected):
     "name,value",
     [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("max_new_tokens", "0"),
      ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("budget", "1024"),
-     ("nope", 1)],
+     ("budget", "-1"), ("context", "0"), ("context", "-5"), ("context", "4k"), ("device", "tpu"), ("model", ""),
+     ("draft", 3), ("nope", 1)],
 )
 def test_validate_rejects(name, value):
     with pytest.raises(st.SettingsError):
@@ -80,3 +83,48 @@ def test_settings_know_the_engine_limits():
     from ddtree_chat.engine import generation
 
     assert st.MODES == generation.MODES and st.MAX_BUDGET == generation.MAX_BUDGET
+
+
+@pytest.mark.parametrize("name,value", [("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("context", "0")])
+def test_rejections_name_the_setting_and_the_value(name, value):
+    with pytest.raises(st.SettingsError, match=rf"^{name} .*'{value}'"):
+        st.validate(name, value)
+
+
+def test_engine_config_names_the_bad_value():
+    from ddtree_chat.engine import GenerationConfig
+
+    with pytest.raises(ValueError, match="temperature must be >= 0, not nan"):
+        GenerationConfig(temperature=float("nan"))
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], not 1.5"):
+        GenerationConfig(top_p=1.5)
+
+
+def _args(model=None, draft=None, device=None, context=None):
+    return argparse.Namespace(model=model, draft=draft, device=device, context=context)
+
+
+def test_model_choice_flag_over_environment_over_file():
+    saved = st.Settings(model="/saved/m", draft="/saved/d", device="cpu", context=2048)
+    env = {st.ENV_MODEL: "/env/m", st.ENV_DRAFT: "/env/d"}
+    assert st.load_choice(_args(), saved, {}) == dict(model="/saved/m", draft="/saved/d", device="cpu", context=2048)
+    from_env = st.load_choice(_args(), saved, env)
+    assert (from_env["model"], from_env["draft"], from_env["context"]) == ("/env/m", "/env/d", 2048)
+    chosen = st.load_choice(_args(model="/flag/m", device="cuda", context=512), saved, env)
+    assert chosen == dict(model="/flag/m", draft=None, device="cuda", context=512)
+
+
+def test_the_drafter_goes_with_its_model():
+    saved = st.Settings(model="/saved/m", draft="/saved/d")
+    # a model named by the environment never borrows the drafter saved for another model
+    assert st.load_choice(_args(), saved, {st.ENV_MODEL: "/env/m"})["draft"] is None
+    # --draft alone replaces the saved model's drafter
+    assert st.load_choice(_args(draft="/flag/d"), saved, {}) == dict(model="/saved/m", draft="/flag/d", device=None,
+                                                                      context=None)
+    assert st.load_choice(_args(), st.Settings(), {})["model"] is None  # the demo pair
+
+
+def test_model_choice_is_saved_and_read_back():
+    s = st.Settings(model="/models/kimi", draft="/models/kimi-dflash", device="cuda", context=65536)
+    st.save(s)
+    assert st.load() == (s, None)

@@ -82,7 +82,7 @@ def test_cli_runs_with_tp2(synthetic_pair):
     target, draft = synthetic_pair
     r = subprocess.run([sys.executable, "-m", "ddtree_chat.cli", "--model", str(target), "--draft", str(draft),
                         "--tp", "2", "--device", "cpu", "--prompt", "hi", "--json", "--max-new-tokens", "8"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"
 

@@ -23,7 +23,7 @@ CHAT_TEMPLATE = (
 TARGET = dict(hidden=256, layers=6, heads=4, q_lora=128, kv_lora=64, nope=32, rope=16, v=32, inter=768,
               moe_inter=128, experts=16, top_k=4, shards=4)
 # Drafter: DFlash, block 8, reading target layers 1, 3 and 5 (the last: a 6-layer target is shallow).
-# The shipped shape (3 x 1536; the first drafter was 2 x 1024): see assets/README.md.
+# The shipped shape (3 x 1536; the first drafter was 2 x 1024): see ddtree_chat/assets/README.md.
 DRAFT = dict(layers=3, heads=4, kv_heads=2, head_dim=64, inter=1536, block=8, target_layer_ids=[1, 3, 5])
 
 
@@ -66,12 +66,12 @@ def write_json(path: Path, obj) -> None:
 
 
 def heldout_prompts(n: int | None = None, max_user_chars: int = 600) -> list[dict]:
-    """The first n test-split chat prompts shipped with the demo pair (assets/demo/heldout_prompts.json),
+    """The first n test-split chat prompts shipped with the demo pair (ddtree_chat/assets/demo/heldout_prompts.json),
     those whose user text fits max_user_chars: the benchmarks' prompts."""
     from ..engine.default_model import shipped_demo_dirs
 
     found = shipped_demo_dirs()
     if found is None:
-        raise FileNotFoundError("the shipped demo pair (assets/demo/) is not in this checkout")
+        raise FileNotFoundError("the shipped demo pair (ddtree_chat/assets/demo/) is not in this install")
     items = json.loads((found[0].parent / "heldout_prompts.json").read_text())
     return [x for x in items if len(x["user"]) <= max_user_chars][:n]

@@ -2,7 +2,7 @@
 
     python -m ddtree_chat.demo.train --out DIR                      # all stages, sized for one H200
     python -m ddtree_chat.demo.train --out DIR --stages draft       # re-run one stage (needs the earlier ones)
-    python -m ddtree_chat.demo.train --out DIR --target-from assets/demo/target   # drafter only
+    python -m ddtree_chat.demo.train --out DIR --target-from ddtree_chat/assets/demo/target   # drafter only
     python -m ddtree_chat.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
 
 Stages: data (stdlib -> splits, tokenizer, token streams), target (train, QAT, INT4 export to DIR/target),
@@ -420,7 +420,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--stages", default=None, help="default: data,target,draft (data,draft with --target-from)")
     ap.add_argument("--target-from", type=Path, default=None,
-                    help="an existing target dir (e.g. assets/demo/target): reuse its tokenizer in the data "
+                    help="an existing target dir (e.g. ddtree_chat/assets/demo/target): reuse its tokenizer in the data "
                          "stage and train only the drafter against it")
     ap.add_argument("--toy", action="store_true", help="tiny CPU smoke run (150 files, seconds of training)")
     ap.add_argument("--device", default=None)

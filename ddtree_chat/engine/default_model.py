@@ -1,16 +1,17 @@
 """The model pair `ddtree-chat` loads when no --model is given.
 
-Order: the shipped demo pair (issue 7) in the repository's ``assets/demo/`` (next to the package) or inside the
-package at ``ddtree_chat/assets/demo/``; otherwise a random tiny synthetic pair generated once into the cache dir
-(so a checkout without the weights still starts).
+Order: the shipped demo pair (issue 7), package data at ``ddtree_chat/assets/demo/`` (so a wheel carries it too);
+otherwise a random tiny synthetic pair generated once into the cache dir (so an install without the weights still
+starts, and says so: random_fallback_note).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parents[1]  # .../ddtree_chat
-_CANDIDATES = (_PKG.parent / "assets" / "demo", _PKG / "assets" / "demo")
+DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+RANDOM_FALLBACK_NOTE = ("the demo model is not installed (ddtree_chat/assets/demo is missing): using a tiny random "
+                        "model instead, so the replies are gibberish")
 
 
 def _is_target(d: Path) -> bool:
@@ -24,11 +25,15 @@ def _is_draft(d: Path) -> bool:
 
 def shipped_demo_dirs() -> tuple[Path, Path | None] | None:
     """(target_dir, draft_dir or None) of the shipped demo pair, or None when it is not present."""
-    for base in _CANDIDATES:
-        target, draft = base / "target", base / "draft"
-        if _is_target(target):
-            return target, (draft if _is_draft(draft) else None)
+    target, draft = DEMO_DIR / "target", DEMO_DIR / "draft"
+    if _is_target(target):
+        return target, (draft if _is_draft(draft) else None)
     return None
+
+
+def random_fallback_note(model: str | None) -> str | None:
+    """The warning to show (stderr, the TUI) when no --model is given and the random pair stands in for the demo."""
+    return RANDOM_FALLBACK_NOTE if not model and shipped_demo_dirs() is None else None
 
 
 def default_model_dirs() -> tuple[Path, Path | None]:

@@ -311,13 +311,17 @@ class Engine:
         out: list[int] = []
         t_start = time.perf_counter()
         logits = dec.prefill(ids, drafting=mode != "ar")
+        t_costs = 0.0  # the one-time verify-cost measurement of --budget auto is not the prompt's time
         if auto:
             if self._auto is None:
                 how = "graphs" if dec.graphs.capture else "eager"
                 self._auto = AutoBudget(dec, self.tp, f"v4-{self.fingerprint[:16]}-{_machine(self.device)}-{dec.dtype}-"
                                                       f"tp{self.tp.world}-{how}")
+            t0 = time.perf_counter()
             self._auto.ensure_costs()
+            t_costs = time.perf_counter() - t0
         first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
+        prompt_s = time.perf_counter() - t_start - t_costs  # NOTE: after int(): the device finished the prefill
         dec.pending = first
         out.append(first)
         stats.target_forwards += 1
@@ -391,7 +395,8 @@ class Engine:
                "tokens_per_second": len(out) / elapsed if elapsed > 0 else 0.0, "stop_reason": reason,
                "acceptance_histogram": {str(k): v for k, v in sorted(stats.histogram.items())},
                "mode": mode, "budget": cfg.budget if auto else budget, "elapsed_s": elapsed,
-               "draft_s": stats.time_draft, "target_s": stats.time_target}
+               "draft_s": stats.time_draft, "target_s": stats.time_target,
+               "prompt_tokens": len(ids), "prompt_s": prompt_s}
 
 
 def _text(detok, ids: list[int], stop_ids: frozenset[int]) -> str:

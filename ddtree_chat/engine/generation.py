@@ -25,8 +25,10 @@ class GenerationConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.budget != "auto" and (not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET):
             raise ValueError(f"budget must be a number from 0 to {MAX_BUDGET} or 'auto', not {self.budget!r}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if not self.temperature >= 0:  # NOTE: written so that NaN fails too
+            raise ValueError(f"temperature must be >= 0, not {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
 
