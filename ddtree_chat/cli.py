@@ -17,8 +17,9 @@ from . import __version__
 from . import settings as settings_mod
 
 KEYS_HELP = """\
-keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, F2 draft-tree debug pane,
-  ctrl+p command palette, ctrl+q quit; type /help in the input for slash commands.
+keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, Up/Down earlier messages,
+  PgUp/PgDn scroll, ctrl+r copy the reply, ctrl+b copy its code, ctrl+o conversations, ctrl+n new chat,
+  ctrl+t tree panel, F2 draft-tree debug pane, ctrl+p command palette, ctrl+q quit; /help lists commands.
 
 defaults: --model/--draft/--device/--context come from the flag, else the environment
   (DDTREE_CHAT_MODEL, DDTREE_CHAT_DRAFT), else the settings file (/save in the chat writes it)."""
@@ -65,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="one-shot: print one JSON event per line")
     ap.add_argument("--show-thinking", action="store_true", help="one-shot: print the model's thinking to stderr")
     ap.add_argument("-c", "--continue", dest="continue_", action="store_true",
-                    help="one-shot: continue the most recent conversation")
-    ap.add_argument("--conversation", type=int, metavar="ID", help="one-shot: continue conversation ID")
+                    help="continue the most recent conversation (one-shot or chat)")
+    ap.add_argument("--conversation", type=int, metavar="ID", help="continue conversation ID (one-shot or chat; the chat's list shows the ids)")
     ap.add_argument("--no-save", dest="save", action="store_false",
                     help="one-shot: do not save the exchange as a conversation")
     ap.add_argument("--mode", choices=settings_mod.MODES, help="decoding mode (default: ddtree with a drafter, else ar)")

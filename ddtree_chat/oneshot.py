@@ -9,7 +9,6 @@ import sqlite3
 import sys
 import threading
 import time
-from contextlib import closing
 
 from . import settings as settings_mod
 from .ui.thinking import ThinkSplitter  # NOTE: plain Python (no Textual), shared with the chat view
@@ -56,7 +55,8 @@ class _Store:
             return [], {}
         turns = [{"role": m.role, "content": m.content} for m in self.history.messages(self.id)
                  if m.role in ("user", "assistant")]
-        return turns, _saved_settings(self.history, self.id)
+        conv = self.history.get(self.id)
+        return turns, conv.settings if conv is not None and isinstance(conv.settings, dict) else {}
 
     def _write(self, fn, *args):
         if not self.save or self.history is None:
@@ -79,17 +79,6 @@ class _Store:
     def add_assistant(self, answer: str, thinking: str, meta: dict) -> None:
         if self.id is not None:
             self._write(self.history.add_message, self.id, "assistant", answer, thinking, meta)
-
-
-def _saved_settings(history, conversation_id: int) -> dict:
-    """The settings column of a conversation (history.py has no reader for it)."""
-    with closing(sqlite3.connect(str(history.path))) as conn:
-        row = conn.execute("SELECT settings FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-    try:
-        data = json.loads(row[0]) if row else {}
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _restored(saved: settings_mod.Settings, stored: dict) -> settings_mod.Settings:

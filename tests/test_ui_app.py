@@ -271,3 +271,4 @@ async def test_cli_arguments_reach_the_app(pair, home):
         await reply(pilot, "hi")
         assert app.session.messages[-1].meta["mode"] == "dflash"
         assert app.session.messages[-1].meta["tokens"] <= 12
+

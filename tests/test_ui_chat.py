@@ -232,6 +232,28 @@ async def test_conversation_keeps_its_settings_and_exports_them(home, tmp_path):
     assert data["messages"][1]["stats"]["rounds"] > 0 and data["messages"][1]["stats"]["mode"] == "dflash"
 
 
+async def test_continue_flags_open_a_conversation_in_the_chat():
+    """`ddtree-chat -c` / `--conversation ID` without --prompt: the chat opens that conversation, its
+    settings restored; an unknown id is one line and a fresh chat."""
+    history = History.open()
+    old = history.new_conversation("older", {"seed": 5})
+    history.add_message(old, "user", "first question")
+    cid = history.new_conversation("latest one", {"system": "Answer like a pirate.", "seed": 9})
+    history.add_message(cid, "user", "what is a list?")
+    history.add_message(cid, "assistant", "a sequence, arr")
+    for resume, want, seed in (("latest", cid, 9), (old, old, 5)):
+        app = fake_app(settings=Settings(thinking=False), resume=resume)
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await wait_until(pilot, lambda: app.session.conversation_id == want)
+            assert app.settings.seed == seed
+    app = fake_app(settings=Settings(thinking=False), resume=12345)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: any("no conversation 12345" in n for n in notes(app, "error")))
+        assert app.session.conversation_id is None
+
+
 # -- 6. export safety --------------------------------------------------------------------------
 
 async def test_export_never_overwrites_or_creates_folders(tmp_path):

@@ -193,3 +193,16 @@ def test_context_window_drops_whole_turns_with_slack():
     assert window(roles, 0, count, 12) == 10, "no slack left: the last turn alone"
     assert window(roles, 0, count, 9) is None, "the last message alone is too long"
     assert reply_room(4096, 512) == 513 and reply_room(4096, 100_000) == 2049
+
+
+def test_the_chat_says_when_the_random_model_stands_in(monkeypatch):
+    """No --model and no demo pair installed: the chat's first lines say the replies will be gibberish."""
+    from ddtree_chat.cli import build_parser
+    from ddtree_chat.engine import default_model
+    from ddtree_chat.ui.startup import build_app
+
+    args = build_parser().parse_args(["--device", "cpu", "-c"])
+    assert build_app(args)._resume == "latest"
+    assert not any("random" in w for w in build_app(args)._startup_warnings)
+    monkeypatch.setattr(default_model, "shipped_demo_dirs", lambda: None)
+    assert any("tiny random model" in w for w in build_app(args)._startup_warnings)

@@ -56,8 +56,11 @@ class DDTreeChatApp(App):
     ]
 
     def __init__(self, engine_factory: Callable, settings: Settings | None = None, *, warnings: list[str] | None = None,
-                 history: History | None = None, open_history: bool = True, config_cls=None, model_label: str = ""):
+                 history: History | None = None, open_history: bool = True, config_cls=None, model_label: str = "",
+                 resume: int | str | None = None):
+        """resume: a conversation id to open once the model is loaded, or "latest" (the CLI's -c)."""
         super().__init__()
+        self._resume = resume
         self._startup_warnings = list(warnings or [])
         log_warning = setup_logging()
         if log_warning:
@@ -156,6 +159,21 @@ class DDTreeChatApp(App):
         drafter = "with drafter" if info.get("has_drafter") else "no drafter (ar only)"
         self.note(f"Loaded {info.get('model', 'model')} on {info.get('device', '?')}, {drafter}. Type /help for commands.")
         self._show_context()
+        if self._resume is not None:
+            self.call_after_refresh(self._resume_conversation)
+
+    async def _resume_conversation(self) -> None:
+        """-c / --conversation ID: the chat opens where that conversation ended."""
+        wanted, self._resume = self._resume, None
+        history = self.session.history
+        found = history.conversations()[:1] if history is not None and wanted == "latest" else []
+        if history is not None and wanted != "latest":
+            found = [c for c in [history.get(wanted)] if c is not None]
+        if not found:
+            self.note("No conversation to continue; this is a new chat." if wanted == "latest"
+                      else f"There is no conversation {wanted} (ctrl+o lists them); this is a new chat.", "error")
+            return
+        await self._on_conversation_choice(("open", found[0].id))
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.exit_code = 1

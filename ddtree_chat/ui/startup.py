@@ -23,5 +23,12 @@ def build_app(args):
     warnings = [warning] if warning else []
     settings, problems = settings_mod.with_overrides(settings, args)
     warnings += problems
-    label = Path(args.model).name if getattr(args, "model", None) else "demo model"
-    return DDTreeChatApp(engine_factory(args), settings, warnings=warnings, model_label=label)
+    from ddtree_chat.engine.default_model import random_fallback_note
+
+    model = getattr(args, "model", None)
+    note = random_fallback_note(model)
+    if note:
+        warnings.append(note[0].upper() + note[1:] + ".")
+    label = Path(model).name if model else "demo model"
+    resume = getattr(args, "conversation", None) or ("latest" if getattr(args, "continue_", False) else None)
+    return DDTreeChatApp(engine_factory(args), settings, warnings=warnings, model_label=label, resume=resume)
