@@ -311,7 +311,7 @@ def test_a_recording_leaves_the_device_state_as_it_was(synthetic_pair):
     sr.graphs.pop(("prefill", 16, True))
     for key in (("verify", 12, True), ("accept", 12, True, False), sr.draft_key("ddtree", 11), ("prefill", 16, True)):
         assert key not in sr.graphs
-        sr.record(key)
+        sr.prepare([key])
     after = (sr._state_block, sr.tokens, sr.choice, dec.cache.ckv, dec.cache.kpe, dec.dcache.k)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
