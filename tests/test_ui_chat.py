@@ -443,7 +443,7 @@ async def test_budget_range_matches_the_cli():
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await submit(pilot, "/budget 5000")
-        assert any("from 0 to 1023" in n for n in notes(app, "error"))
+        assert any("between 0 and 1023" in n for n in notes(app, "error"))
         await submit(pilot, "/budget 0")
         assert app.settings.budget == 0
         await submit(pilot, "/budget auto")

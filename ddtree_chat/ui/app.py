@@ -501,7 +501,7 @@ class DDTreeChatApp(App):
     # -- settings and conversations ---------------------------------------------------------
 
     def set_setting(self, name: str, value) -> str:
-        value = commands.parse_budget(value) if name == "budget" else settings_mod.validate(name, value)
+        value = settings_mod.validate(name, value)
         if name == "mode" and value not in self.modes:
             raise SettingsError(f"Mode {value} needs a drafter; this model was loaded without one (use --draft DIR).")
         self.settings = self.settings.replace(**{name: value})
@@ -584,7 +584,7 @@ class DDTreeChatApp(App):
             if name not in settings_mod.FIELD_NAMES:
                 continue
             try:
-                values[name] = commands.parse_budget(value) if name == "budget" else settings_mod.validate(name, value)
+                values[name] = settings_mod.validate(name, value)
             except SettingsError:
                 log.warning("stored setting %s=%r ignored", name, value)
         restored = self._usable(self.base_settings.replace(**values))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ddtree_chat import settings as settings_mod
 from ddtree_chat.settings import MAX_BUDGET, MODES, SettingsError
 
 # (command, argument, what it does) — /help prints this table
@@ -111,16 +110,6 @@ def run_command(app, text: str) -> None:
             app.note(f"Unknown command {name}. Type /help for the list.", "error")
     except SettingsError as err:
         app.note(str(err), "error")
-
-
-def parse_budget(value):
-    """A budget as the engine takes it: auto or 0-MAX_BUDGET (0: no drafted nodes), the range the CLI states."""
-    try:
-        return settings_mod.validate("budget", value)
-    except SettingsError:
-        if str(value).strip() == "0":
-            return 0
-        raise SettingsError(f"budget must be auto or a number from 0 to {MAX_BUDGET}, not {value!r}.") from None
 
 
 def describe(settings) -> str:
