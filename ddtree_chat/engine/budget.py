@@ -130,8 +130,8 @@ class AutoBudget:
             if rate > best_rate:
                 best, best_rate, self.predicted = b, rate, m
         best = self.tp.broadcast(best or min(self.costs))
-        # NOTE: only an exploring round moves the size later rounds draft; the others (eager rounds choose
-        # every round) cut their own tree. A cut that moved it stuck every round until the next exploration
+        # NOTE: only an exploring round moves the size later rounds draft; the others (rounds that do not run
+        # ahead choose every round) cut their own tree. A cut that moved it stuck every round until the next exploration
         # (up to EXPLORE_MAX later) at the size one uncertain tree wanted: CPU auto ran 9% below budget 8.
         if self.exploring:  # a stable choice needs ever fewer checks; a change goes back to EXPLORE
             self.interval = min(2 * self.interval, EXPLORE_MAX) if best == self.last else EXPLORE

@@ -346,7 +346,7 @@ class Engine:
             if auto:
                 budget = self._auto.next_budget()  # NOTE: every round: the search moves it
                 # NOTE: between exploring rounds the graph path verifies the last choice whole, so the
-                # round is a fixed-size one and runs ahead; eager rounds still cut it (a climbing CPU cost)
+                # round is a fixed-size one and runs ahead; rounds run directly still cut it (a climbing CPU cost)
                 if self._auto.exploring or not dec.runs_ahead(cfg.temperature):
                     choose = self._auto.choose
                 then = self._auto.following

@@ -8,7 +8,8 @@ for 0.3 ms of kernels (BENCHMARKS.md, thirteenth session).
 NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
 entries, root token) into one device buffer that the programs read, so a graph replays at any length;
 after it, the one copy of the packed result tells the host how many rows to count. Rows the programs
-write past the committed lengths are scratch. Without capture (CPU tests) the same programs run eagerly.
+write past the committed lengths are scratch. Not recording (CPU, --eager, tensor parallel), the same
+programs run directly.
 
 NOTE: recording a program runs it once (the warm-up before the capture); _record puts back every buffer
 that run wrote, so a recording never moves the state a later round reads. The graphs share one memory
