@@ -183,7 +183,7 @@ class MoE(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         c = self.cfg
-        logits = ops.linear(x2.float(), self.gate.weight.float())
+        logits = ops.router_logits(x2, self.gate.weight)
         ids, w = ops.route(logits, self.gate.e_score_correction_bias, c.num_experts_per_tok,
                            c.routed_scaling_factor, c.n_group, c.topk_group, c.norm_topk_prob)
         if self.tp.expert_parallel and self.tp.world > 1:

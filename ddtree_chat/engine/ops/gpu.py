@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from . import registry
 from .registry import register
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,8 @@ def register_all() -> list[str]:
     _enable("rms_norm", _guard("rms_norm", cuda_small.rms_norm_fast, rms_norm_ref))
     _enable("add_rms_norm", _guard("add_rms_norm", cuda_small.rms_norm_residual_fast, add_rms_norm_ref))
     try:
-        from . import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_norm, triton_rope,
-                       triton_topk, triton_tree)
+        from . import (triton_draft_attention, triton_exact_linear, triton_latent, triton_linear, triton_mla,
+                       triton_mla_exact, triton_norm, triton_rope, triton_topk, triton_tree)
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton kernels (MLA and drafter attention, small-M products, rope, latent write, tree) unavailable: %s", e)
         return enabled_ops
@@ -86,11 +87,16 @@ def register_all() -> list[str]:
         """After a failure for good it returns None: the op's next kernel or its reference serves (dispatch)."""
         _enable(name, _guard(name, fast_fn, lambda *a: None, TritonError), dtypes, ahead)
 
+    exact = registry.exact()
     mla_kernel = _guard("mla_attention", triton_mla.mla_attention_triton, mla_attention_ref, TritonError)
+    mla_exact = _guard("mla_attention", triton_mla_exact.mla_attention_exact, lambda *a: None, TritonError)
 
     def mla(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
-        # NOTE: float32 eager forwards keep the exact reference; a device length (static shapes, CUDA
-        # graphs) needs the kernel, which then computes with IEEE float32 dots.
+        # NOTE: the row-invariant kernel serves every call (direct or recorded, any dtype): a query must
+        # round the same in every round. Without it, float32 eager forwards keep the reference.
+        out = mla_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale) if exact else None
+        if out is not None:
+            return out
         if q_lat.dtype == torch.float32 and not torch.is_tensor(prefix_len):
             return mla_attention_ref(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
         return mla_kernel(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
@@ -103,6 +109,11 @@ def register_all() -> list[str]:
     triton_op("routed_glu", triton_linear.routed_glu_fast, (torch.float32,))
     # NOTE: bf16 takes cuBLAS's addmm (one launch instead of a product and an add)
     triton_op("linear_add", triton_linear.linear_add_fast, half + (torch.float32,))
+    if exact:  # NOTE: row-invariant half-precision products at every M (ahead of cuBLAS, also in prefills)
+        triton_op("matmul_nt", triton_exact_linear.matmul_nt_exact, half, ahead=True)
+        triton_op("matmul_nt_glu", triton_exact_linear.matmul_nt_glu_exact, half, ahead=True)
+        triton_op("linear_add", triton_exact_linear.linear_add_exact, half, ahead=True)
+        triton_op("router_logits", lambda x, w: triton_exact_linear.matmul_nt_exact(x.float(), w.float()))
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,))
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))
     triton_op("norm_rope", lambda x, w, eps, cos, sin: triton_rope.rope_triton(x, cos, sin, True, False, w, eps),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from typing import Callable, Iterator
 
 import torch
@@ -27,6 +28,14 @@ def prefer_library() -> Iterator[None]:
 
 def prefers_library() -> bool:
     return _LIBRARY.get()
+
+
+def exact() -> bool:
+    """Row-invariant kernels (default): a half-precision target's rows round the same in every round, so
+    speculative output equals plain decoding bit for bit (docs/exactness.md). DDTREE_EXACT=0 takes the
+    kernels picked by row count instead (cuBLAS products, the SM-count split plan, the MoE's few-token
+    pipeline): faster where they win, but a bf16 tree may then drift from --mode ar."""
+    return os.environ.get("DDTREE_EXACT", "1") != "0"
 
 
 def register(name: str, fn: Callable, dtypes=None, ahead: bool = False) -> None:

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from .registry import fast
+from .registry import dispatch, fast
+
+
+def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, H], w [E, H] -> float32 [T, E]: the router's product in float32, whatever the model's dtype."""
+    return F.linear(x.float(), w.float())
+
+
+def router_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return dispatch("router_logits", x, router_logits_ref, x, w)
 
 
 def route_ref(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, n_group: int = 1,

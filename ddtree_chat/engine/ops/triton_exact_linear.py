@@ -1,0 +1,79 @@
+"""Row-invariant products y = x @ w^T (Triton): every output row is computed by the same sequence of
+floating-point operations whatever the number of rows M, so a tree verify's row equals the AR step's
+(docs/exactness.md). Library GEMMs choose kernels and split-K by M; here the tile (BLOCK_M rows, BLOCK_N,
+BLOCK_K, warps, stages) and the split of K depend only on (N, K, batch, dtype) and the device, and split-K
+partials are added in split order by the tile's last split (triton_linear's kernel, SPLIT > 1).
+
+Serves the half-precision target's dense products (attention projections and absorption, shared expert,
+dense MLP, lm head; any M, also inside registry.prefer_library()) and the router's float32 logits."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .triton_linear import _as3, _locks, _mm_nt_kernel
+from .triton_mla import sm_count
+
+BLOCK_M = 16  # fixed: the MMA shape (and so each row's K order) must not change with M
+WAVES = 2  # programs per SM the split aims at for one 16-row block (the AR step's bandwidth)
+MIN_SPLIT_STEPS = 4  # k-steps per split at least
+
+
+def tile(n: int, k: int, batch: int, dtype: torch.dtype, device) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages, split) from the shape and the device only, never from M."""
+    bn, bk = (64, 64) if dtype != torch.float32 else (32, 32)
+    tiles = triton.cdiv(n, bn) * batch
+    want = triton.cdiv(WAVES * sm_count(device), tiles)
+    split = min(triton.next_power_of_2(want), max(1, k // (bk * MIN_SPLIT_STEPS)))
+    return bn, bk, 4, 4 if dtype != torch.float32 else 3, max(1, split)
+
+
+def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, CUDA) -> x.dtype [M, N] or [B, M, N];
+    residual [M, N] (2-D only): added in float32 before the one rounding. None for what it does not serve."""
+    if x.dim() > 3 or w.dim() > 3 or w.dtype != x.dtype or w.shape[-1] != x.shape[-1] \
+            or (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]):
+        return None
+    if residual is not None and (x.dim() != 2 or w.dim() != 2 or residual.shape != (x.shape[0], w.shape[0])
+                                 or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        return None
+    batch = max(x.shape[0] if x.dim() == 3 else 1, w.shape[0] if w.dim() == 3 else 1)
+    m, k = x.shape[-2:]
+    n = w.shape[-2]
+    x3, sxb = _as3(x, batch)
+    w3, swb = _as3(w, batch)
+    # NOTE: a head-transposed x ([B, M, K] view of [M, B, K]: the MLA absorption's) gets its output in that
+    # layout too, so transposing it back is contiguous
+    if x.dim() == 3 and batch > 1 and x.stride(0) < x.stride(1):
+        out = torch.empty(m, batch, n, dtype=x.dtype, device=x.device).transpose(0, 1)
+    else:
+        out = torch.empty(batch, m, n, dtype=x.dtype, device=x.device)
+    bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, BLOCK_M), batch * split)
+    part = lock = out
+    if split > 1:
+        lock = _locks(x.device, grid[0] * grid[1] * batch)
+        if lock is None:  # NOTE: a capture without the warm-up's counters: fail loudly, never a library GEMM
+            raise RuntimeError("split-K counters must be allocated before a CUDA-graph capture")
+        part = torch.empty(grid[0] * grid[1] * batch * split * BLOCK_M * bn, dtype=torch.float32, device=x.device)
+    res = residual if residual is not None else out
+    _mm_nt_kernel[grid](x3, w3, w3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
+                        m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2),
+                        out.stride(0), out.stride(1), out.stride(2),
+                        PREC="ieee" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=BLOCK_M, BLOCK_N=bn,
+                        BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, num_warps=warps,
+                        num_stages=stages)
+    return out if x.dim() == 3 or w.dim() == 3 else out[0]
+
+
+def linear_add_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
+    """ops.linear_add's kernel: residual + x @ w^T with one rounding."""
+    return matmul_nt_exact(x, w, residual)
+
+
+def matmul_nt_glu_exact(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor | None:
+    """silu(x @ wg^T) * (x @ wu^T): two row-invariant products (each may split K) and elementwise ops."""
+    g = matmul_nt_exact(x, wg)
+    u = matmul_nt_exact(x, wu) if g is not None else None
+    return None if u is None else torch.nn.functional.silu(g) * u

@@ -1,0 +1,308 @@
+"""Row invariance on the GPU at Kimi K2.6's real layer dimensions (bf16, kernels on): a row computed alone
+(the AR step) equals, bit for bit, the same row inside 8/17/65/257-row launches (a dflash block, trees, a
+prefill chunk), op by op and through the whole target; so speculative decoding gives plain decoding's
+tokens exactly (docs/exactness.md)."""
+
+import pytest
+import torch
+
+from ddtree_chat.engine import ops
+from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+from ddtree_chat.engine.ops.registry import prefer_library
+
+from drafters import closure_mask
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+ROWS = (8, 17, 65, 257)
+BF16 = torch.bfloat16
+H = 7168
+SCALE = 0.1352  # K2.6's softmax scale (192-wide heads, YaRN mscale) to four digits
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def assert_row_invariant(fn, width: int, dtype=BF16, seed: int = 0):
+    """fn(x [M, width]) -> [M, ...]: row `r` of x alone, then placed first, last and in the middle of M-row
+    launches among random rows, gives the same output row."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = torch.randn(1, width, device="cuda", generator=g).to(dtype)
+    want = fn(r)[0]
+    for m in ROWS:
+        x = torch.randn(m, width, device="cuda", generator=g).to(dtype)
+        for at in sorted({0, m // 2, m - 1}):
+            x2 = x.clone()
+            x2[at] = r[0]
+            got = fn(x2)[at]
+            assert torch.equal(got, want), f"row {at} of {m}: max diff {(got.float() - want.float()).abs().max():.3g}"
+
+
+def weight(n, k, seed, dtype=BF16):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).to(dtype)
+
+
+# K2.6's dense products: q_a + kv_a (fused), q_b, o_proj, the shared expert, the dense MLP, the lm head
+PRODUCTS = [(1536 + 576, H), (64 * 192, 1536), (H, 64 * 128), (2048, H), (H, 2048), (18432, H), (H, 18432),
+            (163840, H)]
+
+
+@pytest.mark.parametrize("n,k", PRODUCTS)
+def test_dense_products_are_row_invariant(n, k):
+    w = weight(n, k, n + k)
+    assert_row_invariant(lambda x: ops.linear(x, w), k)
+    with prefer_library():  # directly run forwards (prefills) take the same kernel
+        assert_row_invariant(lambda x: ops.linear(x, w), k, seed=1)
+    x = torch.randn(33, k, device="cuda").to(BF16)
+    assert rel(ops.linear(x, w), x.double() @ w.double().T) < 1e-2
+
+
+def test_residual_glu_and_router_products_are_row_invariant():
+    wg, wu, wd = weight(2048, H, 1), weight(2048, H, 2), weight(H, 2048, 3)
+    res = torch.randn(300, H, device="cuda").to(BF16)
+    assert_row_invariant(lambda x: ops.linear_glu(x, wg, wu), H)
+    # the residual rides with its row: built from the row's own values
+    assert_row_invariant(lambda x: ops.linear_add(x, wd, x.repeat(1, 4)[:, :H].contiguous()), 2048)
+    x = torch.randn(40, 2048, device="cuda").to(BF16)
+    want = res[:40].double() + x.double() @ wd.double().T
+    assert rel(ops.linear_add(x, wd, res[:40]), want) < 1e-2
+    for e in (64, 384):  # the router's float32 logits, from a bf16 gate
+        gate = weight(e, H, e)
+        assert_row_invariant(lambda x: ops.router_logits(x, gate), H)
+        x = torch.randn(9, H, device="cuda").to(BF16)
+        assert (ops.router_logits(x, gate) - x.double() @ gate.double().T).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_mla_absorption_products_are_row_invariant(heads):
+    """[T, h, 128] x [h, 512, 128] and back, through the head-transposed views the model passes."""
+    w = weight(heads * 256, 512, heads).view(heads, 256, 512)
+    w_uk, w_uv = w[:, :128], w[:, 128:]
+
+    def absorb(q):  # q [M, h*128] -> [M, h*512]
+        q3 = q.view(-1, heads, 128)
+        return ops.matmul_nt(q3.transpose(0, 1), w_uk.transpose(-1, -2)).transpose(0, 1).reshape(q.shape[0], -1)
+
+    def back(o):  # o [M, h*512] -> [M, h*128]
+        o3 = o.view(-1, heads, 512)
+        return ops.matmul_nt(o3.transpose(0, 1), w_uv).transpose(0, 1).reshape(o.shape[0], -1)
+
+    assert_row_invariant(absorb, heads * 128)
+    assert_row_invariant(back, heads * 512)
+
+
+@pytest.fixture(scope="module")
+def k26():
+    """K2.6 at its real layer dimensions, 2 layers (dense, then MoE with 64 of the 384 experts), bf16."""
+    from ddtree_chat.engine.random_model import k26_config, random_target
+
+    cfg = k26_config(layers=2, n_routed_experts=64)
+    model = random_target(cfg, "cuda", BF16)
+    model.fuse_projections()
+    model.reserve_rope(4096 + 1100, BF16)
+    return cfg, model
+
+
+def test_moe_layer_is_row_invariant(k26):
+    """Router, INT4 experts (the variant picked for every token count), shared expert, residual."""
+    cfg, model = k26
+    moe = model.layers[1].mlp
+    assert_row_invariant(lambda x: moe(x[:, None, :], residual=x[:, None, :] * 0.5)[:, 0], H)
+    assert_row_invariant(lambda x: moe(x), H, seed=2)
+
+
+def _tree(t: int, chain: int, g: torch.Generator) -> tuple[list[int], int]:
+    """Parents of a random t-node tree (parents first) holding a chain 0 -> ... of `chain` nodes; the
+    chain's last node."""
+    parents = [-1] + list(range(chain - 1))
+    for i in range(chain, t):
+        parents.append(int(torch.randint(0, i, (1,), generator=g)))
+    return parents, chain - 1
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+@pytest.mark.parametrize("t", [1, 8, 17, 65, 256])
+def test_mla_attention_rows_match_the_ar_step(heads, t):
+    """The deepest chain node of a t-node verify at prefix L attends exactly as the AR step at its
+    position: contexts that end just before, on and after chunk boundaries; against the reference too."""
+    from ddtree_chat.engine.ops.triton_mla_exact import chunk_keys
+
+    dev = torch.device("cuda")
+    chunk = chunk_keys(heads)
+    g = torch.Generator().manual_seed(t * 7 + heads)
+    n_keys = 3 * chunk + t + 8
+    keys = torch.randn(n_keys, 576, generator=g).to(dev, BF16)
+    qs = (torch.randn(n_keys, heads, 576, generator=g) * 0.5).to(dev, BF16)
+    for length in (0, chunk - 3, chunk, 2 * chunk - t // 2 - 1, 3 * chunk - 1):
+        chain = min(t, 9) if t < 256 else t  # a prefill chunk: all t rows in one causal chain
+        parents, deep = _tree(t, chain, g)
+        mask = closure_mask(parents).to(dev)
+        depth = int(mask[deep].sum()) - 1
+        cap = length + t + 40
+        ckv = torch.full((cap, 576), float("nan"), device=dev, dtype=BF16)  # NaN-poisoned unused slots
+        ckv[:length] = keys[:length]
+        ckv[length:length + t] = torch.randn(t, 576, generator=g).to(dev, BF16)
+        q = (torch.randn(t, heads, 576, generator=g) * 0.5).to(dev, BF16)
+        node = deep
+        for d in range(depth, -1, -1):  # the chain holds the true keys at their positions
+            ckv[length + node] = keys[length + d]
+            node = parents[node]
+        q[deep] = qs[length + depth]
+        plen = torch.tensor([length], device=dev)
+        out = ops.mla_attention(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen, mask, SCALE)
+        ref = mla_attention_ref(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], length, mask, SCALE)
+        assert rel(out, ref) < 1e-2
+        p = length + depth  # the AR step: prefix p, its own key at slot p
+        ar_cache = torch.full((p + 50, 576), float("nan"), device=dev, dtype=BF16)
+        ar_cache[:p + 1] = keys[:p + 1]
+        qa = qs[p:p + 1]
+        one = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        ar = ops.mla_attention(qa[..., :512], qa[..., 512:], ar_cache[:, :512], ar_cache[:, 512:], p, one, SCALE)
+        assert torch.equal(ar[0], out[deep]), f"prefix {length}, depth {depth}"
+
+
+def test_mla_attention_replays_in_a_cuda_graph():
+    dev = torch.device("cuda")
+    t, heads, cap = 17, 8, 3000
+    g = torch.Generator().manual_seed(5)
+    ckv = torch.randn(cap, 576, generator=g).to(dev, BF16)
+    q = torch.randn(t, heads, 576, generator=g).to(dev, BF16)
+    mask = closure_mask(_tree(t, 5, g)[0]).to(dev)
+    plen = torch.tensor([100], device=dev)
+    run = lambda: ops.mla_attention(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen, mask, SCALE)  # noqa: E731
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            out = run()
+    torch.cuda.current_stream().wait_stream(s)
+    for length in (100, 1500, cap - t):
+        plen.fill_(length)
+        graph.replay()
+        assert torch.equal(out, run()), length
+
+
+def test_target_logits_of_a_tree_equal_the_ar_steps(k26):
+    """The whole K2.6-shaped target: AR steps from a 1020-token context (crossing the 1024-key chunk
+    boundary of 64 heads), then the same tokens verified as a chain inside 17- and 65-node trees, as an
+    8-token block and as a prefill chunk: every chain node's logits equal the AR step's, and the latent
+    rows a verify writes equal the AR step's."""
+    from ddtree_chat.engine.kv_cache import KVCache
+
+    cfg, model = k26
+    dev = torch.device("cuda")
+    cache = KVCache(cfg.num_layers, 4096, cfg.kv_lora_rank, cfg.qk_rope_head_dim, BF16, dev)
+    g = torch.Generator().manual_seed(0)
+    start, steps = 1020, 9
+    prompt = torch.randint(0, cfg.vocab_size, (start,), generator=g).to(dev)
+    with torch.no_grad():
+        for lo in range(0, start, 256):  # the prompt in prefill chunks
+            n = min(256, start - lo)
+            cache.ensure_room(n)
+            model(prompt[lo:lo + n], torch.arange(lo, lo + n, device=dev), torch.ones(n, n, dtype=torch.bool, device=dev).tril(), cache)
+            cache.advance(n)
+        tokens, ar_logits = [int(torch.randint(0, cfg.vocab_size, (1,), generator=g))], []
+        one = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        for d in range(steps):
+            cache.ensure_room(1)
+            h, _ = model(torch.tensor([tokens[-1]], device=dev), torch.tensor([start + d], device=dev), one, cache)
+            ar_logits.append(model.logits(h)[0])
+            cache.advance(1)
+            tokens.append(int(ar_logits[-1].argmax()))
+        ar_rows = cache.ckv[:, start:start + steps].clone(), cache.kpe[:, start:start + steps].clone()
+        for t, chain in ((17, steps), (65, steps), (8, 8), (steps, steps)):
+            cache.truncate(start)
+            parents, _ = _tree(t, chain, g)
+            mask = closure_mask(parents).to(dev)
+            depth = mask.sum(-1) - 1
+            toks = torch.randint(0, cfg.vocab_size, (t,), generator=g)
+            toks[:chain] = torch.tensor(tokens[:chain])
+            cache.ensure_room(t)
+            h, _ = model(toks.to(dev), (start + depth).to(dev), mask, cache)
+            logits = model.logits(h)
+            for d in range(chain):
+                assert torch.equal(logits[d], ar_logits[d]), f"{t}-node verify, depth {d}"
+            assert torch.equal(cache.ckv[:, start:start + chain], ar_rows[0][:, :chain]), f"{t}-node verify: latent rows"
+            assert torch.equal(cache.kpe[:, start:start + chain], ar_rows[1][:, :chain]), f"{t}-node verify: rope rows"
+
+
+def _decode(dec, prompt, mode, budget, n, drafter=None):
+    """Greedy ids of n tokens after prompt through Decoder rounds (as Engine._generate runs them)."""
+    if drafter is not None:
+        dec.block_logits, dec.run_ahead = drafter, False
+    logits = dec.prefill(prompt, drafting=mode != "ar")
+    out = [int(logits.argmax())]
+    dec.pending = out[0]
+    while len(out) < n:
+        r = dec.round(mode, budget, 0.0, 1.0, None, frozenset(), n - len(out))
+        out.extend(r.emitted)
+    dec.__dict__.pop("block_logits", None)
+    dec.run_ahead = None
+    return out[:n]
+
+
+def _continuation_drafter(dec, full: list[int], noise: int):
+    """Drafts the AR sequence `full` (a wrong token first at every `noise`-th position, so paths get cut
+    and siblings matter): deep trees whose chains the verify must reproduce exactly."""
+    def draft(block, pos, ctx, mask=None):
+        seq = list(dec.tokens) + [int(block[0])]
+        vocab = dec.tcfg.vocab_size
+        logp = torch.full((dec.block - 1, vocab), -30.0)
+        on_path = full[:len(seq)] == seq
+        for d in range(dec.block - 1):
+            i = len(seq) + d
+            good = full[i] if on_path and i < len(full) else (7 * i) % vocab
+            bad = (good + 1 + i) % vocab
+            if noise and (i % noise) == 0:
+                logp[d, bad], logp[d, good] = -0.1, -2.5
+            else:
+                logp[d, good], logp[d, bad] = -0.05, -3.0
+        return torch.log_softmax(logp, -1).to(block.device)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def k26_decoder(k26):
+    from ddtree_chat.engine.ddtree import Decoder
+    from ddtree_chat.engine.random_model import k26_draft_config, random_drafter
+
+    cfg, model = k26
+    dcfg = k26_draft_config(target_layers=2, layers=1)
+    return Decoder(model, cfg, random_drafter(dcfg, "cuda", BF16), dcfg, max_len=2048)
+
+
+def test_speculative_ids_equal_ar_with_deep_trees(k26_decoder):
+    """Rounds run directly, drafts that follow the AR continuation (with cut paths): dflash and ddtree
+    16/64 give the ar ids."""
+    dec = k26_decoder
+    g = torch.Generator().manual_seed(1)
+    for p in range(4):
+        prompt = torch.randint(0, dec.tcfg.vocab_size, (40 + 97 * p,), generator=g).tolist()
+        want = _decode(dec, prompt, "ar", 0, 96)
+        for mode, budget, noise in (("dflash", 7, 5), ("ddtree", 16, 4), ("ddtree", 64, 3)):
+            got = _decode(dec, prompt, mode, budget, 96, _continuation_drafter(dec, prompt + want, noise))
+            assert got == want, f"prompt {p}, {mode} {budget}: first difference at {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
+
+
+def test_speculative_ids_equal_ar_in_cuda_graphs(k26_decoder):
+    """12 prompts x 256 tokens, rounds recorded as CUDA graphs, the (random) drafter's own trees."""
+    from ddtree_chat.engine.graphs import StaticRound
+
+    dec = k26_decoder
+    dec.graphs = StaticRound(dec, capture=True)
+    try:
+        with torch.no_grad():
+            dec.graphs.warm([("ar", 0, False), ("dflash", 7, False), ("ddtree", 16, False)])
+        assert dec.graphs.capture, "recording failed"
+        g = torch.Generator().manual_seed(2)
+        for p in range(12):
+            prompt = torch.randint(0, dec.tcfg.vocab_size, (30 + 61 * p,), generator=g).tolist()
+            want = _decode(dec, prompt, "ar", 0, 256)
+            for mode, budget in (("dflash", 7), ("ddtree", 16)):
+                assert _decode(dec, prompt, mode, budget, 256) == want, f"prompt {p}, {mode}"
+    finally:
+        dec.graphs = StaticRound(dec, capture=False)
