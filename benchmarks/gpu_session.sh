@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed exact exactab e2ebf16 smoke e2e
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed exact exactab exactkernels e2ebf16 smoke e2e
 #                                               programs k26 layer kernels
 #                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
@@ -67,6 +67,7 @@ for s in "$@"; do
                      DDTREE_EXACT=$x step "k26-forward-exact$x" 120 python benchmarks/k26_forward.py --synthetic-layers 4 \
                          --context 8192 --tokens 1 17 65 --json "$OUT/k26_forward_exact$x.json"
                  done ;;
+        exactkernels) step exactkernels 300 python benchmarks/kernels.py --only exact --json "$OUT/exact_kernels.json" ;;
         e2ebf16) step e2ebf16 300 python benchmarks/e2e.py --device cuda --dtype bfloat16 --prompts 12 --max-new 128 \
                      --budgets 16 32 64 --json "$OUT/e2e_bf16.json" ;;
         smoke) step smoke 420 python benchmarks/cli_smoke.py --device cuda --max-new 64 \

@@ -192,6 +192,59 @@ def bench_mla(ceiling, quick):
     return rows
 
 
+EXACT_PRODUCTS = [("qkv_a", 2112, 7168), ("q_b", 12288, 1536), ("o_proj", 7168, 8192), ("shared_gate", 2048, 7168),
+                  ("shared_down", 7168, 2048), ("dense_up", 18432, 7168), ("dense_down", 7168, 18432),
+                  ("lm_head", 163840, 7168)]
+EXACT_TILES = [(64, 64, 4, 4, 1.0), (64, 128, 4, 3, 1.0), (128, 64, 4, 4, 1.0), (64, 64, 4, 4, 2.0),
+               (64, 64, 4, 4, 0.5)]
+
+
+def bench_exact(ceiling):
+    """--only exact: the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 /
+    65 rows against cuBLAS in the same process, at the default tile and alternatives (BLOCK_N, BLOCK_K,
+    warps, stages, split multiplier); and the row-invariant MLA against the SM-count split plan."""
+    from ddtree_chat.engine.ops import triton_exact_linear as el
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
+    from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
+
+    rows, default = [], el.tile
+    for name, n, k in EXACT_PRODUCTS:
+        w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        for m in (1, 17, 65):
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            lib_us = 1e3 * graph_ms(lambda: torch.nn.functional.linear(x, w), cold=True)
+            by_tile = {}
+            for bn, bk, warps, stages, mult in EXACT_TILES:
+                def tile(n_, k_, b_, dt, dev, bn=bn, bk=bk, warps=warps, stages=stages, mult=mult):
+                    split = default(n_, k_, b_, dt, dev)[-1]
+                    return bn, bk, warps, stages, max(1, min(int(split * mult), k_ // (bk * 2)))
+                el.tile = tile
+                try:
+                    by_tile[f"{bn}x{bk} w{warps} s{stages} split*{mult}"] = 1e3 * graph_ms(
+                        lambda: el.matmul_nt_exact(x, w), cold=True)
+                except Exception as e:  # a tile that does not fit
+                    by_tile[f"{bn}x{bk} w{warps} s{stages} split*{mult}"] = repr(e)[:60]
+                finally:
+                    el.tile = default
+            us = 1e3 * graph_ms(lambda: el.matmul_nt_exact(x, w), cold=True)
+            rows.append(row("exact_linear", f"{name} M={m}", us, n * k * 2, ceiling, lib_us,
+                            extra={"tile": default(n, k, 1, torch.bfloat16, x.device), "us_by_tile": by_tile}))
+            print(rows[-1], flush=True)
+        del w
+    for ctx in (8192, 32768, 131072):
+        cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
+        for nh in (64, 8):
+            for t in (1, 17, 65):
+                q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
+                nbytes, flops = mla_cost(ctx, t, nh)
+                old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
+                us = 1e3 * graph_ms(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
+                rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops))
+                print(rows[-1], flush=True)
+        del cache
+    return rows
+
+
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens) shapes
     once each inside an NVTX range "ncu", after an untimed call outside it (compiles, autotunes), for Nsight
@@ -470,7 +523,8 @@ def main():
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
                      ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)),
-                     ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("ncu", profile_once)):
+                     ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling)),
+                     ("ncu", profile_once)):
         if name in only:
             try:
                 rows += fn()

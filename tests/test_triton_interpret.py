@@ -293,6 +293,71 @@ print(json.dumps(bad))
 """
 
 
+EXACT_MLA_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops import triton_mla_exact as ex
+from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+r, p, nh = 64, 16, 16  # NOTE: 16 heads fill a 16-row block: numpy's products depend on a row's place in it
+chunk = ex.chunk_keys(nh)
+g = torch.Generator().manual_seed(1)
+keys, qs = torch.randn(3 * chunk, r + p, generator=g), torch.randn(3 * chunk, nh, r + p, generator=g)
+bad = []
+for length, parents in json.loads(sys.argv[1]):
+    t = len(parents)
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    for i in range(t):
+        j = i
+        while j >= 0:
+            mask[i, j], j = True, parents[j]
+    deep = int(mask.sum(-1).argmax())
+    depth = int(mask[deep].sum()) - 1
+    ckv = torch.full((length + t + 50, r + p), float("nan"))
+    ckv[:length], ckv[length:length + t] = keys[:length], torch.randn(t, r + p, generator=g)
+    node = deep
+    for d in range(depth, -1, -1):  # the deepest node's chain holds the true keys of its positions
+        ckv[length + node], node = keys[length + d], parents[node]
+    q = torch.randn(t, nh, r + p, generator=g)
+    q[deep] = qs[length + depth]
+    args = (ckv[:, :r], ckv[:, r:], torch.tensor([length]), mask, 0.1)
+    out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=length + 40)
+    want = mla_attention_ref(q[..., :r], q[..., r:], ckv[:, :r], ckv[:, r:], length, mask, 0.1)
+    pos = length + depth  # the AR step at the deepest node's position
+    ar = ex.mla_attention_exact(qs[pos:pos + 1, :, :r], qs[pos:pos + 1, :, r:], keys[:, :r], keys[:, r:], pos,
+                                torch.ones(1, 1, dtype=torch.bool), 0.1)
+    if not (out - want).abs().max() <= 1e-4 or not torch.equal(ar[0], out[deep]):
+        bad.append([length, parents])
+print(json.dumps(bad))
+"""
+
+
+EXACT_LINEAR_SCRIPT = r"""
+import json, sys, torch
+from unittest import mock
+from ddtree_chat.engine.ops import triton_exact_linear as el
+mock.patch.object(el, "sm_count", lambda dev: 4).start()  # NOTE: no GPU: a small SM count, several splits
+g = torch.Generator().manual_seed(0)
+bad = []
+for n, k, batch in json.loads(sys.argv[1]):
+    w = torch.randn(*((batch,) if batch > 1 else ()), n, k, generator=g)
+    r = torch.randn(1, k, generator=g)
+    one = el.matmul_nt_exact(r if batch == 1 else r.expand(batch, 1, k), w)
+    for m in (16, 17, 48):
+        x = torch.randn(m, k, generator=g)
+        at = 16 * (m // 32)  # NOTE: a row's place inside its 16-row block fixed (numpy's products depend on it)
+        x[at] = r[0]
+        xx = x if batch == 1 else x.expand(batch, m, k)
+        got = el.matmul_nt_exact(xx, w)
+        row, want = (got[at], one[0]) if batch == 1 else (got[:, at], one[:, 0])
+        if not (got - xx @ w.transpose(-1, -2)).abs().max() <= 1e-3 or not torch.equal(row, want):
+            bad.append([n, k, batch, m])
+    if batch == 1:
+        res, x = torch.randn(17, n, generator=g), torch.randn(17, k, generator=g)
+        if not (el.matmul_nt_exact(x, w, res) - (res + x @ w.T)).abs().max() <= 1e-3:
+            bad.append([n, k, "residual"])
+print(json.dumps(bad))
+"""
+
+
 LOOP_PROBE = r"""
 import torch, triton, triton.language as tl
 @triton.jit
@@ -352,6 +417,25 @@ def test_mla_kernel_in_the_interpreter_equals_the_reference():
              (5, 8, 512, 64, 300, 400, 2)]
     merges = [(1, 3, 64), (5, 2, 128), (70, 2, 512)]
     assert interpret(MLA_SCRIPT, [cases, merges]) == []
+
+
+def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
+    """The row-invariant MLA kernel (triton_mla_exact): a tree node's output equals the AR step's at its
+    position, bit for bit, where the tree's keys straddle a chunk boundary or sit inside one, a context of
+    0, a causal prefill chunk; and both equal the reference. (On the GPU: tests/test_exact_gpu.py.)"""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    cases = [(1019, [-1] + list(range(8)) + [0, 3, 5]), (512, [-1, 0, 1, 0]),
+             (0, [-1, 0, 0, 1, 2]), (30, [-1] + list(range(19)))]
+    assert interpret(EXACT_MLA_SCRIPT, cases) == []
+
+
+def test_exact_products_are_row_invariant_in_the_interpreter():
+    """The row-invariant product (triton_exact_linear): one tile and split for every M (split-K, batched,
+    edges that are no tile multiple, a residual), row blocks enumerated first; equal to x @ w^T."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    assert interpret(EXACT_LINEAR_SCRIPT, [(96, 512, 1), (40, 256, 1), (64, 128, 3)]) == []
 
 
 def test_small_m_product_kernel_in_the_interpreter_equals_float64():

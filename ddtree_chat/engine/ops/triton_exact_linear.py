@@ -50,7 +50,7 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     else:
         out = torch.empty(batch, m, n, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, BLOCK_M), batch * split)
+    grid = (triton.cdiv(n, bn) * triton.cdiv(m, BLOCK_M), 1, batch * split)  # row blocks inner (M_INNER)
     part = lock = out
     if split > 1:
         lock = _locks(x.device, grid[0] * grid[1] * batch)
@@ -62,7 +62,8 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
                         m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2),
                         out.stride(0), out.stride(1), out.stride(2),
                         PREC="ieee" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=BLOCK_M, BLOCK_N=bn,
-                        BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, num_warps=warps,
+                        BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, M_INNER=True,
+                        num_warps=warps,
                         num_stages=stages)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
 

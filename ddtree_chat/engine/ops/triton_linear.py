@@ -78,7 +78,7 @@ def _mac(acc, x, w, PREC: tl.constexpr):
 def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_routed, RES, srm, M, N, K, BATCH, sxb,
                   sxm, sxk, swb, swn, swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                  ROUTE: tl.constexpr, ADD: tl.constexpr):
+                  ROUTE: tl.constexpr, ADD: tl.constexpr, M_INNER: tl.constexpr = False):
     """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
     [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
     after) adds them in split order (deterministic) and stores the tile: split-K in one launch.
@@ -87,9 +87,16 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
     ROUTE (SPLIT == 1; ROUTE = n_top padded to a power of two): batch b is expert b; row m's output is
     scaled by its routing weight for b, the sum of RW[m, j] over the j with IDS[m, j] == b (0 if none);
     experts b >= n_routed are shared ones (weight 1).
-    ADD (2-D, not with GLU): the finished tile plus RES [M, N] (row stride srm): a residual added in the store."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    ADD (2-D, not with GLU): the finished tile plus RES [M, N] (row stride srm): a residual added in the store.
+    M_INNER: program_id(0) enumerates row blocks first (grid (M blocks * N blocks, 1, ...)): the programs
+    that read one weight tile run together, so tall products read each tile from DRAM once."""
+    if M_INNER:
+        m_tiles = tl.cdiv(M, BLOCK_M)
+        pid_n = tl.program_id(0) // m_tiles
+        pid_m = tl.program_id(0) % m_tiles
+    else:
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
     b = (tl.program_id(2) // SPLIT).to(tl.int64)
     sid = tl.program_id(2) % SPLIT
     k_chunk = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
@@ -136,7 +143,7 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
             acc += tl.load(rp, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
         tl.store(op, acc, mask=m_ok[:, None] & n_ok[None, :])
     else:
-        tile = (b * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
+        tile = (b * tl.cdiv(M, BLOCK_M) + pid_m) * tl.cdiv(N, BLOCK_N) + pid_n
         offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         part = PART + tile * (SPLIT * BLOCK_M * BLOCK_N) + offs_t
         tl.store(part + sid * (BLOCK_M * BLOCK_N), acc)
