@@ -5,14 +5,15 @@ import torch
 from ddtree_chat.engine import GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
 from ddtree_chat.engine.parallel import SINGLE
-from ddtree_chat.engine.tree import build_tree, path_scores
+from ddtree_chat.engine.tree import path_scores
 
 from drafters import TargetDrafter
+from tree_oracle import build_tree_heap
 
 
 def _tree(confident: bool):
     p = torch.tensor([[0.97, 0.02, 0.01]] * 7 if confident else [[0.4, 0.35, 0.25]] * 7)
-    return build_tree(0, p.log(), torch.arange(3).repeat(7, 1), 16)
+    return build_tree_heap(0, p.log(), torch.arange(3).repeat(7, 1), 16)
 
 
 def test_choice_trades_acceptance_against_measured_cost():

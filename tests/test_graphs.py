@@ -325,13 +325,13 @@ def test_the_prompts_logits_survive_other_programs(synthetic_pair):
 import os, sys, tempfile, torch
 os.environ["DDTREE_CHAT_HOME"] = tempfile.mkdtemp()
 from ddtree_chat.engine import Engine, GenerationConfig
-from ddtree_chat.engine.budget import CANDIDATES
+from ddtree_chat.engine.generation import AUTO_BUDGETS
 eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda")
 dec, sr = eng.decoder, eng.decoder.graphs
 ids = eng.tokenizer.encode("def f(x):")
 want = dec.prefill(ids, drafting=True).clone()
 got = dec.prefill(ids, drafting=True)
-for c in CANDIDATES:
+for c in AUTO_BUDGETS:
     sr.verify_seconds(c + 1, torch.arange(c + 1, device="cuda"), repeats=1)
 assert torch.equal(got, want), "prefill logits overwritten"
 ar = list(eng.generate(ids, GenerationConfig(mode="ar", max_new_tokens=12, stop_token_ids=())))[-1]["token_ids"]

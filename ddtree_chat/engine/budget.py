@@ -19,7 +19,6 @@ from .generation import AUTO_BUDGETS
 from .parallel import TPGroup
 from .tree import DraftTree, path_scores
 
-CANDIDATES = AUTO_BUDGETS
 EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays ...
 EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles that interval, up to this
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ class AutoBudget:
     def _next_size(self) -> int:
         if not self.exploring:
             return self.last
-        sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
+        sizes = sorted(self.costs) if self.costs else list(AUTO_BUDGETS)
         above = [b for b in sizes if b > self.last]
         if not above:
             return sizes[-1]
@@ -85,7 +84,7 @@ class AutoBudget:
         dec = self.dec
         room = dec.max_len - dec.cache.length
         costs = {}
-        for b in CANDIDATES:
+        for b in AUTO_BUDGETS:
             if b + 1 > room:
                 break
             # NOTE: varied tokens, so the MoE routes them to as many distinct experts as a real tree does

@@ -23,7 +23,7 @@ from .generation import MAX_BUDGET
 from .kv_cache import DraftCache, KVCache
 from .graphs import PREFILL_SIZES, StaticRound
 from .model import KimiModel
-from .tree import DraftTree, build_tree_topk, target_choice
+from .tree import DraftTree, build_tree, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 
@@ -194,11 +194,11 @@ class Decoder:
     @staticmethod
     def tree_from_logits(root, logits: torch.Tensor, mode: str, budget: int, out=None) -> DraftTree:
         """dflash: the argmax chain; ddtree: the top-`budget` prefixes (both without host syncs). out: buffers
-        the tree kernel may build into (tree.build_tree_topk)."""
+        the tree kernel may build into (tree.build_tree)."""
         if mode == "dflash":
-            return build_tree_topk(root, *ops.topk_logprobs(logits, 1), logits.shape[0], out)
+            return build_tree(root, *ops.topk_logprobs(logits, 1), logits.shape[0], out)
         depth = min(logits.shape[0], budget)
-        return build_tree_topk(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
+        return build_tree(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
 
     @torch.no_grad()
     def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,

@@ -171,7 +171,7 @@ class Engine:
         """A new executor of the round's programs (graphs.StaticRound), recording them as CUDA graphs when
         `capture`; records the AR, dflash and auto-budget rounds now (reported through `progress`). NOTE:
         one GPU only (collectives are not captured)."""
-        from .budget import CANDIDATES
+        from .generation import AUTO_BUDGETS
         from .graphs import StaticRound
 
         dec = self.decoder
@@ -179,7 +179,7 @@ class Engine:
         rounds = [("ar", 0, False)]
         if self.drafter is not None:
             # NOTE: auto drafts each candidate both choosing (exploring rounds) and whole (the rest)
-            rounds += [("dflash", self.dcfg.block_size - 1, False)] + [("ddtree", c, x) for c in CANDIDATES
+            rounds += [("dflash", self.dcfg.block_size - 1, False)] + [("ddtree", c, x) for c in AUTO_BUDGETS
                                                                        for x in (True, False)]
         try:
             with torch.no_grad():
