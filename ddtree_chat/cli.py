@@ -15,6 +15,7 @@ import traceback
 
 from . import __version__
 from . import settings as settings_mod
+from .modes import MAX_BUDGET, MODES, Mode
 
 KEYS_HELP = """\
 keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, Up/Down earlier messages,
@@ -70,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--conversation", type=int, metavar="ID", help="continue conversation ID (one-shot or chat; the chat's list shows the ids)")
     ap.add_argument("--no-save", dest="save", action="store_false",
                     help="one-shot: do not save the exchange as a conversation")
-    ap.add_argument("--mode", choices=settings_mod.MODES, help="decoding mode (default: ddtree with a drafter, else ar)")
+    ap.add_argument("--mode", choices=MODES, help="decoding mode (default: ddtree with a drafter, else ar)")
     ap.add_argument("--budget", type=_setting("budget"), metavar="N|auto",
-                    help=f"draft tree nodes per round, root excluded, 0-{settings_mod.MAX_BUDGET} "
+                    help=f"draft tree nodes per round, root excluded, 0-{MAX_BUDGET} "
                          "(default auto: measured verify cost vs acceptance)")
     ap.add_argument("--temperature", type=_setting("temperature"), metavar="T",
                     help="sampling temperature, 0-5 (0 = greedy; default 0)")
@@ -141,11 +142,11 @@ def generation_config(settings, has_drafter: bool, mode_given: bool = True):
     """The engine's config for these settings; a saved mode the model cannot run falls back to ar."""
     from .engine import GenerationConfig
 
-    mode = settings.mode or ("ddtree" if has_drafter else "ar")
-    if mode != "ar" and not has_drafter:
+    mode = Mode(settings.mode or (Mode.DDTREE if has_drafter else Mode.AR))
+    if mode is not Mode.AR and not has_drafter:
         if mode_given:
             raise ValueError(f"--mode {mode} needs a drafter; pass --draft DIR or use --mode ar.")
-        mode = "ar"
+        mode = Mode.AR
     return GenerationConfig(mode=mode, budget=settings.budget, temperature=settings.temperature, top_p=settings.top_p,
                             seed=settings.seed, max_new_tokens=settings.max_new_tokens)
 

@@ -49,7 +49,7 @@ def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
         del engine.decoder.block_logits
     ar = list(engine.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=30, stop_token_ids=())))
     assert evs[-1]["token_ids"] == ar[-1]["token_ids"]
-    costs = engine._auto.costs
+    costs = engine.replies.auto.costs
     assert costs and all(v > 0 for v in costs.values())
     for ev in evs[1:-1]:
         assert ev["budget"] in costs and len(ev["tree"]["tokens"]) == ev["budget"] + 1

@@ -21,6 +21,7 @@ from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
 from ddtree_chat import paths
 from ddtree_chat import settings as settings_mod
+from ddtree_chat.modes import MODES, Mode
 from ddtree_chat.history import Conversation, History, Message
 from ddtree_chat.settings import Settings, SettingsError
 from ddtree_chat.ui import commands, export
@@ -182,15 +183,15 @@ class DDTreeChatApp(App):
     def _usable(self, s: Settings) -> Settings:
         """`s` with a mode this model can run (none set, or one that needs the missing drafter: the default)."""
         if s.mode is None or s.mode not in self.modes:
-            return s.replace(mode="ddtree" if "ddtree" in self.modes else "ar")
+            return s.replace(mode=Mode.DDTREE.value if Mode.DDTREE in self.modes else Mode.AR.value)
         return s
 
     @property
     def modes(self) -> list[str]:
         if self.engine is None:
-            return list(settings_mod.MODES)
+            return list(MODES)
         info = getattr(self.engine, "info", {}) or {}
-        return list(info.get("modes") or (settings_mod.MODES if info.get("has_drafter") else ["ar"]))
+        return list(info.get("modes") or (MODES if info.get("has_drafter") else [Mode.AR.value]))
 
     @property
     def max_context(self) -> int:
