@@ -31,13 +31,13 @@ def test_k26_forward_bytes_match_the_design_numbers():
     assert forward_bytes(cfg, 1, 131072)["kv_cache"] > 9e9  # 70 KB/token read in full
 
 
-def test_captured_features_follow_the_capture_order_with_repeats():
+def test_features_follow_the_feature_layers_order_with_repeats():
     """A drafter may list a target layer twice (the K2.6-shaped drafter over a 3-layer synthetic target)."""
     cfg = k26_config(layers=3, **TINY)
     model = random_target(cfg, "cpu", torch.float32, seed=1)
     toks, pos, mask = torch.tensor([1, 2, 3]), torch.arange(3), causal_mask(3)
-    _, one = model(toks, pos, mask, capture=(2, 0))
-    _, rep = model(toks, pos, mask, capture=(0, 1, 1, 2))
+    _, one = model(toks, pos, mask, feature_layers=(2, 0))
+    _, rep = model(toks, pos, mask, feature_layers=(0, 1, 1, 2))
     h = cfg.hidden_size
     assert rep.shape[-1] == 4 * h and torch.equal(rep[..., h:2 * h], rep[..., 2 * h:3 * h])
     assert torch.equal(rep[..., :h], one[..., h:]) and torch.equal(rep[..., 3 * h:], one[..., :h])

@@ -48,7 +48,7 @@ class Decoder:
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.cache = KVCache(tcfg.num_layers, max_len, tcfg.kv_lora_rank, tcfg.qk_rope_head_dim, self.dtype, self.device)
-        self.capture = tuple(dcfg.target_layer_ids) if dcfg else ()
+        self.feature_layers = tuple(dcfg.target_layer_ids) if dcfg else ()  # the target layers the drafter reads
         # NOTE: the drafter may run in a lower precision than the target (only speed depends on it); it then
         # needs its own copies of the target's embedding and lm head in that dtype.
         self.draft_dtype = next(drafter.parameters()).dtype if drafter is not None else self.dtype
@@ -94,7 +94,7 @@ class Decoder:
         rows: device indices of the only rows whose logits are wanted (a prompt's last: its every row's
         [T, V] floats could fill the GPU)."""
         hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
-                                    self.cache if cache is None else cache, self.capture if features else ())
+                                    self.cache if cache is None else cache, self.feature_layers if features else ())
         return self.target.logits(hidden if rows is None else hidden.index_select(-2, rows)), feats
 
     def committed_state(self, root: int) -> tuple[int, int, int]:
