@@ -32,9 +32,10 @@ def pair(synthetic_pair):
     # NOTE: as recorded rounds do (padded prompt chunks, rounds run ahead): that logic checked on the CPU
     static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
     # the loading screen's second step: one call per recorded round kind, counting up to a fixed total
-    from ddtree_chat.engine.graphs import RECORDING
+    from ddtree_chat.engine.progress import Stage
     total = calls[-1][1]
-    assert total >= 3 and calls == [(i + 1, total, RECORDING) for i in range(total)]
+    assert total >= 3 and calls == [(i + 1, total, Stage.RECORDING) for i in range(total)]
+    assert all(c[2] is Stage.RECORDING for c in calls)
     return eager, static
 
 

@@ -19,11 +19,12 @@ from .ddtree import Decoder
 from .errors import DeviceError, EngineError
 from .events import DoneEvent, RoundEvent
 from .generation import AUTO_BUDGETS, GenerationConfig
-from .loader import Progress, load_drafter, load_target
+from .loader import load_drafter, load_target
 from .memory import plan_memory
 from .model import causal_mask
 from .ops.registry import prefer_library
 from .parallel import SINGLE, TPGroup, Workers, abort_on_lost_rank, checkpoint_fingerprint, join_group
+from .progress import Progress
 from .reply import ReplyLoop
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ from ..modes import MAX_BUDGET, Mode
 from .generation import AUTO_BUDGETS, RoundShape
 from .model import causal_mask
 from .ops.registry import prefer_library
+from .progress import Stage
 from .tree import DraftTree, pack_round, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ MAX_NODES = MAX_BUDGET + 1  # tree nodes a round may have (root included)
 MAX_RECORDED = 257  # tree sizes recorded as graphs (budget <= 256); larger trees run directly
 MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
 PREFILL_SIZES = (16, 64, 256)  # prompt chunk rows recorded; a chunk's rows past its tokens are scratch
-RECORDING = "recording CUDA graphs"  # the `what` of Engine.load's progress calls while warm() records
 
 
 # One key per program and shape: a recorded graph, or a program run directly, is looked up by it. Each
@@ -252,7 +252,7 @@ class StaticRound:
 
     def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
         """Record every program of these (mode, budget, choosing) rounds and the prefill chunks now; returns
-        the seconds spent. progress(done, total, RECORDING) after each round's programs and each prefill
+        the seconds spent. progress(done, total, Stage.RECORDING) after each round's programs and each prefill
         variant's (the first start compiles kernels here)."""
         before = self.capture_s
         todo = [m for m in modes if self.fits(m[0], m[1])]
@@ -261,11 +261,11 @@ class StaticRound:
         for i, (mode, budget, choosing) in enumerate(todo):
             self.prepare(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
             if progress:
-                progress(i + 1, total, RECORDING)
+                progress(i + 1, total, Stage.RECORDING)
         for i, drafting in enumerate(variants):
             self.prepare([PrefillKey("prefill", n, drafting) for n in self.prefill_sizes(drafting)])
             if progress:
-                progress(len(todo) + i + 1, total, RECORDING)
+                progress(len(todo) + i + 1, total, Stage.RECORDING)
         return self.capture_s - before
 
     def _record(self, key: GraphKey):

@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
-from ddtree_chat import paths
+from ddtree_chat import logs, paths
 from ddtree_chat import settings as settings_mod
 from ddtree_chat.modes import MODES, Mode
 from ddtree_chat.history import Conversation, History, Message
@@ -32,7 +32,7 @@ from ddtree_chat.ui.copying import code_blocks
 from ddtree_chat.ui.debug_pane import DebugPane
 from ddtree_chat.ui.generation import UPDATE_INTERVAL, GenerationDone, GenerationFailed, GenerationUpdate, run_generation
 from ddtree_chat.ui.loading import (EngineFailed, EngineProgress, EngineReady, ErrorScreen, describe_error, loading_label,
-                                    setup_logging, start_loading)
+                                    start_loading)
 from ddtree_chat.ui.replies import footer_for, meta_for
 from ddtree_chat.ui.tree_panel import TreePanel
 
@@ -63,7 +63,7 @@ class DDTreeChatApp(App):
         super().__init__()
         self._resume = resume
         self._startup_warnings = list(warnings or [])
-        log_warning = setup_logging()
+        log_warning = logs.setup_logging()
         if log_warning:
             self._startup_warnings.append(log_warning)
         self.engine_factory = engine_factory
