@@ -9,7 +9,7 @@ same process (eager SM copy, CUDA events).
 
 Times are eager (as the engine runs today) and, when capture works, one CUDA-graph replay of the same
 forward. Bytes: ddtree_chat.engine.memory.forward_bytes (distinct experts touched under uniform
-routing, DESIGN 4); with --layer, one decoder layer (attention + MLP + norms) on random hidden states
+routing); with --layer, one decoder layer (attention + MLP + norms) on random hidden states
 against memory.layer_bytes."""
 
 from __future__ import annotations

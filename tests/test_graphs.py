@@ -51,7 +51,7 @@ def drop_drafter(engine, run_ahead=True):
 
 def test_directly_run_programs_prefer_library_products(pair, monkeypatch):
     """Programs run directly (here every one: CPU) run under registry.prefer_library() (on a GPU their
-    float32 products take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does
+    float32 products take cuBLAS: a Triton launch costs host time, which a graph replay does
     not pay); recorded programs keep the kernels (the GPU tests record them)."""
     import importlib
 

@@ -23,7 +23,7 @@ def test_random_target_runs_with_int4_experts_on_cpu():
 def test_k26_forward_bytes_match_the_design_numbers():
     cfg = k26_config()
     one = forward_bytes(cfg, tokens=1, context=0)
-    # DESIGN 4: attention ~12.3 GB, shared 5.3, dense 0.8, lm head 2.35, router 0.33, experts 11.9 at T=1
+    # K2.6's bytes per forward (weights as stored): attention ~12.3 GB, shared 5.3, dense 0.8, lm head 2.35, router 0.33, experts 11.9 at T=1
     for key, gb in (("attention", 12.3), ("shared_experts", 5.3), ("dense_mlp", 0.8), ("lm_head", 2.35),
                     ("router", 0.33), ("routed_experts", 11.9)):
         assert abs(one[key] / 1e9 - gb) / gb < 0.06, (key, one[key])

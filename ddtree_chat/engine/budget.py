@@ -1,4 +1,4 @@
-"""`--budget auto`: pick the tree size that maximises expected tokens per second (DESIGN 4).
+"""`--budget auto`: pick the tree size that maximises expected tokens per second.
 
 Cost side: the target's verify time per tree size, measured once on this machine (cached per checkpoint
 and device) and scaled by one running ratio of real rounds' target time to it, plus the drafter's time per
@@ -157,6 +157,6 @@ class AutoBudget:
             self.draft_costs[self.drafted] = 0.8 * self.draft_costs.get(self.drafted, self.draft_s) + 0.2 * draft_s
         # NOTE: one scale for every size, not a cost per size: a size in use took on its real rounds' cost (the
         # accept work, a loaded CPU) while the others kept the bare measured forward, so unused sizes looked
-        # cheap and CPU auto kept verifying 16-64 nodes where 8 was faster (eleventh session)
+        # cheap and CPU auto kept verifying 16-64 nodes where 8 was faster
         if verified in self.costs and self.costs[verified] > 0:
             self.cost_scale = 0.8 * self.cost_scale + 0.2 * target_s / self.costs[verified]

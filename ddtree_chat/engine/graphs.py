@@ -2,8 +2,8 @@
 (drafter + tree build), verify (target over the tree + greedy choice), accept (verify walk, KV compaction
 of the path, drafter context update, packing), and prefill chunks for a prompt. The executor runs a
 program directly (CPU, `--eager`, tensor parallel, shapes not recorded) or, recording (one GPU), records
-it once as a CUDA graph per shape and replays it: a Python-launched demo forward cost ~15 ms of host time
-for 0.3 ms of kernels (BENCHMARKS.md, the prefill-chunk rows).
+it once as a CUDA graph per shape and replays it: a Python-launched demo forward costs many times its
+kernels' time in host time (BENCHMARKS.md, the prefill-chunk rows; docs/architecture.md).
 
 NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
 entries, root token) into one device buffer that the programs read, so a graph replays at any length;

@@ -1,4 +1,4 @@
-"""Draft trees (reference implementations, DESIGN 3.2-3.3): best-first construction over the drafter's
+"""Draft trees (reference implementations; docs/architecture.md, the tree): best-first construction over the drafter's
 per-depth top-K log-probabilities, the ancestor mask, the target's choice per node and the verify walk.
 
 Node 0 is the root (the bonus token, already verified); nodes are numbered in pop order, so a parent
