@@ -25,14 +25,14 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     import torch
     import triton
 
-    from ddtree_chat.engine.budget import CANDIDATES
+    from ddtree_chat.engine.generation import AUTO_BUDGETS
     from ddtree_chat.engine.ops import (triton_draft_attention, triton_latent, triton_linear, triton_mla, triton_rope,
                                         triton_topk, triton_tree)
     from test_triton_compile import (DRAFT_ATTN_SIGNATURE, LATENT_SIGNATURE, MASK_SIGNATURE, MLA_SIGNATURE, MM_SIGNATURE,
                                      ROPE_SIGNATURE, TOPK_CHUNK_SIGNATURE, TOPK_MERGE_SIGNATURE, TREE_SIGNATURE,
                                      WALK_SIGNATURE)
 
-    for b in CANDIDATES:
+    for b in AUTO_BUDGETS:
         d = min(block - 1, b)
         c = triton_tree._pairs(b, b, torch.device("cpu"))[0].numel()
         bp = max(16, triton.next_power_of_2(b))
@@ -65,7 +65,7 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
         yield f"drafter attention mask={has_mask}", triton_draft_attention._draft_attn_kernel, DRAFT_ATTN_SIGNATURE, {
             "NH": 4, "REP": 2, "D": 64, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_MASK": has_mask, "PREC": "tf32x3"}
     # dflash's argmax and each budget's top-k over the demo vocabulary
-    for chunk, kp, c in sorted({triton_topk.plan(8192, k) for k in (1,) + CANDIDATES}):
+    for chunk, kp, c in sorted({triton_topk.plan(8192, k) for k in (1,) + AUTO_BUDGETS}):
         yield f"topk chunk K={kp}", triton_topk._chunk_kernel, dict(TOPK_CHUNK_SIGNATURE, X="*fp32"), {
             "CHUNK": chunk, "K": kp}
         yield f"topk merge K={kp}", triton_topk._merge_kernel, TOPK_MERGE_SIGNATURE, {

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 
-def features(target, ids: list[int], capture) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids -> (tokens [1, n], the target's features of the captured layers [1, n, len(capture) * H])."""
+def features(target, ids: list[int], feature_layers) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids -> (tokens [1, n], the target's features of the drafter's layers [1, n, len(feature_layers) * H])."""
     from ddtree_chat.demo.draft_data import BatchCache
     from ddtree_chat.engine.model import causal_mask
 
@@ -33,7 +33,7 @@ def features(target, ids: list[int], capture) -> tuple[torch.Tensor, torch.Tenso
     toks = torch.tensor([ids], device=dev)
     n = toks.shape[1]
     cache = BatchCache(cfg.num_layers, 1, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, torch.float32, dev)
-    return toks, target(toks, torch.arange(n, device=dev), causal_mask(n, dev), cache, capture)[1]
+    return toks, target(toks, torch.arange(n, device=dev), causal_mask(n, dev), cache, feature_layers)[1]
 
 
 POSITIONS = ((0, 8), (8, 32), (32, 64), (64, None))  # anchor offsets in the reply the block tau is split by

@@ -9,7 +9,7 @@ same process (eager SM copy, CUDA events).
 
 Times are eager (as the engine runs today) and, when capture works, one CUDA-graph replay of the same
 forward. Bytes: ddtree_chat.engine.memory.forward_bytes (distinct experts touched under uniform
-routing, DESIGN 4); with --layer, one decoder layer (attention + MLP + norms) on random hidden states
+routing); with --layer, one decoder layer (attention + MLP + norms) on random hidden states
 against memory.layer_bytes."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kernels import copy_ceiling, events_ms  # noqa: E402
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
 from ddtree_chat.engine.memory import forward_bytes, layer_bytes  # noqa: E402
 from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
-from ddtree_chat.engine.tree import build_tree_topk  # noqa: E402
+from ddtree_chat.engine.tree import build_tree  # noqa: E402
 
 
 def _tree(t: int, depth: int, gen: torch.Generator, dev):
@@ -38,7 +38,7 @@ def _tree(t: int, depth: int, gen: torch.Generator, dev):
         return torch.ones(1, 1, dtype=torch.bool, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
     k = max(2, -(-t // depth))
     lp = torch.log_softmax(torch.randn(depth, k, generator=gen), -1).sort(-1, descending=True).values
-    tree = build_tree_topk(0, lp.to(dev), torch.zeros(depth, k, dtype=torch.long, device=dev), t - 1)
+    tree = build_tree(0, lp.to(dev), torch.zeros(depth, k, dtype=torch.long, device=dev), t - 1)
     return tree.mask(), tree.depth
 
 

@@ -1,5 +1,5 @@
 """A K2.6-shaped DDTree round on one GPU: a random target with N real-size layers and a random drafter of
-the public Kimi DFlash shape (DESIGN 3.1), over a committed context of random latents; each of the
+the public Kimi DFlash shape, over a committed context of random latents; each of the
 round's programs (draft = drafter + tree build, verify = target over the tree, accept = walk + KV
 compaction + drafter context) timed alone and against the bytes it must read at the copy ceiling
 measured in the same process.

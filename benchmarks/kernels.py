@@ -386,9 +386,9 @@ TILES = [None, (16, 16, 64, 2, 3), (16, 16, 128, 4, 2), (16, 32, 64, 4, 3), (16,
          (16, 64, 64, 4, 3), (32, 16, 64, 2, 3), (32, 32, 64, 4, 3), (64, 16, 64, 4, 3)]
 
 
-# candidate MLA tiles beyond the autotuner's (BLOCK_M, BLOCK_N, warps, stages): with its list, the eighth
-# session's sweep (BENCHMARKS.md), whose winners joined the list and whose losers are these; then deeper
-# pipelines of the one-token tiles (thirteenth session, not yet run: more key bytes in flight per SM at 8
+# candidate MLA tiles beyond the autotuner's (BLOCK_M, BLOCK_N, warps, stages): with its list, an earlier
+# sweep (BENCHMARKS.md), whose winners joined the list and whose losers are these; then deeper
+# pipelines of the one-token tiles (not yet run: more key bytes in flight per SM at 8
 # heads, the target box's TP=8 shape, where one CTA per SM reached 51-54% of the ceiling)
 MLA_EXTRA_TILES = [(16, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3), (64, 32, 4, 3),
                    (16, 64, 4, 3), (16, 64, 4, 4), (16, 32, 4, 4)]
@@ -461,7 +461,7 @@ def bench_tiles(ceiling):
 # FFMA tiles of the small-M product (BLOCK_N, BLOCK_K, warps, stages; BLOCK_M = rows up to 16): the
 # broadcast [BM, BK, BN] is 16-64 float32 values per thread. NOTE: under 16 columns only: Triton (3.6)
 # turns a broadcast sum whose three sides are all >= 16 into a tensor-core dot in plain TF32 (7.7e-4
-# relative error, thirteenth session), which is no longer the float32 product this form is for.
+# relative error), which is no longer the float32 product this form is for.
 FMA_TILES = [(8, 64, 4, 3), (8, 32, 4, 3), (4, 128, 4, 2), (8, 128, 8, 2), (4, 256, 8, 1), (4, 64, 4, 3),
              (8, 256, 8, 1)]
 

@@ -45,7 +45,7 @@ def references(depth: int = 7) -> dict[str, list[str]]:
     from ddtree_chat.engine.config import RopeScaling
     from ddtree_chat.engine.ops import (apply_rope_half_ref, apply_rope_interleaved_ref, draft_attention_ref,
                                         matmul_nt_glu_ref, rope_cos_sin, yarn_inv_freq)
-    from ddtree_chat.engine.tree import build_tree_topk_ref, walk_topk_ref
+    from ddtree_chat.engine.tree import build_tree_ref, walk_topk_ref
 
     g = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
@@ -56,7 +56,7 @@ def references(depth: int = 7) -> dict[str, list[str]]:
     mask, cs8 = torch.ones(8, 308, dtype=torch.bool), r(8, 32)
     x, wg, wu = r(33, 256), r(128, 256), r(128, 256)
     lp = torch.log_softmax(r(depth, 100), -1).topk(32, -1)
-    tree = build_tree_topk_ref(torch.tensor([5]), lp.values, lp.indices, 32)
+    tree = build_tree_ref(torch.tensor([5]), lp.values, lp.indices, 32)
     tree.max_depth = depth
     return {
         "apply_rope_interleaved_ref": count(lambda: apply_rope_interleaved_ref(q_pe, cs, cs, True)),

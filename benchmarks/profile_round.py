@@ -28,10 +28,10 @@ def programs(g, mode: str, budget, reps: int = 50, top_n: int = 8) -> list[dict]
     ms per call (CUDA: `reps` back-to-back graph replays timed with CUDA events; CPU: perf_counter) and, on
     CUDA, kernels per replay and the `top_n` kernels by time in one replay (profiler). NOTE: accept writes
     only scratch rows and the device state, which is put back after each run."""
-    from ddtree_chat.engine.budget import CANDIDATES
+    from ddtree_chat.engine.generation import AUTO_BUDGETS
 
     choosing = budget == "auto"
-    size = CANDIDATES[-1] if choosing else (budget if isinstance(budget, int) else 0)
+    size = AUTO_BUDGETS[-1] if choosing else (budget if isinstance(budget, int) else 0)
     sizes = g.plan(mode, size, choosing)[1]
     keys = list(g.round_keys(mode, size, sizes, choosing))
     g.prepare(keys)

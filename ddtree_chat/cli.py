@@ -13,8 +13,9 @@ import stat
 import sys
 import traceback
 
-from . import __version__
+from . import __version__, logs
 from . import settings as settings_mod
+from .modes import MAX_BUDGET, MODES
 
 KEYS_HELP = """\
 keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, Up/Down earlier messages,
@@ -70,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--conversation", type=int, metavar="ID", help="continue conversation ID (one-shot or chat; the chat's list shows the ids)")
     ap.add_argument("--no-save", dest="save", action="store_false",
                     help="one-shot: do not save the exchange as a conversation")
-    ap.add_argument("--mode", choices=settings_mod.MODES, help="decoding mode (default: ddtree with a drafter, else ar)")
+    ap.add_argument("--mode", choices=MODES, help="decoding mode (default: ddtree with a drafter, else ar)")
     ap.add_argument("--budget", type=_setting("budget"), metavar="N|auto",
-                    help=f"draft tree nodes per round, root excluded, 0-{settings_mod.MAX_BUDGET} "
+                    help=f"draft tree nodes per round, root excluded, 0-{MAX_BUDGET} "
                          "(default auto: measured verify cost vs acceptance)")
     ap.add_argument("--temperature", type=_setting("temperature"), metavar="T",
                     help="sampling temperature, 0-5 (0 = greedy; default 0)")
@@ -121,44 +122,12 @@ def _unusable_dirs() -> set[str]:
     return set(errors)
 
 
-def _setup_log() -> str:
-    from .paths import state_dir
-
-    path = state_dir() / "ddtree-chat.log"
-    logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return str(path)
-
-
 def _load_saved() -> settings_mod.Settings:
     """The saved defaults; a broken file is a warning, never a stop."""
     saved, warning = settings_mod.load()
     if warning:
         print(f"ddtree-chat: {warning}", file=sys.stderr)
     return saved
-
-
-def generation_config(settings, has_drafter: bool, mode_given: bool = True):
-    """The engine's config for these settings; a saved mode the model cannot run falls back to ar."""
-    from .engine import GenerationConfig
-
-    mode = settings.mode or ("ddtree" if has_drafter else "ar")
-    if mode != "ar" and not has_drafter:
-        if mode_given:
-            raise ValueError(f"--mode {mode} needs a drafter; pass --draft DIR or use --mode ar.")
-        mode = "ar"
-    return GenerationConfig(mode=mode, budget=settings.budget, temperature=settings.temperature, top_p=settings.top_p,
-                            seed=settings.seed, max_new_tokens=settings.max_new_tokens)
-
-
-def load_engine(args, progress=None):
-    """The engine the arguments ask for (one-shot mode and the TUI's loading thread both use this)."""
-    from .engine import Engine
-    from .engine.default_model import resolve_model_dirs
-
-    model, draft = resolve_model_dirs(args.model, args.draft)
-    return Engine.load(model, draft, device=args.device, tp=args.tp, max_context=args.context,
-                       expert_parallel=args.expert_parallel, dtype=args.dtype, progress=progress,
-                       graphs=not args.eager)
 
 
 def _piped_stdin() -> bool:
@@ -194,7 +163,13 @@ def main(argv=None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     unusable = _unusable_dirs()
-    log_path = _setup_log() if "state" not in unusable else None
+    log_path = None
+    if "state" not in unusable:
+        log_warning = logs.setup_logging()
+        if log_warning:
+            print(f"ddtree-chat: {log_warning}", file=sys.stderr)
+        else:
+            log_path = str(logs.log_path())
     saved = _load_saved() if "config" not in unusable else settings_mod.Settings()
     if "data" in unusable:
         args.save = False

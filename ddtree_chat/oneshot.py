@@ -131,7 +131,7 @@ def stats_line(done: dict) -> str:
 
 
 def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
-    from .cli import generation_config, load_engine
+    from .bootstrap import generation_config, load_engine
     from .engine.default_model import random_fallback_note
     from .ui.replies import meta_for
 

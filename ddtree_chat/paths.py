@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import knobs
+
 _APP = "ddtree-chat"
 
 
@@ -13,7 +15,7 @@ class UserDirError(OSError):
 
 
 def _base(kind: str) -> Path:
-    home = os.environ.get("DDTREE_CHAT_HOME")
+    home = knobs.get(knobs.CHAT_HOME)
     if home:
         path = Path(home) / kind
     else:
@@ -37,7 +39,7 @@ def _dir_error(kind: str, path: Path, err: OSError) -> UserDirError:
         why = "a file is in the way"
     else:
         why = (err.strerror or str(err)).lower()  # e.g. "permission denied", "read-only file system"
-    hint = " (DDTREE_CHAT_HOME)" if os.environ.get("DDTREE_CHAT_HOME") else ""
+    hint = f" ({knobs.CHAT_HOME.name})" if knobs.get(knobs.CHAT_HOME) else ""
     return UserDirError(f"cannot use {path} as the {kind} directory{hint}: {why}")
 
 

@@ -16,14 +16,13 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ddtree_chat import paths
+from ddtree_chat import knobs, paths
+from ddtree_chat.modes import BUDGETS, MODES
 
-MODES = ("ddtree", "dflash", "ar")
-MAX_BUDGET = 1023  # engine.generation.MAX_BUDGET (this module stays free of the engine's imports)
 MAX_CONTEXT = 1 << 20  # far above any model's positions; only catches typos
 DEVICES = ("cpu", "cuda")
 SETTINGS_FILE = "settings.json"
-ENV_MODEL, ENV_DRAFT = "DDTREE_CHAT_MODEL", "DDTREE_CHAT_DRAFT"
+ENV_MODEL, ENV_DRAFT = knobs.CHAT_MODEL.name, knobs.CHAT_DRAFT.name
 
 
 class SettingsError(ValueError):
@@ -96,7 +95,7 @@ def validate(name: str, value):
     if name == "budget":
         if str(value).strip().lower() == "auto":
             return "auto"
-        return _to_number(name, value, int, 0, MAX_BUDGET)
+        return _to_number(name, value, int, BUDGETS.start, BUDGETS.stop - 1)
     if name == "seed":
         return _to_number(name, value, int, 0, 2**63 - 1)
     if name == "thinking":

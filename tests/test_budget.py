@@ -5,14 +5,15 @@ import torch
 from ddtree_chat.engine import GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
 from ddtree_chat.engine.parallel import SINGLE
-from ddtree_chat.engine.tree import build_tree, path_scores
+from ddtree_chat.engine.tree import path_scores
 
 from drafters import TargetDrafter
+from tree_oracle import build_tree_heap
 
 
 def _tree(confident: bool):
     p = torch.tensor([[0.97, 0.02, 0.01]] * 7 if confident else [[0.4, 0.35, 0.25]] * 7)
-    return build_tree(0, p.log(), torch.arange(3).repeat(7, 1), 16)
+    return build_tree_heap(0, p.log(), torch.arange(3).repeat(7, 1), 16)
 
 
 def test_choice_trades_acceptance_against_measured_cost():
@@ -48,7 +49,7 @@ def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
         del engine.decoder.block_logits
     ar = list(engine.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=30, stop_token_ids=())))
     assert evs[-1]["token_ids"] == ar[-1]["token_ids"]
-    costs = engine._auto.costs
+    costs = engine.replies.auto.costs
     assert costs and all(v > 0 for v in costs.values())
     for ev in evs[1:-1]:
         assert ev["budget"] in costs and len(ev["tree"]["tokens"]) == ev["budget"] + 1

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.errors import ContextLengthError
-from ddtree_chat.engine.tree import build_tree, walk
+from ddtree_chat.engine.tree import walk
 
 from drafters import TargetDrafter, closure_mask
+from tree_oracle import build_tree_heap
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +177,7 @@ def test_tree_is_the_top_budget_prefixes(depth, k, budget, seed, start):
     g = torch.Generator().manual_seed(seed)
     lp = torch.log_softmax(torch.randn(depth, 9, generator=g), -1).sort(-1, descending=True)
     vals, ids = lp.values[:, :k], lp.indices[:, :k]
-    tree = build_tree(777, vals, ids, budget)
+    tree = build_tree_heap(777, vals, ids, budget)
     n = tree.size - 1
     best = _brute_force_scores(vals.tolist())
     assert n == min(budget, len(best))
@@ -199,7 +200,7 @@ def test_tree_is_the_top_budget_prefixes(depth, k, budget, seed, start):
 def test_walk_follows_target_choices():
     vals = torch.log_softmax(torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]]), -1)
     ids = torch.tensor([[10, 11, 12], [20, 21, 22]])
-    tree = build_tree(5, vals, ids, 6)
+    tree = build_tree_heap(5, vals, ids, 6)
     toks = tree.tokens.tolist()
     choice = torch.zeros(tree.size, dtype=torch.long)
     choice[0] = 11  # root -> the rank-1 child
@@ -269,12 +270,12 @@ def test_sampled_distribution_matches_target(eng):
 @settings(max_examples=150, deadline=None)
 @given(depth=st.integers(1, 5), k=st.integers(1, 5), budget=st.integers(1, 80), seed=st.integers(0, 10_000))
 def test_tensor_tree_build_and_walk_match_the_reference(depth, k, budget, seed):
-    from ddtree_chat.engine.tree import build_tree_topk, walk_topk
+    from ddtree_chat.engine.tree import build_tree, walk_topk
 
     g = torch.Generator().manual_seed(seed)
     lp = torch.log_softmax(torch.randn(depth, 9, generator=g), -1).sort(-1, descending=True)
     vals, ids = lp.values[:, :k], lp.indices[:, :k]
-    ref, fast = build_tree(5, vals, ids, budget), build_tree_topk(5, vals, ids, budget)
+    ref, fast = build_tree_heap(5, vals, ids, budget), build_tree(5, vals, ids, budget)
     assert fast.size == ref.size
     parents = fast.parents.tolist()
     assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, fast.size))

@@ -32,9 +32,10 @@ def pair(synthetic_pair):
     # NOTE: as recorded rounds do (padded prompt chunks, rounds run ahead): that logic checked on the CPU
     static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
     # the loading screen's second step: one call per recorded round kind, counting up to a fixed total
-    from ddtree_chat.engine.graphs import RECORDING
+    from ddtree_chat.engine.progress import Stage
     total = calls[-1][1]
-    assert total >= 3 and calls == [(i + 1, total, RECORDING) for i in range(total)]
+    assert total >= 3 and calls == [(i + 1, total, Stage.RECORDING) for i in range(total)]
+    assert all(c[2] is Stage.RECORDING for c in calls)
     return eager, static
 
 
@@ -50,7 +51,7 @@ def drop_drafter(engine, run_ahead=True):
 
 def test_directly_run_programs_prefer_library_products(pair, monkeypatch):
     """Programs run directly (here every one: CPU) run under registry.prefer_library() (on a GPU their
-    float32 products take cuBLAS: a Triton launch costs ~0.1 ms of host time, which a graph replay does
+    float32 products take cuBLAS: a Triton launch costs host time, which a graph replay does
     not pay); recorded programs keep the kernels (the GPU tests record them)."""
     import importlib
 
@@ -325,13 +326,13 @@ def test_the_prompts_logits_survive_other_programs(synthetic_pair):
 import os, sys, tempfile, torch
 os.environ["DDTREE_CHAT_HOME"] = tempfile.mkdtemp()
 from ddtree_chat.engine import Engine, GenerationConfig
-from ddtree_chat.engine.budget import CANDIDATES
+from ddtree_chat.engine.generation import AUTO_BUDGETS
 eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda")
 dec, sr = eng.decoder, eng.decoder.graphs
 ids = eng.tokenizer.encode("def f(x):")
 want = dec.prefill(ids, drafting=True).clone()
 got = dec.prefill(ids, drafting=True)
-for c in CANDIDATES:
+for c in AUTO_BUDGETS:
     sr.verify_seconds(c + 1, torch.arange(c + 1, device="cuda"), repeats=1)
 assert torch.equal(got, want), "prefill logits overwritten"
 ar = list(eng.generate(ids, GenerationConfig(mode="ar", max_new_tokens=12, stop_token_ids=())))[-1]["token_ids"]

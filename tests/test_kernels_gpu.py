@@ -584,13 +584,13 @@ def test_glu_product_matches_float64():
 @pytest.mark.gpu
 def test_mask_and_walk_dispatch_to_the_kernels_on_cuda():
     from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, walk_commit_triton, walk_triton
-    from ddtree_chat.engine.tree import build_tree_topk_ref, walk_commit, walk_commit_ref, walk_topk, walk_topk_ref
+    from ddtree_chat.engine.tree import build_tree_ref, walk_commit, walk_commit_ref, walk_topk, walk_topk_ref
 
     gen = torch.Generator().manual_seed(3)
     for d, k, b in [(7, 32, 32), (7, 4, 64), (15, 8, 256), (7, 8, 0)]:
         lp = torch.log_softmax(torch.randn(d, 200, generator=gen) * 3, -1)
         vals, ids = lp.topk(k, dim=-1)
-        tree = build_tree_topk_ref(torch.tensor([5]), vals, ids, b)
+        tree = build_tree_ref(torch.tensor([5]), vals, ids, b)
         tree.max_depth = d
         choice = tree.tokens.roll(-1).clone()  # agrees with the first chain (best-first: node i+1 under i, often)
         choice[torch.randint(0, tree.size, (3,), generator=gen)] = 7
@@ -837,12 +837,12 @@ def drafter_topk(d, k, vocab, gen, ties=False):
 def test_tree_kernel_matches_reference(d, k, b):
     """(depths, top-K, budget): the ddtree sizes (K = budget), dflash's chain (K = 1), odd sizes."""
     from ddtree_chat.engine.ops.triton_tree import build_tree_triton
-    from ddtree_chat.engine.tree import build_tree_topk_ref
+    from ddtree_chat.engine.tree import build_tree_ref
 
     gen = torch.Generator(device="cuda").manual_seed(d * 1000 + b)
     vals, ids = drafter_topk(d, k, 1000, gen)
     root = torch.tensor([7], device="cuda")
-    ref = build_tree_topk_ref(root, vals, ids, b)
+    ref = build_tree_ref(root, vals, ids, b)
     tokens, parents, depth, logp = build_tree_triton(root, vals, ids, b)
     assert torch.equal(tokens, ref.tokens) and torch.equal(parents, ref.parents) and torch.equal(depth, ref.depth)
     assert torch.allclose(logp, ref.logprobs, atol=1e-5)
@@ -855,7 +855,7 @@ def test_tree_kernel_with_ties_builds_a_top_budget_tree(b):
     """With many equal scores the two may keep different (equally good) nodes: the kernel's tree must still
     be prefix-closed, parents first, depth = parent's + 1, and its path scores the reference's multiset."""
     from ddtree_chat.engine.ops.triton_tree import build_tree_triton
-    from ddtree_chat.engine.tree import DraftTree, build_tree_topk_ref, path_scores
+    from ddtree_chat.engine.tree import DraftTree, build_tree_ref, path_scores
 
     gen = torch.Generator(device="cuda").manual_seed(b)
     vals, ids = drafter_topk(7, b, 1000, gen, ties=True)
@@ -863,7 +863,7 @@ def test_tree_kernel_with_ties_builds_a_top_budget_tree(b):
     par, dep = parents.tolist(), depth.tolist()
     assert par[0] == -1 and all(0 <= par[i] < i and dep[i] == dep[par[i]] + 1 for i in range(1, b + 1))
     mine = path_scores(DraftTree(tokens, parents, depth, logp, max_depth=7)).sort().values
-    ref = path_scores(build_tree_topk_ref(torch.tensor(3, device="cuda"), vals, ids, b)).sort().values
+    ref = path_scores(build_tree_ref(torch.tensor(3, device="cuda"), vals, ids, b)).sort().values
     assert torch.allclose(mine, ref, atol=1e-4)
 
 
@@ -872,7 +872,7 @@ def test_tree_kernel_with_ties_builds_a_top_budget_tree(b):
 def test_tree_dispatch_uses_the_kernel_and_falls_back_when_short():
     from ddtree_chat.engine.ops.registry import fast
     from ddtree_chat.engine.ops.triton_tree import build_tree_triton
-    from ddtree_chat.engine.tree import build_tree_topk
+    from ddtree_chat.engine.tree import build_tree
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     vals, ids = drafter_topk(2, 3, 100, gen)
@@ -880,4 +880,4 @@ def test_tree_dispatch_uses_the_kernel_and_falls_back_when_short():
     assert fast("build_tree", vals).__name__ == "build_tree_fast" and fast("build_tree", vals.cpu()) is None
     assert build_tree_triton(root, vals, ids, 9) is not None  # 3 + 9 candidates hold 9 nodes
     assert build_tree_triton(root, vals, ids, 20) is None  # only 12 candidates: the reference builds 12
-    assert build_tree_topk(root, vals, ids, 20).size == 13
+    assert build_tree(root, vals, ids, 20).size == 13

@@ -5,7 +5,7 @@ import torch
 from ddtree_chat.engine.config import RopeScaling, TargetConfig
 from ddtree_chat.engine.ops import (apply_rope_half_ref, apply_rope_interleaved, mla_attention_naive_ref,
                                     mla_attention_ref, route_ref, rope_cos_sin, yarn_inv_freq)
-from ddtree_chat.engine.tree import build_tree
+from tree_oracle import build_tree_heap
 
 K26_YARN = RopeScaling(type="yarn", factor=64, original_max_position_embeddings=4096, beta_fast=32, beta_slow=1,
                        mscale=1, mscale_all_dim=1)
@@ -17,7 +17,7 @@ def test_absorbed_mla_equals_naive():
     q_nope, q_pe = torch.randn(t, h, dn, generator=g), torch.randn(t, h, p, generator=g)
     ckv, kpe = torch.randn(prefix + t + 3, r, generator=g), torch.randn(prefix + t + 3, p, generator=g)
     w_uk, w_uv = torch.randn(h, dn, r, generator=g), torch.randn(h, dv, r, generator=g)
-    tree = build_tree(0, torch.log_softmax(torch.randn(3, 4, generator=g), -1).sort(-1, descending=True).values,
+    tree = build_tree_heap(0, torch.log_softmax(torch.randn(3, 4, generator=g), -1).sort(-1, descending=True).values,
                       torch.arange(4).repeat(3, 1), 5)
     mask = tree.mask()
     q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
@@ -86,7 +86,7 @@ def test_attention_with_a_device_length_equals_the_sliced_form():
     t, h, r, p, ctx, slots = 5, 3, 16, 8, 11, 40
     q_lat, q_pe = torch.randn(t, h, r, generator=g), torch.randn(t, h, p, generator=g)
     ckv, kpe = torch.randn(slots, r, generator=g), torch.randn(slots, p, generator=g)
-    tree = build_tree(0, torch.log_softmax(torch.randn(4, 6, generator=g), -1).topk(3).values,
+    tree = build_tree_heap(0, torch.log_softmax(torch.randn(4, 6, generator=g), -1).topk(3).values,
                       torch.arange(12).view(4, 3), t - 1)
     mask = tree.mask()
     want = mla_attention_ref(q_lat, q_pe, ckv, kpe, ctx, mask, 0.3)

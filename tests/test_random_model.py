@@ -23,7 +23,7 @@ def test_random_target_runs_with_int4_experts_on_cpu():
 def test_k26_forward_bytes_match_the_design_numbers():
     cfg = k26_config()
     one = forward_bytes(cfg, tokens=1, context=0)
-    # DESIGN 4: attention ~12.3 GB, shared 5.3, dense 0.8, lm head 2.35, router 0.33, experts 11.9 at T=1
+    # K2.6's bytes per forward (weights as stored): attention ~12.3 GB, shared 5.3, dense 0.8, lm head 2.35, router 0.33, experts 11.9 at T=1
     for key, gb in (("attention", 12.3), ("shared_experts", 5.3), ("dense_mlp", 0.8), ("lm_head", 2.35),
                     ("router", 0.33), ("routed_experts", 11.9)):
         assert abs(one[key] / 1e9 - gb) / gb < 0.06, (key, one[key])
@@ -31,13 +31,13 @@ def test_k26_forward_bytes_match_the_design_numbers():
     assert forward_bytes(cfg, 1, 131072)["kv_cache"] > 9e9  # 70 KB/token read in full
 
 
-def test_captured_features_follow_the_capture_order_with_repeats():
+def test_features_follow_the_feature_layers_order_with_repeats():
     """A drafter may list a target layer twice (the K2.6-shaped drafter over a 3-layer synthetic target)."""
     cfg = k26_config(layers=3, **TINY)
     model = random_target(cfg, "cpu", torch.float32, seed=1)
     toks, pos, mask = torch.tensor([1, 2, 3]), torch.arange(3), causal_mask(3)
-    _, one = model(toks, pos, mask, capture=(2, 0))
-    _, rep = model(toks, pos, mask, capture=(0, 1, 1, 2))
+    _, one = model(toks, pos, mask, feature_layers=(2, 0))
+    _, rep = model(toks, pos, mask, feature_layers=(0, 1, 1, 2))
     h = cfg.hidden_size
     assert rep.shape[-1] == 4 * h and torch.equal(rep[..., h:2 * h], rep[..., 2 * h:3 * h])
     assert torch.equal(rep[..., :h], one[..., h:]) and torch.equal(rep[..., 3 * h:], one[..., :h])

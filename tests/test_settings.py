@@ -80,9 +80,17 @@ def test_cli_bad_value_is_a_warning_and_others_still_apply():
 
 
 def test_settings_know_the_engine_limits():
-    from ddtree_chat.engine import generation
+    """What the CLI and the TUI accept (settings.validate) is exactly what the engine accepts."""
+    from ddtree_chat.engine import GenerationConfig
+    from ddtree_chat.modes import MAX_BUDGET, MODES
 
-    assert st.MODES == generation.MODES and st.MAX_BUDGET == generation.MAX_BUDGET
+    for mode in MODES:
+        assert st.validate("mode", mode) == mode and GenerationConfig(mode=mode).mode == mode
+    assert st.validate("budget", MAX_BUDGET) == GenerationConfig(budget=MAX_BUDGET).budget == MAX_BUDGET
+    with pytest.raises(st.SettingsError):
+        st.validate("budget", MAX_BUDGET + 1)
+    with pytest.raises(ValueError):
+        GenerationConfig(budget=MAX_BUDGET + 1)
 
 
 @pytest.mark.parametrize("name,value", [("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("context", "0")])

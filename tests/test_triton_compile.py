@@ -124,7 +124,7 @@ def test_mla_autotune_choices_are_reported(monkeypatch):
 
 
 def test_mla_split_plan_follows_the_measured_rule(monkeypatch):
-    """One program per SM for up to two 64-row blocks, two beyond (BENCHMARKS.md, eighth session); never
+    """One program per SM for up to two 64-row blocks, two beyond (BENCHMARKS.md); never
     splits below MIN_SPLIT_KEYS keys, at least one split."""
     from ddtree_chat.engine.ops import triton_mla
 
@@ -143,7 +143,7 @@ def test_mla_tiles_that_fit_an_sm120_block():
     """The MLA autotuner's tiles compiled for sm_120 (the RTX PRO 6000 Blackwell) at K2.6's latent (512 + 64,
     bf16): those over 99 KB of shared memory are skipped there (OutOfResources at tuning), so the list must
     keep tiles that fit, a 64-key tile among them (the H200's pick at 1-16 tokens). `pytest -s` prints each
-    tile's bytes (BENCHMARKS.md, twelfth session)."""
+    tile's bytes (BENCHMARKS.md)."""
     from ddtree_chat.engine.ops import triton_mla
 
     fits, shared = [], {}

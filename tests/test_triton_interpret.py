@@ -16,13 +16,13 @@ pytest.importorskip("triton")
 TREE_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.ops.triton_tree import build_tree_triton
-from ddtree_chat.engine.tree import build_tree_topk_ref
+from ddtree_chat.engine.tree import build_tree_ref
 bad = []
 for d, k, b in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(d * 1000 + b)
     lp = torch.log_softmax(torch.randn(d, 500, generator=g) * 3, -1)
     vals, ids = lp.max(-1, keepdim=True) if k == 1 else lp.topk(k, dim=-1)
-    ref = build_tree_topk_ref(torch.tensor([5]), vals, ids, b)
+    ref = build_tree_ref(torch.tensor([5]), vals, ids, b)
     bufs = (torch.full((b + 1,), -7), torch.full((b + 1,), -7), torch.full((b + 1,), -7), torch.full((b + 1,), 9.0))
     got = build_tree_triton(torch.tensor([5]), vals, ids, b, out=bufs)
     same = all(torch.equal(x, y) for x, y in zip(got[:3], (ref.tokens, ref.parents, ref.depth)))
@@ -131,13 +131,13 @@ WALK_SCRIPT = r"""
 import json, sys, torch
 from ddtree_chat.engine.tree import pack_round_ref
 from ddtree_chat.engine.ops.triton_tree import ancestor_mask_triton, pack_round_triton, walk_commit_triton, walk_triton
-from ddtree_chat.engine.tree import build_tree_topk_ref, walk_commit_ref, walk_topk_ref
+from ddtree_chat.engine.tree import build_tree_ref, walk_commit_ref, walk_topk_ref
 bad = []
 for d, k, b, follow in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(d * 100 + b + follow)
     lp = torch.log_softmax(torch.randn(d, 100, generator=g) * 3, -1)
     vals, ids = lp.topk(k, dim=-1)
-    tree = build_tree_topk_ref(torch.tensor([5]), vals, ids, b)
+    tree = build_tree_ref(torch.tensor([5]), vals, ids, b)
     tree.max_depth = d
     n = tree.size
     # a target that agrees along a random root-to-node path for `follow` steps, random elsewhere

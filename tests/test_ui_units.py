@@ -149,11 +149,10 @@ def test_device_label_says_where_and_how_rounds_run():
 
 
 def test_loading_label_names_the_step():
-    from ddtree_chat.engine.graphs import RECORDING
     from ddtree_chat.ui.loading import EngineProgress, loading_label
 
     assert loading_label(EngineProgress(3, 10, "layers.0.mlp.gate.weight")) == "Loading the model… 3/10 tensors"
-    label = loading_label(EngineProgress(2, 18, RECORDING))
+    label = loading_label(EngineProgress(2, 18, "recording CUDA graphs", recording=True))
     assert label.startswith("Recording CUDA graphs… 2/18") and "compiles GPU kernels" in label
 
 

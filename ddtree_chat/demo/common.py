@@ -11,7 +11,7 @@ from ..engine.tokenizer import N_KIMI_SPECIALS as N_SPECIALS
 SEED = 1234
 BPE_VOCAB = 8192 - N_SPECIALS  # byte-level BPE ranks; specials follow
 
-# Same format as the engine's built-in fallback (DESIGN 2.4); shipped as chat_template.jinja.
+# Same format as the engine's built-in fallback (tokenizer.FALLBACK_TEMPLATE); shipped as chat_template.jinja.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>"
     "{% if m.role == 'assistant' %}<think></think>{% endif %}{{ m.content }}<|im_end|>{% endfor %}"

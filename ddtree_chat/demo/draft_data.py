@@ -90,9 +90,9 @@ class BatchCache:
 
 
 @torch.no_grad()
-def greedy_forced(model, prompts: list[list[int]], gen_len: int, capture, device) -> tuple[torch.Tensor, ...]:
+def greedy_forced(model, prompts: list[list[int]], gen_len: int, feature_layers, device) -> tuple[torch.Tensor, ...]:
     """Prompts of (slightly) different lengths, all starting at position 0 -> (tokens [N, T], features
-    [N, T, len(capture) * H] bf16, prompt lengths [N]) with T = longest prompt + gen_len. Row r holds its
+    [N, T, len(feature_layers) * H] bf16, prompt lengths [N]) with T = longest prompt + gen_len. Row r holds its
     prompt, then the target's greedy continuation: the shortest prompt's length is prefilled at once, then
     one position at a time, each row fed its own prompt token while it has one (no padding anywhere)."""
     from ddtree_chat.engine.model import causal_mask
@@ -106,8 +106,8 @@ def greedy_forced(model, prompts: list[list[int]], gen_len: int, capture, device
         toks[i, : len(p)] = torch.tensor(p)
     toks = toks.to(device)
     cache = BatchCache(cfg.num_layers, n, t_all, cfg.kv_lora_rank, cfg.qk_rope_head_dim, torch.float32, device)
-    feats = torch.zeros(n, t_all, len(capture) * cfg.hidden_size, dtype=torch.bfloat16, device=device)
-    h, f = model(toks[:, :m], torch.arange(m, device=device), causal_mask(m, device), cache, capture)
+    feats = torch.zeros(n, t_all, len(feature_layers) * cfg.hidden_size, dtype=torch.bfloat16, device=device)
+    h, f = model(toks[:, :m], torch.arange(m, device=device), causal_mask(m, device), cache, feature_layers)
     cache.length = m
     feats[:, :m] = f.to(torch.bfloat16)
     nxt = model.logits(h[:, -1]).argmax(-1)
@@ -115,7 +115,7 @@ def greedy_forced(model, prompts: list[list[int]], gen_len: int, capture, device
     for t in range(m, t_all):
         cur = torch.where(lens > t, toks[:, t], nxt)
         toks[:, t] = cur
-        h, f = model(cur[:, None], torch.tensor([t], device=device), one, cache, capture)
+        h, f = model(cur[:, None], torch.tensor([t], device=device), one, cache, feature_layers)
         cache.length += 1
         feats[:, t] = f[:, 0].to(torch.bfloat16)
         nxt = model.logits(h[:, -1]).argmax(-1)

@@ -273,7 +273,7 @@ def train_draft(out: Path, a, device) -> dict:
     archs = [parse_arch(s) for s in a.draft_arch]
     cfg_jsons = [draft_config(vocab, n_ranks, block=a.draft_block, **arch) for arch in archs]
     dcfgs = [DraftConfig.from_json(c) for c in cfg_jsons]
-    capture, B, mask_id = tuple(dcfgs[0].target_layer_ids), dcfgs[0].block_size, dcfgs[0].mask_token_id
+    feature_layers, B, mask_id = tuple(dcfgs[0].target_layer_ids), dcfgs[0].block_size, dcfgs[0].mask_token_id
     enc = Encoder(out / "tokenizer")
     stop_ids = (enc.sp["[EOS]"], enc.sp["<|im_end|>"])  # the engine's stop tokens
     cuda = device.type == "cuda"
@@ -295,7 +295,7 @@ def train_draft(out: Path, a, device) -> dict:
             log("draft: feature memory cap reached")
             break
         prompts = pool[i * a.gen_batch : (i + 1) * a.gen_batch]
-        toks, feats, lens = greedy_forced(model, prompts, a.gen_len, capture, device)
+        toks, feats, lens = greedy_forced(model, prompts, a.gen_len, feature_layers, device)
         stops = first_stop(toks, lens, stop_ids)
         lo, hi = anchor_range(toks, lens, stops, B)
         ok = (hi >= lo).nonzero().flatten()  # rows that stop at once have no round
@@ -312,7 +312,7 @@ def train_draft(out: Path, a, device) -> dict:
     sample = buckets[0][0][0].tolist()
     # Held-out check: the validation split's real chat prompts (at position 0, as in a chat).
     vprompts = sorted((p[3] for p in data["val_prompts"] if len(p[3]) <= a.max_prompt), key=len)
-    vt, vf, vlens = greedy_forced(model, vprompts, a.gen_len, capture, device)
+    vt, vf, vlens = greedy_forced(model, vprompts, a.gen_len, feature_layers, device)
     vstops = first_stop(vt, vlens, stop_ids)
     vlo, vhi = anchor_range(vt, vlens, vstops, B)
     vrows = (vhi >= vlo).nonzero().flatten()

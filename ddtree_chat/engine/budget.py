@@ -1,4 +1,4 @@
-"""`--budget auto`: pick the tree size that maximises expected tokens per second (DESIGN 4).
+"""`--budget auto`: pick the tree size that maximises expected tokens per second.
 
 Cost side: the target's verify time per tree size, measured once on this machine (cached per checkpoint
 and device) and scaled by one running ratio of real rounds' target time to it, plus the drafter's time per
@@ -19,7 +19,6 @@ from .generation import AUTO_BUDGETS
 from .parallel import TPGroup
 from .tree import DraftTree, path_scores
 
-CANDIDATES = AUTO_BUDGETS
 EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays ...
 EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles that interval, up to this
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ class AutoBudget:
     def _next_size(self) -> int:
         if not self.exploring:
             return self.last
-        sizes = sorted(self.costs) if self.costs else list(CANDIDATES)
+        sizes = sorted(self.costs) if self.costs else list(AUTO_BUDGETS)
         above = [b for b in sizes if b > self.last]
         if not above:
             return sizes[-1]
@@ -85,7 +84,7 @@ class AutoBudget:
         dec = self.dec
         room = dec.max_len - dec.cache.length
         costs = {}
-        for b in CANDIDATES:
+        for b in AUTO_BUDGETS:
             if b + 1 > room:
                 break
             # NOTE: varied tokens, so the MoE routes them to as many distinct experts as a real tree does
@@ -158,6 +157,6 @@ class AutoBudget:
             self.draft_costs[self.drafted] = 0.8 * self.draft_costs.get(self.drafted, self.draft_s) + 0.2 * draft_s
         # NOTE: one scale for every size, not a cost per size: a size in use took on its real rounds' cost (the
         # accept work, a loaded CPU) while the others kept the bare measured forward, so unused sizes looked
-        # cheap and CPU auto kept verifying 16-64 nodes where 8 was faster (eleventh session)
+        # cheap and CPU auto kept verifying 16-64 nodes where 8 was faster
         if verified in self.costs and self.costs[verified] > 0:
             self.cost_scale = 0.8 * self.cost_scale + 0.2 * target_s / self.costs[verified]

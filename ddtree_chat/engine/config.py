@@ -13,7 +13,7 @@ from .errors import ConfigError
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """YaRN parameters (DESIGN 2.5). factor 1 with type None means plain rope."""
+    """YaRN parameters (docs/architecture.md, the checkpoint). factor 1 with type None means plain rope."""
 
     type: str | None = None
     factor: float = 1.0
@@ -58,7 +58,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """compressed-tensors pack-quantized INT4, symmetric, per-group (DESIGN 2.3)."""
+    """compressed-tensors pack-quantized INT4, symmetric, per-group (docs/architecture.md, the checkpoint)."""
 
     num_bits: int = 4
     group_size: int = 32
@@ -191,7 +191,7 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """A DFlash drafter (Qwen3-style GQA stack over target features, DESIGN 3.1)."""
+    """A DFlash drafter (Qwen3-style GQA stack over target features; docs/architecture.md, the drafter)."""
 
     hidden_size: int
     num_layers: int

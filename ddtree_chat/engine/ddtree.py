@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from . import ops
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
-from .generation import MAX_BUDGET
+from ..modes import MAX_BUDGET, Mode
+from .generation import RoundShape
 from .kv_cache import DraftCache, KVCache
-from .graphs import PREFILL_SIZES, StaticRound
+from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
 from .model import KimiModel
-from .tree import DraftTree, build_tree_topk, target_choice
+from .tree import DraftTree, build_tree, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 
@@ -47,7 +48,7 @@ class Decoder:
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.cache = KVCache(tcfg.num_layers, max_len, tcfg.kv_lora_rank, tcfg.qk_rope_head_dim, self.dtype, self.device)
-        self.capture = tuple(dcfg.target_layer_ids) if dcfg else ()
+        self.feature_layers = tuple(dcfg.target_layer_ids) if dcfg else ()  # the target layers the drafter reads
         # NOTE: the drafter may run in a lower precision than the target (only speed depends on it); it then
         # needs its own copies of the target's embedding and lm head in that dtype.
         self.draft_dtype = next(drafter.parameters()).dtype if drafter is not None else self.dtype
@@ -75,6 +76,10 @@ class Decoder:
     def max_len(self) -> int:
         return self.cache.max_len
 
+    def shape(self, mode: Mode, budget: int) -> RoundShape:
+        """The round a mode and budget make with this drafter (without one, every round is ar)."""
+        return RoundShape.of(mode, budget, self.dcfg.block_size if self.drafter is not None else 0)
+
     @property
     def block(self) -> int:
         """The drafter's block size (query slots per round; 1 without a drafter)."""
@@ -89,7 +94,7 @@ class Decoder:
         rows: device indices of the only rows whose logits are wanted (a prompt's last: its every row's
         [T, V] floats could fill the GPU)."""
         hidden, feats = self.target(tokens.to(self.device), positions.to(self.device), mask.to(self.device),
-                                    self.cache if cache is None else cache, self.capture if features else ())
+                                    self.cache if cache is None else cache, self.feature_layers if features else ())
         return self.target.logits(hidden if rows is None else hidden.index_select(-2, rows)), feats
 
     def committed_state(self, root: int) -> tuple[int, int, int]:
@@ -160,7 +165,7 @@ class Decoder:
             if drafting:
                 self.dcache.make_room(n)  # NOTE: the chunk writes n rows, r of which count
             sr.begin_chunk(staged[len(new) + 4 * i : len(new) + 4 * i + 4], staged[off : off + r])
-            key = ("prefill", n, drafting)
+            key = PrefillKey("prefill", n, drafting)
             self._record([key])
             logits = sr.run(key)
             self.cache.advance(r)
@@ -192,16 +197,16 @@ class Decoder:
         return hidden[1:] @ self.draft_head.T
 
     @staticmethod
-    def tree_from_logits(root, logits: torch.Tensor, mode: str, budget: int, out=None) -> DraftTree:
+    def tree_from_logits(root, logits: torch.Tensor, mode: Mode, budget: int, out=None) -> DraftTree:
         """dflash: the argmax chain; ddtree: the top-`budget` prefixes (both without host syncs). out: buffers
-        the tree kernel may build into (tree.build_tree_topk)."""
-        if mode == "dflash":
-            return build_tree_topk(root, *ops.topk_logprobs(logits, 1), logits.shape[0], out)
+        the tree kernel may build into (tree.build_tree)."""
+        if mode == Mode.DFLASH:
+            return build_tree(root, *ops.topk_logprobs(logits, 1), logits.shape[0], out)
         depth = min(logits.shape[0], budget)
-        return build_tree_topk(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
+        return build_tree(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
 
     @torch.no_grad()
-    def round(self, mode: str, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
+    def round(self, mode: Mode, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
               stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
               then: Callable[[], int | None] | None = None) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose(tree, cum_mass)`
@@ -213,8 +218,8 @@ class Decoder:
         never read (it wrote scratch only)."""
         sr = self.graphs
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
-            mode, budget, choose, then = "ar", 0, None, None
-        key = (mode, budget)
+            mode, budget, choose, then = Mode.AR, 0, None, None
+        key = RoundShape(mode, budget)
         flight, self._ahead = self._ahead, None
         if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead(temperature)):
             flight = None  # launched for another kind of round: never read
@@ -233,7 +238,7 @@ class Decoder:
         # NOTE: accept() moved the path's rows to start..; only the first m count
         self.cache.advance(m)
         self.tokens.extend([self.pending] + emitted[:-1])
-        if self.dcache is not None and mode != "ar":
+        if self.dcache is not None and mode != Mode.AR:
             self.dcache.advance(m, start + m)
         self.pending = emitted[-1]
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
@@ -276,7 +281,7 @@ class Decoder:
         logits, _ = sr.run(sr.verify_key(mode, n))
         if temperature > 0:
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
-        return sr.fetch((mode, budget), n, sr.run(sr.accept_key(mode, n)), clock)
+        return sr.fetch(RoundShape(mode, budget), n, sr.run(sr.accept_key(mode, n)), clock)
 
     @staticmethod
     def _outcome(packed: torch.Tensor, n: int, stop_ids: frozenset[int], room: int):
@@ -295,9 +300,3 @@ class Decoder:
                 emitted = emitted[: i + 1]
                 break
         return host_tree, path, emitted
-
-    def round_room(self, mode: str, budget: int) -> int:
-        """Tree nodes the next round needs in the cache."""
-        if mode == "ar" or self.drafter is None:
-            return 1
-        return 1 + (self.dcfg.block_size - 1 if mode == "dflash" else budget)

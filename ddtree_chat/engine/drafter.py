@@ -1,4 +1,4 @@
-"""DFlash block-diffusion drafter math (Qwen3-style GQA, half-split rope), DESIGN 3.1.
+"""DFlash block-diffusion drafter math (Qwen3-style GQA, half-split rope; docs/architecture.md, the drafter).
 
 It has no embedding or lm head: callers embed the block with the target's embed_tokens and apply the
 target's lm_head to `norm(hidden)`. Context = target layer features -> fc -> hidden_norm, projected by

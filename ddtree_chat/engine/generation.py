@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-MODES = ("ddtree", "dflash", "ar")
-MAX_BUDGET = 1023  # tree nodes past the root a round may draft (the rope table reserves these positions)
+from ..modes import MAX_BUDGET, MODES, Mode
+
 AUTO_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)  # the tree sizes --budget auto chooses among
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    mode: str = "ddtree"  # ddtree | dflash | ar
+    mode: Mode = Mode.DDTREE  # a plain string ("ddtree", "dflash", "ar") is turned into its Mode
     budget: int | str = "auto"  # drafted tree nodes per round (root excluded), or "auto"; ddtree only
     temperature: float = 0.0
     top_p: float = 1.0
@@ -23,6 +24,7 @@ class GenerationConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        object.__setattr__(self, "mode", Mode(self.mode))
         if self.budget != "auto" and (not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET):
             raise ValueError(f"budget must be a number from 0 to {MAX_BUDGET} or 'auto', not {self.budget!r}")
         if not self.temperature >= 0:  # NOTE: written so that NaN fails too
@@ -31,6 +33,27 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+
+
+class RoundShape(NamedTuple):
+    """A round's mode and its drafted nodes past the root: the budget (ddtree), the block's slots (dflash),
+    0 (ar). The one place a round's size is worked out."""
+
+    mode: Mode
+    budget: int
+
+    @classmethod
+    def of(cls, mode: Mode | str, budget: int, block: int) -> "RoundShape":
+        """block: the drafter's block size, 0 without a drafter (every round is then ar)."""
+        mode = Mode(mode)
+        if mode is Mode.AR or not block:
+            return cls(Mode.AR, 0)
+        return cls(mode, block - 1 if mode is Mode.DFLASH else budget)
+
+    @property
+    def nodes(self) -> int:
+        """Tree nodes, root included: the rows the round's verify runs and the cache rows it needs."""
+        return self.budget + 1
 
 
 @dataclass

@@ -2,8 +2,8 @@
 (drafter + tree build), verify (target over the tree + greedy choice), accept (verify walk, KV compaction
 of the path, drafter context update, packing), and prefill chunks for a prompt. The executor runs a
 program directly (CPU, `--eager`, tensor parallel, shapes not recorded) or, recording (one GPU), records
-it once as a CUDA graph per shape and replays it: a Python-launched demo forward cost ~15 ms of host time
-for 0.3 ms of kernels (BENCHMARKS.md, the prefill-chunk rows).
+it once as a CUDA graph per shape and replays it: a Python-launched demo forward costs many times its
+kernels' time in host time (BENCHMARKS.md, the prefill-chunk rows; docs/architecture.md).
 
 NOTE: the host stays the owner of every length. Before a round it writes (committed length, drafter
 entries, root token) into one device buffer that the programs read, so a graph replays at any length;
@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple, Union
 
 import torch
 
-from .generation import AUTO_BUDGETS, MAX_BUDGET
+from ..modes import MAX_BUDGET, Mode
+from .generation import AUTO_BUDGETS, RoundShape
 from .model import causal_mask
 from .ops.registry import prefer_library
+from .progress import Stage
 from .tree import DraftTree, pack_round, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
@@ -33,7 +36,44 @@ MAX_NODES = MAX_BUDGET + 1  # tree nodes a round may have (root included)
 MAX_RECORDED = 257  # tree sizes recorded as graphs (budget <= 256); larger trees run directly
 MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
 PREFILL_SIZES = (16, 64, 256)  # prompt chunk rows recorded; a chunk's rows past its tokens are scratch
-RECORDING = "recording CUDA graphs"  # the `what` of Engine.load's progress calls while warm() records
+
+
+# One key per program and shape: a recorded graph, or a program run directly, is looked up by it. Each
+# starts with its program's name, so keys of different programs never compare equal.
+class PrefillKey(NamedTuple):
+    program: str  # "prefill"
+    rows: int  # the chunk's rows (a recorded size, or the prompt tokens it runs)
+    drafting: bool  # also writes the drafter's context rows
+
+
+class DraftKey(NamedTuple):
+    program: str  # "draft"
+    mode: Mode
+    budget: int
+    span: int  # drafter context slots attended (a power of two covering its entries)
+    choosing: bool  # computes the auto budget's cumulative path mass
+
+
+class VerifyKey(NamedTuple):
+    program: str  # "verify"
+    nodes: int  # tree nodes, root included
+    features: bool  # keeps the target features the drafter's context is made of
+
+
+class AcceptKey(NamedTuple):
+    program: str  # "accept"
+    nodes: int
+    drafting: bool  # extends the drafter's context
+    chain: bool  # node i at depth i (ar, dflash): the accepted path is in place already
+
+
+GraphKey = Union[PrefillKey, DraftKey, VerifyKey, AcceptKey]
+_KEYS = {"prefill": PrefillKey, "draft": DraftKey, "verify": VerifyKey, "accept": AcceptKey}
+
+
+def graph_key(key: tuple) -> GraphKey:
+    """The typed key of a plain tuple written as one (program name first)."""
+    return key if hasattr(key, "program") else _KEYS[key[0]](*key)
 
 
 class SlotView:
@@ -74,7 +114,7 @@ class _Clock:
 class Flight:
     """A launched round whose packed result is on its way to the host (an event marks its arrival)."""
 
-    def __init__(self, key: tuple, n: int, host: torch.Tensor, event, clock: _Clock):
+    def __init__(self, key: RoundShape, n: int, host: torch.Tensor, event, clock: _Clock):
         self.key, self.n, self.host, self.event, self.clock = key, n, host, event, clock
 
     def wait(self) -> torch.Tensor:
@@ -120,31 +160,29 @@ class StaticRound:
                          self.cum_mass)
 
     # -- which rounds, which programs ----------------------------------------------------------------
-    def fits(self, mode: str, budget: int) -> bool:
+    def fits(self, mode: Mode, budget: int) -> bool:
         """Whether this round's nodes fit the context (and, drafting, its block the drafter's window)."""
-        n = self.nodes(mode, budget)
+        n = self.dec.shape(mode, budget).nodes
         return n <= self.dec.max_len and (n == 1 or self.dec.dcache.capacity >= self.block)
-
-    def nodes(self, mode: str, budget: int) -> int:
-        return 1 if mode == "ar" or self.dec.drafter is None else (self.block if mode == "dflash" else budget + 1)
 
     def recordable(self, key: tuple) -> bool:
         """Recorded: prefill chunks of the recorded sizes, rounds of at most MAX_RECORDED nodes (a larger
         graph would hold a large share of the pool for rare budgets)."""
         if not self.capture:
             return False
-        if key[0] == "prefill":
-            return key[1] in PREFILL_SIZES
-        return (self.nodes(key[1], key[2]) if key[0] == "draft" else key[1]) <= MAX_RECORDED
+        key = graph_key(key)
+        if key.program == "prefill":
+            return key.rows in PREFILL_SIZES
+        return (self.dec.shape(key.mode, key.budget).nodes if key.program == "draft" else key.nodes) <= MAX_RECORDED
 
-    def plan(self, mode: str, budget: int, choosing: bool) -> tuple[int, list[int]]:
+    def plan(self, mode: Mode, budget: int, choosing: bool) -> tuple[int, list[int]]:
         """(nodes drafted, root included; the tree sizes this round may verify)."""
-        n = self.nodes(mode, budget)
+        n = self.dec.shape(mode, budget).nodes
         if n == 1 or not choosing:
             return n, [n]
         return n, [c + 1 for c in AUTO_BUDGETS if c + 1 <= n]  # NOTE: the auto budget cuts to a candidate size
 
-    def draft_key(self, mode: str, budget: int, choosing: bool = False, held: int | None = None) -> tuple:
+    def draft_key(self, mode: Mode, budget: int, choosing: bool = False, held: int | None = None) -> DraftKey:
         """NOTE: the draft attends a power-of-two span of the drafter cache that covers its entries, not
         the whole buffer: reading (and reducing over) 32k empty slots per round cost more than the rest.
         Only a draft for the auto budget (choosing) computes the cumulative path mass. held: the drafter
@@ -153,21 +191,21 @@ class StaticRound:
         span = MIN_SPAN
         while span < held:
             span *= 2
-        return ("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
+        return DraftKey("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
-    def drafting(self, mode: str) -> bool:
-        return mode != "ar" and self.dec.drafter is not None
+    def drafting(self, mode: Mode) -> bool:
+        return mode != Mode.AR and self.dec.drafter is not None
 
-    def verify_key(self, mode: str, n: int) -> tuple:
+    def verify_key(self, mode: Mode, n: int) -> VerifyKey:
         """Only a drafting round's verify keeps the target features the drafter's context is made of."""
-        return ("verify", n, self.drafting(mode))
+        return VerifyKey("verify", n, self.drafting(mode))
 
-    def accept_key(self, mode: str, n: int) -> tuple:
+    def accept_key(self, mode: Mode, n: int) -> AcceptKey:
         """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it);
         an `ar` or `dflash` round's nodes are a chain, so its accepted path is already in place."""
-        return ("accept", n, self.drafting(mode), mode != "ddtree" or n == 1)
+        return AcceptKey("accept", n, self.drafting(mode), mode != Mode.DDTREE or n == 1)
 
-    def round_keys(self, mode: str, budget: int, sizes: list[int], choosing: bool, held: int | None = None):
+    def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
@@ -180,18 +218,20 @@ class StaticRound:
         return [s for s in PREFILL_SIZES if s <= cap]
 
     def _program(self, key: tuple):
-        if key[0] == "prefill":
-            return lambda: self.prefill(key[1], key[2])
-        if key[0] == "draft":
-            return lambda: self.draft(*key[1:])
-        if key[0] == "verify":
-            return lambda: self.verify(key[1], key[2])
-        return lambda: self.accept(key[1], self.outputs[("verify", key[1], True)][1] if key[2] else None, key[3])
+        key = graph_key(key)
+        if key.program == "prefill":
+            return lambda: self.prefill(key.rows, key.drafting)
+        if key.program == "draft":
+            return lambda: self.draft(key.mode, key.budget, key.span, key.choosing)
+        if key.program == "verify":
+            return lambda: self.verify(key.nodes, key.features)
+        feats = lambda: self.outputs[VerifyKey("verify", key.nodes, True)][1] if key.drafting else None  # noqa: E731
+        return lambda: self.accept(key.nodes, feats(), key.chain)
 
     def prepare(self, keys) -> None:
         """Record the programs of these keys that are recordable and not recorded yet (a recording leaves
         the device state as it was)."""
-        for key in keys:
+        for key in map(graph_key, keys):
             if key not in self.graphs and self.recordable(key):
                 try:
                     self.graphs[key] = self._record(key)
@@ -212,7 +252,7 @@ class StaticRound:
 
     def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
         """Record every program of these (mode, budget, choosing) rounds and the prefill chunks now; returns
-        the seconds spent. progress(done, total, RECORDING) after each round's programs and each prefill
+        the seconds spent. progress(done, total, Stage.RECORDING) after each round's programs and each prefill
         variant's (the first start compiles kernels here)."""
         before = self.capture_s
         todo = [m for m in modes if self.fits(m[0], m[1])]
@@ -221,17 +261,17 @@ class StaticRound:
         for i, (mode, budget, choosing) in enumerate(todo):
             self.prepare(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
             if progress:
-                progress(i + 1, total, RECORDING)
+                progress(i + 1, total, Stage.RECORDING)
         for i, drafting in enumerate(variants):
-            self.prepare([("prefill", n, drafting) for n in self.prefill_sizes(drafting)])
+            self.prepare([PrefillKey("prefill", n, drafting) for n in self.prefill_sizes(drafting)])
             if progress:
-                progress(len(todo) + i + 1, total, RECORDING)
+                progress(len(todo) + i + 1, total, Stage.RECORDING)
         return self.capture_s - before
 
-    def _record(self, key: tuple):
+    def _record(self, key: GraphKey):
         t0 = time.perf_counter()
         fn = self._program(key)
-        saved = self._save_for_warm_up(0 if key[0] == "draft" else key[1])
+        saved = self._save_for_warm_up(0 if key.program == "draft" else key[1])  # a prefill's rows, a tree's nodes
         side = torch.cuda.Stream(self.dec.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -279,7 +319,7 @@ class StaticRound:
     def clock(self) -> _Clock:
         return _Clock(self.dec.device)
 
-    def fetch(self, key: tuple, n: int, packed: torch.Tensor, clock: _Clock) -> Flight:
+    def fetch(self, key: RoundShape, n: int, packed: torch.Tensor, clock: _Clock) -> Flight:
         """Start the round's one device-to-host copy (into one of two pinned buffers per size, so a round
         launched ahead does not overwrite the one being read) and close its clock."""
         clock.mark()
@@ -296,6 +336,7 @@ class StaticRound:
     def run(self, key: tuple):
         """Replay the key's graph, or run its program directly (launched from Python: the library's
         products, registry.prefer_library)."""
+        key = graph_key(key)
         if key in self.graphs:
             graph, out = self.graphs[key]
             graph.replay()
@@ -313,7 +354,7 @@ class StaticRound:
         self.begin(*dec.committed_state(int(tokens[0])))
         self.tokens[:n].copy_(tokens[:n])  # NOTE: the root too (a drafting verify reads the draft's)
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
-        key = ("verify", n, True)  # NOTE: as a ddtree round replays it
+        key = VerifyKey("verify", n, True)  # NOTE: as a ddtree round replays it
         self.prepare([key])
         best = float("inf")
         for _ in range(repeats):
@@ -362,7 +403,7 @@ class StaticRound:
             self.prompt_logits = torch.empty_like(logits)
         return self.prompt_logits.copy_(logits)
 
-    def draft(self, mode: str, budget: int, span: int, choosing: bool) -> None:
+    def draft(self, mode: Mode, budget: int, span: int, choosing: bool) -> None:
         dec, b = self.dec, self.block
         length, root = self.state[0], self.state[2:3]
         ctx = [(dec.dcache.k[i, :span], dec.dcache.v[i, :span]) for i in range(dec.dcache.k.shape[0])]

@@ -15,8 +15,8 @@ from .model import KimiModel, MoE
 from .ops.int4 import Int4Weight, dequant_int4
 from .ops.moe import ExpertWeights, prepare_experts
 from .parallel import SINGLE, TPGroup, shard_dim
+from .progress import Progress
 
-Progress = Callable[[int, int, str], None] | None
 
 
 def _prefixes(cfg: TargetConfig) -> tuple[str, str]:

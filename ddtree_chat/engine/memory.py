@@ -1,4 +1,4 @@
-"""Bytes accounting (DESIGN 4): per-rank weights, the KV cache that fits, and what one forward must read."""
+"""Bytes accounting: per-rank weights, the KV cache that fits, and what one forward must read."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def kv_bytes_per_token(cfg: TargetConfig) -> int:
 
 def forward_bytes(cfg: TargetConfig, tokens: int, context: int) -> dict[str, float]:
     """Bytes one target forward over `tokens` new tokens must read (bf16 dense, INT4 experts with bf16
-    scales), with the expected distinct experts touched under uniform routing (DESIGN 4)."""
+    scales), with the expected distinct experts touched under uniform routing (1 - (1 - k/E)^T of E per layer)."""
     h, bf16 = cfg.hidden_size, _BF16
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - 1 / e) ** (k * tokens)) if e else 0.0

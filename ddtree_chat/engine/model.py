@@ -235,20 +235,22 @@ class KimiModel(ops.RopeOwner, nn.Module):
             if isinstance(layer.mlp, MoE):
                 layer.mlp.fuse_projections()
 
-    def forward(self, tokens, positions, tree_mask, cache: LatentCache | None = None, capture: tuple[int, ...] = ()):
+    def forward(self, tokens, positions, tree_mask, cache: LatentCache | None = None,
+                feature_layers: tuple[int, ...] = ()):
         """tokens [..., T], positions [T], tree_mask [T, T] bool (row i sees column j).
         Returns the last hidden state [..., T, H] (before the final norm) and, concatenated on the last
-        axis, the outputs of the layers in `capture` ([..., T, len(capture) * H], or None)."""
+        axis, the outputs of the layers in `feature_layers` (the drafter's inputs; [..., T,
+        len(feature_layers) * H], or None)."""
         x = self.embed_tokens(tokens)
         cos, sin = self.rope(positions, x.dtype)
         feats = []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, tree_mask, cache)
-            if i in capture:
+            if i in feature_layers:
                 feats.append(x)
-        if capture:  # NOTE: in `capture` order, a layer listed twice given twice
-            held = sorted(set(capture))
-            feats = [feats[held.index(i)] for i in capture]
+        if feature_layers:  # NOTE: in `feature_layers` order, a layer listed twice given twice
+            held = sorted(set(feature_layers))
+            feats = [feats[held.index(i)] for i in feature_layers]
         return x, (torch.cat(feats, dim=-1) if feats else None)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ KIMI_PATTERN = "|".join([
     r"\s+",
 ])
 
-# Offsets from n_ranks of the specials we rely on (DESIGN 2.4); the rest are reserved.
+# Offsets from n_ranks of the specials we rely on (docs/architecture.md, the tokenizer); the rest are reserved.
 KIMI_NAMED_SPECIALS = {
     0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>",
     10: "<|im_system|>", 17: "<|im_middle|>", 22: "<think>", 23: "</think>", 254: "[UNK]", 255: "[PAD]",
@@ -258,7 +258,7 @@ def load_tokenizer(model_dir) -> "Tokenizer":
 
 # ----------------------------------------------------------------------------- chat template
 
-# DESIGN 2.4's format, used when the checkpoint ships no template of its own.
+# K2.6's chat format (docs/architecture.md, the tokenizer), used when the checkpoint ships no template of its own.
 FALLBACK_TEMPLATE = (
     "{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>"
     "{% if m.role == 'assistant' %}<think></think>{% endif %}{{ m.content }}<|im_end|>{% endfor %}"

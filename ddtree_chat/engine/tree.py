@@ -1,4 +1,4 @@
-"""Draft trees (reference implementations, DESIGN 3.2-3.3): best-first construction over the drafter's
+"""Draft trees (reference implementations; docs/architecture.md, the tree): best-first construction over the drafter's
 per-depth top-K log-probabilities, the ancestor mask, the target's choice per node and the verify walk.
 
 Node 0 is the root (the bonus token, already verified); nodes are numbered in pop order, so a parent
@@ -6,7 +6,6 @@ always precedes its children. `budget` counts the drafted nodes, the root exclud
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import torch
@@ -77,50 +76,24 @@ def root_only(token: int, device=None) -> DraftTree:
                      torch.zeros(1, device=device), max_depth=0)
 
 
-def build_tree(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int) -> DraftTree:
-    """top_logp/top_ids [D, K] (ranks sorted by descending log-prob at each depth) -> the `budget` most
-    probable prefixes under the product of marginals, found best-first with a heap."""
-    depth_max, k = top_logp.shape
-    lp = top_logp.tolist()
-    ids = top_ids.tolist()
-    tokens, parents, depths, logps = [root_token], [-1], [0], [0.0]
-    node_of: dict[tuple[int, ...], int] = {(): 0}
-    heap: list[tuple[float, tuple[int, ...]]] = [(-lp[0][0], (0,))] if depth_max and k and budget > 0 else []
-    while heap and len(tokens) - 1 < budget:
-        neg, ranks = heapq.heappop(heap)
-        d = len(ranks)
-        node_of[ranks] = len(tokens)
-        tokens.append(ids[d - 1][ranks[-1]])
-        parents.append(node_of[ranks[:-1]])
-        depths.append(d)
-        logps.append(lp[d - 1][ranks[-1]])
-        score = -neg
-        if ranks[-1] + 1 < k:  # next sibling: same prefix, next rank
-            sib = ranks[:-1] + (ranks[-1] + 1,)
-            heapq.heappush(heap, (-(score - lp[d - 1][ranks[-1]] + lp[d - 1][ranks[-1] + 1]), sib))
-        if d < depth_max:  # first child
-            heapq.heappush(heap, (-(score + lp[d][0]), ranks + (0,)))
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths),
-                     torch.tensor(logps, dtype=torch.float32))
-
-
-def build_tree_topk(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
-                    budget: int, out: tuple[torch.Tensor, ...] | None = None) -> DraftTree:
-    """build_tree_topk_ref, through the one-program GPU kernel where one is registered (ops/triton_tree).
+def build_tree(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
+               budget: int, out: tuple[torch.Tensor, ...] | None = None) -> DraftTree:
+    """build_tree_ref, through the one-program GPU kernel where one is registered (ops/triton_tree).
     out: (tokens, parents, depth, logprobs) buffers of budget + 1 the kernel writes into (the graphs'
     static tree: no copies); the reference ignores them (the caller copies)."""
     fn = fast("build_tree", top_logp)
     built = fn(root_token, top_logp, top_ids, budget, out=out) if fn is not None else None
     if built is None:
-        return build_tree_topk_ref(root_token, top_logp, top_ids, budget)
+        return build_tree_ref(root_token, top_logp, top_ids, budget)
     return DraftTree(*built, max_depth=min(top_logp.shape[0], budget))
 
 
-def build_tree_topk_ref(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
-                        budget: int) -> DraftTree:
-    """The same top-`budget` prefixes as build_tree, with tensor ops only (no heap, no host sync), so it
-    runs on the GPU: keep the best `budget` prefixes per depth (a top-budget prefix of depth d must be
-    among them), then take the best `budget` over all depths. Since every log-prob is <= 0 a parent
+def build_tree_ref(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
+                   budget: int) -> DraftTree:
+    """top_logp/top_ids [D, K] (ranks sorted by descending log-prob at each depth) -> the `budget` most
+    probable prefixes under the product of marginals (tests/tree_oracle.py finds the same ones best-first
+    with a heap), with tensor ops only (no host sync), so it runs on the GPU: keep the best `budget`
+    prefixes per depth (a top-budget prefix of depth d must be among them), then take the best `budget` over all depths. Since every log-prob is <= 0 a parent
     scores at least as high as its children, and a stable sort over depth-ordered candidates puts it
     first on ties, so the selection is prefix-closed and parents precede children."""
     dev = top_logp.device

@@ -19,8 +19,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
-from ddtree_chat import paths
+from ddtree_chat import logs, paths
 from ddtree_chat import settings as settings_mod
+from ddtree_chat.modes import MODES, Mode
 from ddtree_chat.history import Conversation, History, Message
 from ddtree_chat.settings import Settings, SettingsError
 from ddtree_chat.ui import commands, export
@@ -31,7 +32,7 @@ from ddtree_chat.ui.copying import code_blocks
 from ddtree_chat.ui.debug_pane import DebugPane
 from ddtree_chat.ui.generation import UPDATE_INTERVAL, GenerationDone, GenerationFailed, GenerationUpdate, run_generation
 from ddtree_chat.ui.loading import (EngineFailed, EngineProgress, EngineReady, ErrorScreen, describe_error, loading_label,
-                                    setup_logging, start_loading)
+                                    start_loading)
 from ddtree_chat.ui.replies import footer_for, meta_for
 from ddtree_chat.ui.tree_panel import TreePanel
 
@@ -62,7 +63,7 @@ class DDTreeChatApp(App):
         super().__init__()
         self._resume = resume
         self._startup_warnings = list(warnings or [])
-        log_warning = setup_logging()
+        log_warning = logs.setup_logging()
         if log_warning:
             self._startup_warnings.append(log_warning)
         self.engine_factory = engine_factory
@@ -182,15 +183,15 @@ class DDTreeChatApp(App):
     def _usable(self, s: Settings) -> Settings:
         """`s` with a mode this model can run (none set, or one that needs the missing drafter: the default)."""
         if s.mode is None or s.mode not in self.modes:
-            return s.replace(mode="ddtree" if "ddtree" in self.modes else "ar")
+            return s.replace(mode=Mode.DDTREE.value if Mode.DDTREE in self.modes else Mode.AR.value)
         return s
 
     @property
     def modes(self) -> list[str]:
         if self.engine is None:
-            return list(settings_mod.MODES)
+            return list(MODES)
         info = getattr(self.engine, "info", {}) or {}
-        return list(info.get("modes") or (settings_mod.MODES if info.get("has_drafter") else ["ar"]))
+        return list(info.get("modes") or (MODES if info.get("has_drafter") else [Mode.AR.value]))
 
     @property
     def max_context(self) -> int:

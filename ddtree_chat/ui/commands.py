@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ddtree_chat.settings import MAX_BUDGET, MODES, SettingsError
+from ddtree_chat.modes import MAX_BUDGET, MODES
+from ddtree_chat.settings import SettingsError
 
 # (command, argument, what it does) — /help prints this table
 COMMANDS = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from textual.app import ComposeResult
@@ -15,55 +14,18 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ddtree_chat import paths
+from ddtree_chat.logs import log_path
 
-LOG_FILE = "ddtree-chat.log"
 PROGRESS_INTERVAL = 0.1  # s between progress messages; a checkpoint has thousands of tensors
 
 log = logging.getLogger("ddtree_chat.ui")
 
 
-def log_path() -> Path:
-    return paths.state_dir() / LOG_FILE
-
-
-_handler: logging.FileHandler | None = None
-
-
-def setup_logging() -> str | None:
-    """Tracebacks go to a file under the user state dir, never onto the screen.
-
-    Returns a one-line warning when that file cannot be used (the app then runs without it).
-    """
-    global _handler
-    try:
-        path = log_path()
-        resolved = str(path.resolve())
-        root = logging.getLogger("ddtree_chat")
-        if _handler is not None and _handler.baseFilename == resolved:
-            return None
-        if any(getattr(h, "baseFilename", None) == resolved for h in logging.getLogger().handlers):
-            return None  # the CLI already logs there (records propagate to the root logger)
-        handler = logging.FileHandler(path, encoding="utf-8")  # NOTE: opened now, so an unwritable file fails here
-    except OSError as err:
-        quiet = logging.getLogger("ddtree_chat")
-        if not any(isinstance(h, logging.NullHandler) for h in quiet.handlers):
-            quiet.addHandler(logging.NullHandler())  # NOTE: else logging's last resort prints onto the TUI
-        return f"No log file this session: {err.strerror or err} ({getattr(err, 'filename', None) or 'state dir'})."
-    if _handler is not None:  # the state dir changed (tests): move the one handler we own
-        root.removeHandler(_handler)
-        _handler.close()
-    _handler = handler
-    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(_handler)
-    root.setLevel(logging.INFO)
-    return None
-
-
 class EngineProgress(Message):
-    def __init__(self, done: int, total: int, what: str):
+    def __init__(self, done: int, total: int, what: str, recording: bool = False):
         super().__init__()
         self.done, self.total, self.what = done, total, what
+        self.recording = recording  # the CUDA graphs are being recorded (a first start compiles kernels then)
 
 
 class EngineReady(Message):
@@ -80,9 +42,7 @@ class EngineFailed(Message):
 
 
 def loading_label(msg: EngineProgress) -> str:
-    from ddtree_chat.engine.graphs import RECORDING  # NOTE: torch is imported by now (the engine is loading)
-
-    if msg.what == RECORDING:  # NOTE: a first start compiles the GPU kernels inside this step
+    if msg.recording:
         return f"Recording CUDA graphs… {msg.done}/{msg.total} rounds (the first start also compiles GPU kernels)"
     return f"Loading the model… {msg.done}/{msg.total} tensors"
 
@@ -96,10 +56,12 @@ def start_loading(factory: Callable, post: Callable[[Message], object]) -> threa
     last = [0.0]
 
     def progress(done: int, total: int, what: str = "") -> None:
+        from ddtree_chat.engine.progress import Stage  # NOTE: the engine is loading: torch is imported by now
+
         now = time.monotonic()
         if now - last[0] >= PROGRESS_INTERVAL or done >= total:
             last[0] = now
-            post(EngineProgress(done, total, what))
+            post(EngineProgress(done, total, what, recording=what is Stage.RECORDING))
 
     def body() -> None:
         start = time.monotonic()

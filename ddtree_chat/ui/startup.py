@@ -8,7 +8,7 @@ from ddtree_chat import settings as settings_mod
 
 
 def engine_factory(args):
-    from ddtree_chat.cli import load_engine
+    from ddtree_chat.bootstrap import load_engine
 
     return lambda progress: load_engine(args, progress)
 

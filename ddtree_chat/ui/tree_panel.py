@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static
 
+from ddtree_chat.modes import Mode
 from ddtree_chat.ui.tree_layout import Line, layout
 
 STYLES = {
@@ -150,7 +151,7 @@ class TreePanel(Vertical):
         device = device_label(info)
         rows = [
             ("tok/s", tps), ("tok/fwd", per), ("rounds", str(s.rounds)), ("tokens", str(s.tokens)),
-            ("mode", self.mode or "–"), ("budget", str(self.budget) if self.budget and self.mode != "ar" else "–"),
+            ("mode", self.mode or "–"), ("budget", str(self.budget) if self.budget and self.mode != Mode.AR else "–"),
             ("device", str(device)),
         ]
         text = Text()

@@ -102,7 +102,7 @@ N_VARIANTS = 18
 
 
 def default_variant(tokens: int) -> int:
-    """Measured (kernels.py --only moe, H200, thirteenth session; BENCHMARKS.md): up to 4 tokens the
+    """Measured (kernels.py --only moe, H200; BENCHMARKS.md): up to 4 tokens the
     register-pipelined tiles (16: gate/up 4 warps x 2, two down row tiles per CTA of 2 x 2, each stage's
     loads issued before the previous stage's MMAs, with programmatic dependent launch; T=1 62.8 us vs 68.3
     for 14); at 5-8 tokens 14 (gate/up 4 x 4, down two row tiles of 2 x 8, PDL); beyond, 10 (14 without PDL,

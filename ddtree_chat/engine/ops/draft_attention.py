@@ -1,4 +1,4 @@
-"""The drafter's attention (DESIGN 3.1): one block of B queries (GQA) over its cached context and the block
+"""The drafter's attention (docs/architecture.md, the drafter): one block of B queries (GQA) over its cached context and the block
 itself, softmaxed together. Context and block keys are scored separately, so the context (a static-size
 buffer under graphs) is read once and never concatenated or repeated per query head."""
 

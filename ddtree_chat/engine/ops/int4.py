@@ -1,4 +1,4 @@
-"""INT4 group-quantized weights in the compressed-tensors pack-quantized layout (DESIGN 2.3).
+"""INT4 group-quantized weights in the compressed-tensors pack-quantized layout (docs/architecture.md).
 
 Element k of a row sits in int32 word k // 8 at bits 4*(k % 8) .. +3 (lowest nibble first), stored as q + 8."""
 

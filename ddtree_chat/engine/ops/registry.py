@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from typing import Callable, Iterator
 
 import torch
@@ -18,7 +17,7 @@ def prefer_library() -> Iterator[None]:
     """Forwards launched op by op from Python (a prefill, an eager round): the small-M products take the
     library path (cuBLAS) instead of the Triton kernel, whose launch costs ~0.1 ms of host time (argument
     binding, under cProfile; a graph replays it for free), several times a torch op's: a demo prefill on
-    the H200 ran 0.3 ms of kernels in 15 ms of host time (BENCHMARKS.md, thirteenth session)."""
+    the H200 ran 0.3 ms of kernels in 15 ms of host time (BENCHMARKS.md)."""
     token = _LIBRARY.set(True)
     try:
         yield
@@ -35,7 +34,9 @@ def exact() -> bool:
     speculative output equals plain decoding bit for bit (docs/exactness.md). DDTREE_EXACT=0 takes the
     kernels picked by row count instead (cuBLAS products, the SM-count split plan, the MoE's few-token
     pipeline): faster where they win, but a bf16 tree may then drift from --mode ar."""
-    return os.environ.get("DDTREE_EXACT", "1") != "0"
+    from ...knobs import EXACT, get
+
+    return get(EXACT) != "0"
 
 
 def register(name: str, fn: Callable, dtypes=None, ahead: bool = False) -> None:

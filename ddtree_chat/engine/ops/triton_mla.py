@@ -30,10 +30,10 @@ _CONFIGS = [
 def graph_ms(kernel_call, quantiles=None, cold: bool = False, calls: int = 8, reps: int = 5):
     """Per-call time from CUDA-graph replays of `calls` calls, the median of reps: the autotuner's timing.
     Why: do_bench's per-call events carry launch noise that for ~20 us kernels swapped the pick between
-    runs (BENCHMARKS.md, eighth session). cold: an L2 flush before each call, the flushes' own replays
+    runs (BENCHMARKS.md). cold: an L2 flush before each call, the flushes' own replays
     subtracted (benchmarks: bytes from DRAM, as a 61-layer forward reads each cache). The autotuner times
     warm: the flush's time swamps small kernels (the demo's float32 MLA picked a 20% slower tile), and at
-    long contexts warm and cold agree within 4% (ninth session)."""
+    long contexts warm and cold agree within 4%."""
     kernel_call()  # compiles (errors such as OutOfResources reach the autotuner here, outside a capture)
     flush = None
     if cold:

@@ -1,4 +1,4 @@
-"""The draft tree's best-first build (tree.build_tree_topk_ref) as one Triton program: no host sync, one
+"""The draft tree's best-first build (tree.build_tree_ref) as one Triton program: no host sync, one
 launch instead of ~10 small kernels per depth (top-k, index maths, gathers) and a final sort. Also the
 tree's ancestor mask and the verify walk, one launch each (the references loop over depth: 58 and 38
 torch ops for a depth-7 tree, benchmarks/op_counts.py), and the round's packed result (ddtree.pack_round).
@@ -114,7 +114,7 @@ def fits(top_logp: torch.Tensor, budget: int) -> bool:
 def build_tree_triton(root, top_logp: torch.Tensor, top_ids: torch.Tensor, budget: int,
                       out: tuple[torch.Tensor, ...] | None = None):
     """root [1] or [] int64 (device), top_logp [D, K] float32 (rows sorted descending), top_ids [D, K]
-    -> (tokens, parents, depth, logprobs) [budget + 1] as build_tree_topk_ref builds them (into `out`'s
+    -> (tokens, parents, depth, logprobs) [budget + 1] as build_tree_ref builds them (into `out`'s
     contiguous buffers when given); None when the depths hold fewer than `budget` candidates (the
     reference then builds a smaller tree)."""
     if not fits(top_logp, budget):

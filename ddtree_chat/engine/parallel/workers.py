@@ -1,83 +1,27 @@
-"""Tensor-parallel ranks on one machine: the group and its collectives, the per-tensor shard table,
-and the worker processes (rank 0 lives in the app's own process).
-
-Every rank runs the same round on the same inputs: rank 0 broadcasts each command (generate / logits /
-stop / exit), the workers execute it, and per-round decisions (continue or stop) are broadcast too."""
+"""The worker processes of a tensor-parallel engine (rank 0 lives in the app's own process): start,
+load, report, watch and shut down; and how rank 0 joins their group."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from .errors import EngineError
-
-
-@dataclass(frozen=True)
-class TPGroup:
-    rank: int = 0
-    world: int = 1
-    expert_parallel: bool = False  # routed experts split across ranks instead of along the intermediate dim
-
-    def split(self, n: int, what: str) -> tuple[int, int]:
-        """This rank's [start, end) of n evenly split items."""
-        if n % self.world:
-            raise EngineError(f"{what} ({n}) does not divide evenly over {self.world} tensor-parallel ranks; "
-                              f"choose a --tp that divides it.")
-        per = n // self.world
-        return self.rank * per, (self.rank + 1) * per
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(x)
-        return x
-
-    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's x along the last axis (vocab-parallel logits)."""
-        if self.world == 1:
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=-1)
-
-    def broadcast(self, obj):
-        """Rank 0's obj on every rank."""
-        if self.world == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-
-SINGLE = TPGroup()
-
-
-def shard_dim(name: str) -> int | None:
-    """How a target tensor (checkpoint name minus prefix) is split under TP: 0 = rows (output features /
-    heads / vocab), 1 = columns (input features), None = replicated."""
-    if name in ("embed_tokens.weight", "lm_head.weight"):
-        return 0
-    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight", "self_attn.kv_b_proj.weight")):
-        return 0
-    if name.endswith("self_attn.o_proj.weight"):
-        return 1
-    if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight", "shared_experts.gate_proj.weight",
-                      "shared_experts.up_proj.weight")):
-        return 0
-    if name.endswith(("mlp.down_proj.weight", "shared_experts.down_proj.weight")):
-        return 1
-    return None
+from ..errors import EngineError
+from .group import TPGroup, init_group
+from .serve import Rank, serve
 
 
 def _free_port() -> int:
@@ -98,28 +42,21 @@ def checkpoint_fingerprint(model_dir: str | Path, draft_dir: str | Path | None) 
     return h.hexdigest()
 
 
-def init_group(rank: int, world: int, port: int, backend: str, expert_parallel: bool) -> TPGroup:
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=int(os.environ.get("DDTREE_TP_TIMEOUT", "600"))))
-    return TPGroup(rank, world, expert_parallel)
-
-
-def _worker_main(rank: int, world: int, port: int, backend: str, load_kwargs: dict, status) -> None:
+def _worker_main(rank: int, world: int, port: int, backend: str, load_rank, load_kwargs: dict, status) -> None:
+    """A worker process: join the group, load this rank (load_rank(tp=..., **load_kwargs) -> a Rank), serve."""
     # NOTE: Ctrl+C belongs to rank 0, which shuts the workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .engine import Engine
-
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)  # NOTE: before the group exists, so NCCL binds this rank's GPU
         tp = init_group(rank, world, port, backend, load_kwargs.pop("expert_parallel"))
-        engine = Engine._load_rank(tp=tp, **load_kwargs)
+        engine = load_rank(tp=tp, **load_kwargs)
     except BaseException as e:  # report, then leave: rank 0 names this rank and the reason
         status.put((rank, "error", f"{type(e).__name__}: {e}" if not isinstance(e, EngineError) else str(e)))
         return
     status.put((rank, "ready", engine.fingerprint))
     try:
-        engine.serve()
+        serve(tp, engine.rank_commands())
     except Exception:
         status.put((rank, "error", traceback.format_exc(limit=3)))
     finally:
@@ -130,14 +67,15 @@ def _worker_main(rank: int, world: int, port: int, backend: str, load_kwargs: di
 class Workers:
     """The N-1 worker processes of a TP engine, owned by rank 0."""
 
-    def __init__(self, world: int, backend: str, load_kwargs: dict):
+    def __init__(self, world: int, backend: str, load_kwargs: dict, load_rank: Callable[..., Rank]):
+        """load_rank: a module-level function (the spawned processes import it by name)."""
         import torch.multiprocessing as mp
 
         self.world, self.port = world, _free_port()
         self.stopping = threading.Event()  # set before an orderly exit, so the watchdog stays quiet
         ctx = mp.get_context("spawn")
         self.status = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker_main, args=(r, world, self.port, backend, dict(load_kwargs), self.status),
+        self.procs = [ctx.Process(target=_worker_main, args=(r, world, self.port, backend, load_rank, dict(load_kwargs), self.status),
                                   daemon=True, name=f"ddtree-tp-rank{r}") for r in range(1, world)]
         for p in self.procs:
             p.start()
@@ -208,3 +146,33 @@ class Workers:
             if p.is_alive():
                 p.kill()
                 p.join(2.0)
+
+
+def join_group(workers: Workers, world: int, expert_parallel: bool, backend: str) -> TPGroup:
+    """Rank 0 joins the process group; a worker that dies first turns the wait into a clear error."""
+    box: dict = {}
+
+    def join():
+        try:
+            box["group"] = init_group(0, world, workers.port, backend, expert_parallel)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            box["error"] = e
+
+    t = threading.Thread(target=join, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.2)
+        if t.is_alive():
+            err = workers.failure_nowait()
+            if err is not None:
+                raise err
+    if "error" in box:
+        raise EngineError(f"could not start the tensor-parallel group ({box['error']}).")
+    return box["group"]
+
+
+def abort_on_lost_rank(err: EngineError) -> None:
+    """NCCL cannot be unblocked from Python: report the lost rank in one line and leave (never hang)."""
+    logging.getLogger("ddtree_chat").error("%s", err)
+    print(f"\nddtree-chat: {err}", file=sys.stderr, flush=True)
+    os._exit(1)

@@ -1,0 +1,44 @@
+"""Every runtime knob (a DDTREE_* environment variable) in one list, with its default and meaning; the
+README's table is made from the same words. Read them through get() so a knob's name lives here only."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str | None  # None: unset means "decide automatically"
+    meaning: str
+
+
+CHAT_HOME = Knob("DDTREE_CHAT_HOME", None, "one directory for all user files (config, data, cache, state/log)")
+CHAT_MODEL = Knob("DDTREE_CHAT_MODEL", None, "the target checkpoint when --model is not given")
+CHAT_DRAFT = Knob("DDTREE_CHAT_DRAFT", None, "the drafter that goes with DDTREE_CHAT_MODEL when --draft is not given")
+BLAS = Knob("DDTREE_BLAS", None, "cuBLAS library for torch products on GPU: cublas | cublaslt "
+            "(default: cublaslt in float32, cublas in bf16)")
+TP_TIMEOUT = Knob("DDTREE_TP_TIMEOUT", "600", "seconds a tensor-parallel collective may wait for a rank")
+KERNELS = Knob("DDTREE_KERNELS", "1", "0 turns every fast GPU kernel off (the reference ops run)")
+MOE_VARIANT = Knob("DDTREE_MOE_VARIANT", None, "a fixed INT4 MoE kernel variant (benchmarks; default: by token count)")
+FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that may take the FFMA form, or 0 for none")
+NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default: PATH, then CUDA_HOME)")
+EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
+             "(docs/exactness.md)")
+
+KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, KERNELS, MOE_VARIANT, FMA_ROWS, NVCC, EXACT)
+
+
+def get(knob: Knob, environ=None) -> str | None:
+    """The knob's value: the environment's (an empty string counts as unset), else its default."""
+    value = (os.environ if environ is None else environ).get(knob.name)
+    return value if value else knob.default
+
+
+def blas() -> str | None:
+    return get(BLAS)
+
+
+def tp_timeout_s() -> int:
+    return int(get(TP_TIMEOUT))

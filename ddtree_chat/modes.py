@@ -1,0 +1,24 @@
+"""Decoding modes and the draft budget's range: the one definition the engine, the CLI and the TUI share
+(free of torch, so the CLI and the settings use it before any engine import)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Mode(str, Enum):
+    """str-valued, so JSON events, settings files and CLI arguments keep their plain strings."""
+
+    DDTREE = "ddtree"  # verify the `budget` most probable draft prefixes as one tree
+    DFLASH = "dflash"  # verify the drafter's argmax chain (one block)
+    AR = "ar"  # plain autoregressive decoding, no drafter
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__  # NOTE: f"{mode}" is the value on every Python (3.12 changed the enum default)
+
+
+MODES = tuple(m.value for m in Mode)
+MAX_BUDGET = 1023  # tree nodes past the root a round may draft (the rope table reserves these positions)
+BUDGETS = range(0, MAX_BUDGET + 1)  # the fixed budgets --budget and /budget accept (besides "auto")
