@@ -13,7 +13,7 @@
 #                                               homes, text compared; ncu: Nsight Compute counters of the MoE and
 #                                               MLA kernels, ncu.csv)
 #
-# A first start compiles the Triton kernels (docs/benchmark-log.md, "First GPU start"). The script restores
+# A first start compiles the Triton kernels (BENCHMARKS.md, "First start: compile time"). The script restores
 # Triton's and the CUDA library's caches from .tc/cache.tgz.part-* when those exist; the `cache` step
 # saves them to $OUT/cache.tgz.part-*: copy those into .tc/ (a folder git ignores: add /.tc/ to
 # .git/info/exclude) and carry .tc on the next call. The archive keeps every kernel version restored or

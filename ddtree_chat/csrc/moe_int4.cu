@@ -42,7 +42,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 // (q & 0x000f000f) | 0x43004300 as one LOP3: written in C, nvcc emits an AND and an OR (two immediates),
-// half of the dequant's integer work (SASS count, eleventh session).
+// half of the dequant's integer work (counted in the SASS).
 __device__ __forceinline__ uint32_t low_nibbles_bf16(uint32_t q) {
   uint32_t t;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(q), "n"(0x000f000f), "n"(0x43004300));  // (a & b) | c
@@ -158,8 +158,8 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const uint4 q, const ui
 // GEMM over (row tiles of 16, one block of 8 pairs). kMode: kGateUp reads a gate and an up tile and writes
 // h[pair, n] = silu(gate) * up in bf16; kDown one down tile, kDown2 two adjacent down tiles (they share the
 // activation fragments: half the CTAs and half the activation reads of kDown), y[pair, n] in fp32. kFull: KT
-// is a multiple of kWarps * kUnroll, so no load needs a bounds predicate (ncu, eleventh session: the integer
-// ALU pipe is the busiest, 57-75%; each predicated load also zeroes its registers first).
+// is a multiple of kWarps * kUnroll, so no load needs a bounds predicate (ncu: the integer ALU pipe is the
+// busiest; each predicated load also zeroes its registers first).
 enum Mode { kDown = 0, kGateUp = 1, kDown2 = 2 };
 
 // The registers of kUnroll k-steps: packed weights and scales of one or two streams, activation fragments.

@@ -39,7 +39,7 @@ def k26_config(layers: int = 61, **overrides) -> TargetConfig:
 
 
 def k26_draft_config(target_layers: int, layers: int = 6, **overrides) -> DraftConfig:
-    """The public Kimi DFlash drafter's shape (DESIGN 3.1: 6 layers, hidden 7168, 64/8 heads of 128,
+    """The public Kimi DFlash drafter's shape (its model card: 6 layers, hidden 7168, 64/8 heads of 128,
     MLP 18432, block 8), reading six target layers spread over the `target_layers` a synthetic target has
     (repeats when it has fewer than six: the fc input keeps its real width)."""
     ids = tuple(round(j * (target_layers - 1) / 5) for j in range(6))
