@@ -118,6 +118,12 @@ def defines(code: str, name: str) -> bool:
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in ast.walk(tree))
 
 
+def has_def_line(text: str, name: str) -> bool:
+    """A `def NAME(` line anywhere in the reply, parsed or not (the looser count that issue 31's teacher
+    figure used; `defines` needs the code to parse)."""
+    return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", text, re.M) is not None
+
+
 def run_tests(code: str, tests: str, timeout: float = 5.0) -> bool:
     """Runs the reply's code then the asserts in a fresh interpreter (isolated, no site dir, timed out)."""
     with tempfile.TemporaryDirectory() as d:
@@ -132,16 +138,18 @@ def run_tests(code: str, tests: str, timeout: float = 5.0) -> bool:
 
 
 def evaluate(replies: list[str], items: list[Heldout] = HELDOUT, timeout: float = 5.0) -> dict:
-    """Counts of the issue's quality targets over replies[i] to items[i].prompt."""
+    """Counts over replies[i] to items[i].prompt: defines (the reply's Python parses and defines the function),
+    passes (and its tests pass), fenced (Markdown code fences), def_line (a `def NAME(` line, parsed or not)."""
     rows = []
     for h, reply in zip(items, replies, strict=True):
         code = python_code(reply)
         fenced = bool(code_blocks(reply))
         ok_def = defines(code, h.name)
         ok_test = ok_def and run_tests(code, h.tests, timeout)
-        rows.append({"name": h.name, "fenced": fenced, "defines": ok_def, "passes": ok_test})
-    return {"n": len(rows), "defines": sum(r["defines"] for r in rows), "passes": sum(r["passes"] for r in rows),
-            "fenced": sum(r["fenced"] for r in rows), "rows": rows}
+        rows.append({"name": h.name, "fenced": fenced, "defines": ok_def, "passes": ok_test,
+                     "def_line": has_def_line(reply, h.name)})
+    return {"n": len(rows), **{k: sum(r[k] for r in rows) for k in ("defines", "passes", "fenced", "def_line")},
+            "rows": rows}
 
 
 # ----------------------------------------------------------------------------- answer filter

@@ -342,7 +342,7 @@ def main(argv=None) -> int:
     res = evaluate(replies) if a.heldout else None
     if res:
         print(f"held-out: {res['defines']}/{res['n']} define the function, {res['passes']}/{res['n']} pass, "
-              f"{res['fenced']}/{res['n']} fenced")
+              f"{res['fenced']}/{res['n']} fenced, {res['def_line']}/{res['n']} with a def line")
     if a.json:
         a.json.write_text(json.dumps({"users": users, "replies": replies, "eval": res}, indent=1))
     return 0
