@@ -260,8 +260,9 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
         from .prompts import HELDOUT
 
         role_ids = {r: enc.plain([r])[0] for r in ("user", "assistant")}
-        heldout["requests"] = [{"name": h.name, "user": h.prompt, "prompt_ids": enc.chat_prompt(enc.plain([h.prompt])[0],
-                                                                                                role_ids)} for h in HELDOUT]
+        # Same fields as the splits' entries, so the list can serve as assets/demo/heldout_prompts.json.
+        heldout["requests"] = [{"file": f"heldout:{h.name}", "user": h.prompt, "code": "",
+                                "prompt_ids": enc.chat_prompt(enc.plain([h.prompt])[0], role_ids)} for h in HELDOUT]
     write_json(out / "heldout.json", heldout)
     write_json(out / "file_list.json", src["files"])
     return meta
