@@ -104,7 +104,8 @@ def test_prompt_generator_is_seeded_distinct_and_covers_kinds(funcs):
         assert not any(n in p["user"] for n in prompts.HELDOUT_NAMES)
         assert p["id"] == prompts.prompt_id(p["user"])
         if p["kind"] == "function":
-            assert p["name"] in {"add_pair", "clamp", "fill"} and f"{p['name']}(" in p["user"]
+            assert p["name"] in {"add_pair", "clamp", "fill"} | {n for n, _, _ in prompts.SIMPLE}
+            assert f"{p['name']}(" in p["user"]
         if p["kind"] == "fix":
             assert "```python" in p["user"] and prompts.parses(prompts.python_code(p["user"]))
 
@@ -130,6 +131,13 @@ def test_stdlib_functions_small_sample():
 
 
 # ----------------------------------------------------------------------------- held-out set and evaluator
+
+def test_simple_requests_are_not_heldout_ones():
+    names = [n for n, _, _ in prompts.SIMPLE]
+    assert len(set(names)) == len(names) and not set(names) & prompts.HELDOUT_NAMES
+    assert not {d for _, _, d in prompts.SIMPLE} & {h.does for h in HELDOUT}
+    assert not any(h in n for n in names for h in prompts.HELDOUT_NAMES)  # the sampler drops those anyway
+
 
 def test_heldout_set_shape():
     assert len(HELDOUT) == 20 and len(prompts.HELDOUT_NAMES) == 20
@@ -330,7 +338,7 @@ def test_gguf_tokenizer_chatml():
     meta = {k: r.fields[f"tokenizer.ggml.{k}"].contents() for k in ("model", "pre", "tokens", "merges", "token_type")}
     tok = gguf_tokenizer(meta)
     ids = tok.encode("<|im_start|>user\nhi 2024<|im_end|>\n<|im_start|>assistant\n").ids
-    assert ids[0] == 1 and ids.count(2) == 1 and ids[-3:-1] == [tok.token_to_id("<|im_start|>"), tok.token_to_id("assistant")]
+    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1 and ids[-1] == tok.token_to_id("Ċ")  # "\n"
     # Digits one by one (the 'smollm' pre-tokenizer), and a clean round trip.
     assert [tok.id_to_token(i) for i in tok.encode("2024", add_special_tokens=False).ids] == list("2024")
     text = "def f(x):\n    return x  # ünï 😀"
@@ -344,7 +352,7 @@ def test_gguf_teacher_writes_the_requested_function():
     t = Teacher(hash_file=False)
     assert (t.cfg.layers, t.cfg.hidden, t.cfg.heads, t.cfg.kv_heads, t.cfg.vocab) == (30, 576, 9, 3, 49152)
     assert t.cfg.rope_base == 1e5 and 0 < t.cfg.eps < 1e-4
-    text, ids, fin = t.reply([HELDOUT[0].prompt], max_new=40)[0]
+    text, ids, fin = t.reply([HELDOUT[0].prompt], max_new=32)[0]
     assert "def is_palindrome(" in text, text
 
 

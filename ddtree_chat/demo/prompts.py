@@ -1,9 +1,9 @@
 """Prompts a Python user sends, for distilling the demo target from a teacher (issue 31), and the held-out
 function requests that measure it.
 
-Kinds: function requests built from the standard library's module-level functions (name, signature and
-docstring -> "Write a Python function NAME(ARGS) that ..."), explanations and fixes of short stdlib functions,
-and a share of general questions. Seeded: the same seed and Python version give the same prompts.
+Kinds: function requests built from the standard library's functions and methods (name, signature and
+docstring -> "Write a Python function NAME(ARGS) that ..."), a share of everyday utility requests (SIMPLE),
+explanations and fixes of short stdlib functions, and general questions. Seeded: the same seed and Python version give the same prompts.
 HELDOUT holds 20 function requests with tiny tests; their names never appear in generated prompts, and
 ``evaluate`` counts the replies that define the requested function and pass its tests."""
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SEED = 31
-KIND_WEIGHTS = {"function": 0.55, "explain": 0.15, "fix": 0.15, "general": 0.15}
+KIND_WEIGHTS = {"function": 0.45, "simple": 0.12, "explain": 0.14, "fix": 0.14, "general": 0.15}
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,8 @@ def _funcs_of(source: str, module: str) -> list[Func]:
                 continue
             # A method becomes a plain function request: self/cls dropped.
             a = node.args
-            if not a.args or a.args[0].arg not in ("self", "cls"):
+            # A method needs an argument besides self to make sense as a standalone function request.
+            if len(a.args) < 2 or a.args[0].arg not in ("self", "cls"):
                 continue
             a = ast.arguments(posonlyargs=[], args=a.args[1:], vararg=a.vararg, kwonlyargs=a.kwonlyargs,
                               kw_defaults=a.kw_defaults, kwarg=a.kwarg,
@@ -332,6 +333,71 @@ def buggy(src: str, rng: random.Random) -> str | None:
     return ast.unparse(tree) if bug.done else None
 
 
+# Everyday utility requests, the held-out set's kind (none of its names or tasks): the stdlib's own functions
+# are often too specialised for a 135M teacher to answer well.
+SIMPLE = [
+    ("sum_even", "numbers", "returns the sum of the even numbers in the list numbers"),
+    ("count_words", "text", "returns the number of words in the string text"),
+    ("is_even", "n", "returns True if the integer n is even"),
+    ("square_all", "numbers", "returns a list with the square of each number in numbers"),
+    ("smallest", "numbers", "returns the smallest number in the non-empty list numbers"),
+    ("string_length", "s", "returns the number of characters in the string s"),
+    ("first_char", "s", "returns the first character of the non-empty string s"),
+    ("last_item", "items", "returns the last item of the non-empty list items"),
+    ("repeat_string", "s, n", "returns the string s repeated n times"),
+    ("kilometers_to_miles", "km", "converts a distance in kilometers to miles"),
+    ("fahrenheit_to_celsius", "fahrenheit", "converts a temperature in degrees Fahrenheit to degrees Celsius"),
+    ("area_of_circle", "radius", "returns the area of a circle with the given radius"),
+    ("area_of_rectangle", "width, height", "returns the area of a rectangle"),
+    ("is_leap_year", "year", "returns True if year is a leap year in the Gregorian calendar"),
+    ("count_char", "s, ch", "returns how many times the character ch occurs in the string s"),
+    ("reverse_list", "items", "returns a new list with the items in reverse order"),
+    ("sort_descending", "numbers", "returns the numbers sorted from largest to smallest"),
+    ("unique_count", "items", "returns the number of distinct items in the list items"),
+    ("product", "numbers", "returns the product of all numbers in the list numbers"),
+    ("power_of_two", "n", "returns True if the positive integer n is a power of two"),
+    ("digits_of", "n", "returns the list of decimal digits of the non-negative integer n"),
+    ("is_sorted", "items", "returns True if the list items is sorted in ascending order"),
+    ("runner_up", "numbers", "returns the second biggest distinct number in numbers"),
+    ("common_items", "a, b", "returns a list of the items that appear in both lists a and b"),
+    ("starts_with_vowel", "word", "returns True if the string word starts with a vowel"),
+    ("title_case", "s", "returns s with the first letter of each word upper case and the rest lower case"),
+    ("remove_spaces", "s", "returns the string s without any space characters"),
+    ("count_upper", "s", "returns the number of upper-case letters in the string s"),
+    ("longest_word", "sentence", "returns the longest word in the sentence"),
+    ("shortest_word", "sentence", "returns the shortest word in the sentence"),
+    ("join_words", "words", "joins the list of strings words with single spaces"),
+    ("split_lines", "text", "returns the list of non-empty lines in text"),
+    ("dict_from_lists", "keys, values", "returns a dictionary that maps each key to the value at the same position"),
+    ("invert_dict", "d", "returns a new dictionary with the keys and values of d swapped"),
+    ("max_key", "d", "returns the key of the dictionary d with the largest value"),
+    ("filter_positive", "numbers", "returns a list of the positive numbers in numbers"),
+    ("clip", "x, low, high", "returns x limited to the range from low to high"),
+    ("running_total", "numbers", "returns the list of cumulative sums of numbers"),
+    ("pairwise_sums", "a, b", "returns a list with the sums of the items of a and b at the same positions"),
+    ("is_subset", "a, b", "returns True if every item of the list a is also in the list b"),
+    ("rotate_left", "items, k", "returns the list items rotated left by k positions"),
+    ("nth_square", "n", "returns the square of the integer n"),
+    ("cube", "x", "returns x raised to the third power"),
+    ("mean_length", "words", "returns the mean length of the strings in the non-empty list words"),
+    ("contains_digit", "s", "returns True if the string s contains at least one digit"),
+    ("count_lines", "path", "returns the number of lines in the text file at path"),
+    ("read_text", "path", "returns the whole content of the text file at path as a string"),
+    ("write_lines", "path, lines", "writes each string in lines to the file at path, one per line"),
+    ("hex_to_int", "s", "converts a hexadecimal string such as 'ff' to an integer"),
+    ("percent", "part, whole", "returns part as a percentage of whole"),
+    ("seconds_to_minutes", "seconds", "converts a number of seconds to a string like '2m 5s'"),
+    ("initials", "name", "returns the upper-case initials of the words in name"),
+    ("min_max", "numbers", "returns a tuple with the smallest and the largest number in numbers"),
+    ("pad_left", "s, width", "returns s padded on the left with spaces to the given width"),
+    ("safe_divide", "a, b", "returns a divided by b, or None when b is zero"),
+    ("zip_to_dict", "pairs", "turns a list of (key, value) pairs into a dictionary"),
+    ("index_of", "items, value", "returns the index of the first occurrence of value in items, or -1"),
+    ("is_empty", "items", "returns True if the list items has no items"),
+    ("odd_numbers", "n", "returns a list of the odd numbers from 1 up to n"),
+    ("letter_frequency", "text", "returns a dictionary mapping each letter in text to how often it occurs"),
+]
+
 FUNCTION_TEMPLATES = [
     "Write a Python function {head} that {does}.",
     "Write a function {head} in Python that {does}.",
@@ -342,7 +408,7 @@ FUNCTION_TEMPLATES = [
 
 GENERAL = [
     "What is the capital of {country}?",
-    "Explain what a {concept} is in Python, with a short example.",
+    "Explain what {concept} is in Python, with a short example.",
     "What is the difference between a {a} and a {b} in Python?",
     "How do I {task} in Python?",
     "Give me one tip for writing clean Python code about {topic}.",
@@ -352,8 +418,9 @@ GENERAL = [
 _FILL = {
     "country": ["France", "Japan", "Italy", "Canada", "Brazil", "Kenya", "Norway", "India", "Egypt", "Peru",
                 "Germany", "Spain", "Australia", "Mexico", "Poland", "Vietnam"],
-    "concept": ["list comprehension", "generator", "decorator", "context manager", "lambda", "dictionary",
-                "tuple", "set", "class", "module", "exception", "iterator", "f-string", "dataclass", "slice"],
+    "concept": ["a list comprehension", "a generator", "a decorator", "a context manager", "a lambda",
+                "a dictionary", "a tuple", "a set", "a class", "a module", "an exception", "an iterator",
+                "an f-string", "a dataclass", "a slice"],
     "pair": [("list", "tuple"), ("set", "list"), ("function", "method"), ("module", "package"),
              ("generator", "list"), ("shallow copy", "deep copy"), ("class attribute", "instance attribute")],
     "task": ["read a file line by line", "sort a list of dictionaries by a key", "reverse a string",
@@ -393,6 +460,12 @@ class PromptGen:
             doc = f.doc.split("\n\n")[0].strip()
             user = f"Write a Python function {head}. Its docstring:\n\n{doc}"
         return {"kind": "function", "user": user, "name": f.name, "source": f"{f.module}.{f.name}"}
+
+    def simple(self) -> dict:
+        name, args, does = self.rng.choice(SIMPLE)
+        t = self.rng.choices(FUNCTION_TEMPLATES, weights=[6] + [1] * (len(FUNCTION_TEMPLATES) - 1))[0]
+        return {"kind": "function", "user": t.format(head=f"{name}({args})", does=does), "name": name,
+                "source": "simple"}
 
     def explain(self) -> dict:
         f = self.rng.choice(self.short)
