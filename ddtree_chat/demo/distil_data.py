@@ -138,6 +138,8 @@ def main(argv=None) -> int:
                 run["prompt_tokens"] += lens[p["id"]]
             f.flush()
             run["answers"] += len(same)
+            run.setdefault("modes", {}).setdefault(mode, 0)
+            run["modes"][mode] += len(same)
             dt = time.time() - t_gen
             print(f"[{dt:7.1f}s] {run['answers']}/{len(todo)} answers, {run['tokens']} tokens "
                   f"({run['tokens'] / dt:.1f} tok/s, {run['answers'] / dt * 3600:.0f} answers/h) {dict(status)}",

@@ -414,6 +414,12 @@ GENERAL = [
     "Give me one tip for writing clean Python code about {topic}.",
     "What does the Python built-in {builtin}() do?",
     "Summarise in two sentences what the Python module {module} is for.",
+    "Explain {concept} to a beginner.",
+    "What does the error {error} mean in Python, and how do I fix it?",
+    "Tell me a fun fact about {animal}.",
+    "Write a short poem about {thing}.",
+    "How do you say 'good morning' in {language}?",
+    "Give me three ideas for {activity}.",
 ]
 _FILL = {
     "country": ["France", "Japan", "Italy", "Canada", "Brazil", "Kenya", "Norway", "India", "Egypt", "Peru",
@@ -429,6 +435,16 @@ _FILL = {
              "make an HTTP request with the standard library", "measure how long some code takes",
              "create a virtual environment", "handle an exception", "join a list of strings"],
     "topic": ["naming", "functions", "error handling", "comments", "loops", "imports", "testing"],
+    "error": ["NameError", "TypeError", "IndexError", "KeyError", "ValueError", "AttributeError",
+              "ZeroDivisionError", "ImportError", "IndentationError", "SyntaxError", "RecursionError",
+              "FileNotFoundError"],
+    "animal": ["octopuses", "cats", "dogs", "elephants", "owls", "bees", "penguins", "dolphins", "ants",
+               "giraffes", "snails", "crows", "sharks", "bats", "koalas"],
+    "thing": ["the sea", "autumn", "a cup of coffee", "the moon", "a rainy day", "a cat", "programming",
+              "a mountain", "the city at night", "friendship", "a bug in my code", "spring"],
+    "language": ["French", "Spanish", "German", "Italian", "Japanese", "Portuguese", "Dutch", "Swedish"],
+    "activity": ["a weekend trip", "a birthday party", "learning to cook", "a Python side project",
+                 "staying focused while studying", "a rainy afternoon", "a team meeting", "exercising at home"],
     "builtin": ["enumerate", "zip", "map", "filter", "sorted", "isinstance", "range", "len", "any", "all",
                 "sum", "reversed", "getattr", "repr"],
 }
@@ -498,18 +514,26 @@ class PromptGen:
         else:
             key = re.search(r"\{(\w+)\}", t).group(1)
             user = t.format(**{key: r.choice(_FILL[key])})
-        return {"kind": "general", "user": user}
+        # A few openings multiply the small space of general questions (~275) without changing what is asked.
+        lead = r.choices(["", "Quick question: ", "Please answer briefly. ", "Hi! ", "I'm learning. "],
+                         weights=[4, 1, 1, 1, 1])[0]
+        return {"kind": "general", "user": lead + user}
 
     def sample(self, n: int, exclude: set | None = None) -> list[dict]:
-        """n distinct prompts (ids not in exclude); fewer only if the space runs dry."""
-        kinds, w = zip(*self.weights.items())
+        """n distinct prompts (ids not in exclude) in the kinds' proportions; a kind whose prompts are (nearly)
+        all drawn drops out, so fewer than n only when every kind has run dry."""
+        kinds = dict(self.weights)
         seen = set(exclude or ())
-        out, misses = [], 0
-        while len(out) < n and misses < 50 * n + 1000:
-            p = getattr(self, self.rng.choices(kinds, weights=w)[0])()
-            p["id"] = prompt_id(p["user"])
-            if p["id"] in seen or any(h in p["user"] for h in HELDOUT_NAMES):
-                misses += 1
+        out = []
+        while len(out) < n and kinds:
+            kind = self.rng.choices(list(kinds), weights=list(kinds.values()))[0]
+            for _ in range(200):
+                p = getattr(self, kind)()
+                p["id"] = prompt_id(p["user"])
+                if p["id"] not in seen and not any(h in p["user"] for h in HELDOUT_NAMES):
+                    break
+            else:
+                del kinds[kind]
                 continue
             seen.add(p["id"])
             out.append(p)

