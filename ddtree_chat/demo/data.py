@@ -241,8 +241,8 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
                                       dtype=torch.int16 if enc.vocab < 32768 else torch.int32)
         masks[split] = torch.tensor([m for i in order for m in ms[i]], dtype=torch.bool)
         prompts[split] = pr
-        log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens "
-            f"({int(masks[split].sum())} trained), {len(pr)} chat prompts")
+        trained = f" ({int(masks[split].sum())} in the loss)" if distil is not None else ""
+        log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens{trained}, {len(pr)} chat prompts")
     meta = dict(src["meta"], n_ranks=enc.n_ranks, vocab=enc.vocab, tokens={k: v.numel() for k, v in streams.items()})
     if tokenizer_from is not None:
         meta["tokenizer_from"] = str(tokenizer_from)

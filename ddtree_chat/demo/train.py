@@ -311,8 +311,10 @@ def train_draft(out: Path, a, device) -> dict:
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
         users = [p["user"] for p in PromptGen(data["meta"]["distil"]["seed"] + 1).sample(n_users, exclude=seen)]
         log(f"draft: {len(users)} fresh generated requests for the drafter's prompts")
+    # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
+    # exchange first) keep repeated requests from repeating whole prompts.
     synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt, users=users,
-                        p_code=0.05 if users else 0.15)
+                        p_code=0.05 if users else 0.15, p_multi=0.4 if users else 0.15)
     t_start = time.time()
     pool = sorted(synth.sample(a.gen_batch * a.gen_pool_batches), key=len)  # similar lengths batch together
     order = list(range(a.gen_pool_batches))
