@@ -1,7 +1,7 @@
 """End-to-end decoding speed, one process, same prompts: ar vs dflash vs ddtree (fixed budgets and auto).
 
     python benchmarks/e2e.py [--target DIR --draft DIR] [--device cpu|cuda] [--prompts N] [--max-new 128]
-                             [--budgets 8 16 32 64 auto] [--eager] [--idle] [--json OUT]
+                             [--budgets 8 16 32 64 auto] [--eager] [--idle] [--json OUT] [--prompts-json FILE]
 
 Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's ids are checked against
 ar's in the same run. Prints one markdown table: mean accepted length (tokens per target forward),
@@ -92,6 +92,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--idle", action="store_true", help="profile GPU idle time per mode (CUDA)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--prompts-json", type=Path, default=None,
+                    help="a list of {user, prompt_ids} (default: the shipped heldout_prompts.json); a retrained "
+                         "pair's own, e.g. requests + test of its training run's heldout.json")
     a = ap.parse_args(argv)
     target, draft = resolve_model_dirs(a.target, a.draft)  # as the CLI: --draft alone keeps the default target
     t_load = time.perf_counter()
@@ -100,7 +103,10 @@ def main(argv=None) -> int:
     t_load = time.perf_counter() - t_load
     if a.threads:
         torch.set_num_threads(a.threads)
-    prompts = heldout_prompts(a.prompts)
+    if a.prompts_json is None:
+        prompts = heldout_prompts(a.prompts)
+    else:  # ids from the retrained pair's own tokenizer (the shipped file's are the shipped tokenizer's)
+        prompts = [x for x in json.loads(a.prompts_json.read_text()) if len(x["user"]) <= 600][: a.prompts]
     runs = [("ar", 0), ("dflash", eng.dcfg.block_size - 1)] + [("ddtree", b) for b in a.budgets]
     print(f"loaded in {t_load:.1f} s", file=sys.stderr, flush=True)  # NOTE: progress, for runs under a time limit
     for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve

@@ -1,6 +1,10 @@
 """Data: the Python standard library of the interpreter running this script (PSF licence), split by file
 into train / val / test; raw source files plus chat pairs (docstring -> function) built with `ast`;
-a byte-level BPE trained on the train split with Kimi's special tokens by name."""
+a byte-level BPE trained on the train split with Kimi's special tokens by name.
+
+With a distilled dataset (distil_data.py, issue 31) the chat pairs are the teacher's kept answers instead
+(split by prompt id), the docstring->code pairs are left out, the stdlib source is cut to a share of the
+train tokens, and a loss mask per token (0 on the user's turn) rides along each token stream."""
 
 from __future__ import annotations
 
@@ -151,18 +155,23 @@ class Encoder:
         return ([s["<|im_user|>"]] + role_ids["user"] + [s["<|im_middle|>"]] + user_ids + [s["<|im_end|>"],
                 s["<|im_assistant|>"]] + role_ids["assistant"] + [s["<|im_middle|>"], s["<think>"]])
 
-    def encode_split(self, docs: list[str], pairs: list[tuple[str, str, str]]) -> tuple[list[list[int]], list[tuple]]:
+    def encode_split(self, docs: list[str], pairs: list[tuple[str, str, str]], with_masks: bool = False):
+        """(sequences, prompts) or, with_masks, (sequences, prompts, masks): a mask is 1 on the tokens whose
+        prediction is trained (source files whole; a chat's reply, from </think> on, not its prompt)."""
         s = self.sp
         role_ids = {r: self.plain([r])[0] for r in ("user", "assistant")}
         seqs = [ids + [s["[EOS]"]] for ids in self.plain(docs)]
+        masks = [[1] * len(q) for q in seqs]
         users = self.plain([u for _, u, _ in pairs])
         codes = self.plain([a for _, _, a in pairs])
         prompts = []
         for (rel, u, a), ui, ci in zip(pairs, users, codes):
             prompt = self.chat_prompt(ui, role_ids)
-            seqs.append(prompt + [s["</think>"]] + ci + [s["<|im_end|>"]])
+            reply = [s["</think>"]] + ci + [s["<|im_end|>"]]
+            seqs.append(prompt + reply)
+            masks.append([0] * len(prompt) + [1] * len(reply))
             prompts.append((rel, u, a, prompt))
-        return seqs, prompts
+        return (seqs, prompts, masks) if with_masks else (seqs, prompts)
 
 
 def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
@@ -172,12 +181,49 @@ def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
         shutil.copy(src_dir / f, out_dir / f)
 
 
-def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None) -> dict:
+def distil_sources(src: dict, distil: Path, code_share: float, log=print) -> dict:
+    """src with its chat pairs replaced by the distilled answers (split by prompt id) and each split's source
+    files cut (a seeded choice of whole files, at least one) to about code_share of that split's characters."""
+    from .distil_data import load_dataset
+
+    meta, recs = load_dataset(Path(distil))
+    pairs = {"train": [], "val": [], "test": []}
+    for r in recs:
+        pairs[split_of(r["id"])].append((r["id"], r["user"], r["answer"]))
+    docs, cut = {}, {}
+    for split in ("train", "val", "test"):
+        # Each split keeps source in the same proportion, so that val loss weighs chat and code as train does.
+        chat_chars = sum(len(u) + len(a) for _, u, a in pairs[split])
+        budget = code_share / max(1e-9, 1 - code_share) * chat_chars
+        files = list(src["docs"][split])
+        random.Random(SEED).shuffle(files)
+        kept, n = [], 0
+        for text in files:
+            if kept and n >= budget:
+                break
+            kept.append(text)
+            n += len(text)
+        docs[split], cut[split] = kept, (len(kept), len(files), n)
+    dmeta = dict(src["meta"], split_chat_pairs={k: len(v) for k, v in pairs.items()},
+                 split_chars={k: sum(map(len, v)) for k, v in docs.items()},
+                 distil={"dir": str(distil), "teacher": meta.get("teacher"), "teacher_sha256": meta["teacher_sha256"],
+                         "seed": meta["seed"], "answers": len(recs), "code_share": code_share,
+                         "source_files": {k: v[0] for k, v in cut.items()}})
+    log(f"data: distilled chat pairs {dmeta['split_chat_pairs']} from {distil}; source files kept (of all, chars): "
+        f"{cut} at share {code_share}")
+    return dict(src, docs=docs, pairs=pairs, meta=dmeta)
+
+
+def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None,
+            distil: Path | None = None, code_share: float = 0.25) -> dict:
     """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata).
     tokenizer_from: a model dir whose tokenizer is reused (drafter-only retraining against an existing
-    target); otherwise a BPE is trained on the train split."""
+    target); otherwise a BPE is trained on the train split. distil: a distil_data.py output dir whose kept
+    answers are the chat pairs (see the module docstring)."""
     src = read_sources(limit)
     log(f"data: {json.dumps(src['meta'])}")
+    if distil is not None:
+        src = distil_sources(src, distil, code_share, log)
     if tokenizer_from is not None:
         reuse_tokenizer(Path(tokenizer_from), out / "tokenizer")
         log(f"data: tokenizer reused from {tokenizer_from}")
@@ -186,24 +232,37 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
         train_tokenizer(train_text, out / "tokenizer")
     enc = Encoder(out / "tokenizer")
     rng = random.Random(SEED)
-    streams, prompts = {}, {}
+    streams, masks, prompts = {}, {}, {}
     for split in ("train", "val", "test"):
-        seqs, pr = enc.encode_split(src["docs"][split], src["pairs"][split])
-        rng.shuffle(seqs)
-        streams[split] = torch.tensor([t for s in seqs for t in s], dtype=torch.int16 if enc.vocab < 32768 else torch.int32)
+        seqs, pr, ms = enc.encode_split(src["docs"][split], src["pairs"][split], with_masks=True)
+        order = list(range(len(seqs)))
+        rng.shuffle(order)
+        streams[split] = torch.tensor([t for i in order for t in seqs[i]],
+                                      dtype=torch.int16 if enc.vocab < 32768 else torch.int32)
+        masks[split] = torch.tensor([m for i in order for m in ms[i]], dtype=torch.bool)
         prompts[split] = pr
-        log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens, {len(pr)} chat prompts")
+        trained = f" ({int(masks[split].sum())} in the loss)" if distil is not None else ""
+        log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens{trained}, {len(pr)} chat prompts")
     meta = dict(src["meta"], n_ranks=enc.n_ranks, vocab=enc.vocab, tokens={k: v.numel() for k, v in streams.items()})
     if tokenizer_from is not None:
         meta["tokenizer_from"] = str(tokenizer_from)
     # The train-split chat prompts are kept for the drafter's data (ids, and the pairs' text for the
     # drafter's synthetic prompts), val/test prompts in full.
-    torch.save({"streams": streams, "train_prompts": [p[3] for p in prompts["train"]],
+    extra = {"masks": masks} if distil is not None else {}  # without: every token is trained, as before
+    torch.save({**extra, "streams": streams, "train_prompts": [p[3] for p in prompts["train"]],
                 "train_pairs": [(u, a) for _, u, a, _ in prompts["train"]],
                 "val_prompts": prompts["val"], "test_prompts": prompts["test"], "meta": meta,
                 "files": src["files"]}, out / "data.pt")
     write_json(out / "data_meta.json", meta)
-    write_json(out / "heldout.json", {split: [{"file": r, "user": u, "code": c, "prompt_ids": ids}
-                                              for r, u, c, ids in prompts[split]] for split in ("val", "test")})
+    heldout = {split: [{"file": r, "user": u, "code": c, "prompt_ids": ids}
+                       for r, u, c, ids in prompts[split]] for split in ("val", "test")}
+    if distil is not None:
+        from .prompts import HELDOUT
+
+        role_ids = {r: enc.plain([r])[0] for r in ("user", "assistant")}
+        # Same fields as the splits' entries, so the list can serve as assets/demo/heldout_prompts.json.
+        heldout["requests"] = [{"file": f"heldout:{h.name}", "user": h.prompt, "code": "",
+                                "prompt_ids": enc.chat_prompt(enc.plain([h.prompt])[0], role_ids)} for h in HELDOUT]
+    write_json(out / "heldout.json", heldout)
     write_json(out / "file_list.json", src["files"])
     return meta

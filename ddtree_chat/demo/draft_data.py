@@ -5,7 +5,8 @@ Prompts start at position 0, as a chat does (no left-filling with unrelated text
 chat turns built from the train split: a function header from one train pair with the docstring (possibly cut
 to its first lines) of the same or another pair, so the target meets new requests as on held-out prompts
 instead of reciting a memorised function. Some are two-turn (an earlier real pair as context) and some raw
-code windows of the train stream."""
+code windows of the train stream. With distilled chat data (issue 31) the user texts are given: generated
+requests the target was not trained on."""
 
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ class PromptSynth:
     """Seeded prompt sampler over the train split (data.pt's train_pairs and train stream)."""
 
     def __init__(self, data: dict, enc: Encoder, seed: int, max_prompt: int = 256, min_prompt: int = 16,
-                 p_same: float = 0.3, p_cut: float = 0.5, p_multi: float = 0.15, p_code: float = 0.15):
+                 p_same: float = 0.3, p_cut: float = 0.5, p_multi: float = 0.15, p_code: float = 0.15,
+                 users: list[str] | None = None):
         self.enc, self.rng = enc, random.Random(seed)
         self.max_prompt, self.min_prompt = max_prompt, min_prompt
         self.p_same, self.p_cut, self.p_multi, self.p_code = p_same, p_cut, p_multi, p_code
+        # Given user texts (distilled data: generated requests) are drawn in turn instead of synthesised.
+        self.users, self.next_user = list(users or []), 0
         pairs = data["train_pairs"]
         self.headers, self.docs = zip(*[_header_doc(u) for u, _ in pairs])
         self.stream = data["streams"]["train"]
@@ -45,6 +49,10 @@ class PromptSynth:
 
     def _user_text(self) -> str:
         r = self.rng
+        if self.users:
+            u = self.users[self.next_user % len(self.users)]
+            self.next_user += 1
+            return u
         i = r.randrange(len(self.headers))
         j = i if r.random() < self.p_same else r.randrange(len(self.docs))
         doc = self.docs[j]
@@ -69,7 +77,7 @@ class PromptSynth:
             tail = len(self.enc.chat_prompt([], self.role))
             u = u[: self.max_prompt - tail]  # a long docstring is cut (rarely: most fit)
             p = self.enc.chat_prompt(u, self.role)
-            if k == "multi":
+            if k == "multi" and self.turns:
                 prev = self.turns[r.randrange(len(self.turns))]
                 if len(prev) + len(p) <= self.max_prompt:
                     p = prev + p

@@ -4,11 +4,16 @@
     python -m ddtree_chat.demo.train --out DIR --stages draft       # re-run one stage (needs the earlier ones)
     python -m ddtree_chat.demo.train --out DIR --target-from ddtree_chat/assets/demo/target   # drafter only
     python -m ddtree_chat.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
+    python -m ddtree_chat.demo.train --out DIR --distil DATA        # chat distilled from a teacher (issue 31)
+    python -m ddtree_chat.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
 
 Stages: data (stdlib -> splits, tokenizer, token streams), target (train, QAT, INT4 export to DIR/target),
 draft (target greedy continuations + hidden states -> DFlash drafter, export to DIR/draft).
 With --target-from TARGET_DIR the data stage reuses that target's tokenizer (so the token streams are the
 ones it was trained on) and the draft stage trains against it; the target stage is skipped.
+With --distil DATA (a distil_data.py output dir) the target learns the teacher's kept answers (sequence-level
+distillation: the loss covers the replies, not the user's turns; --code-share of stdlib source stays in), and
+the drafter's prompts are fresh generated requests (prompts.py, another seed) answered by the new target.
 --draft-arch trains several drafter shapes side by side on the same batches (each to DIR/draft-LxI).
 Training length is set by wall-clock budgets (--target-seconds, --draft-gen-seconds, --draft-seconds,
 --deadline): the step/batch counts are fixed after timing the first ones and logged, so a run can be
@@ -42,23 +47,36 @@ def _lr(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _windows(stream: torch.Tensor, n: int, t: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, stream.numel() - t - 1, (n,), generator=gen)
-    return torch.stack([stream[s : s + t + 1] for s in starts.tolist()]).long()
+def _windows(stream: torch.Tensor, n: int, t: int, gen: torch.Generator, mask: torch.Tensor | None = None):
+    """[n, t+1] token windows at random starts; with a loss mask stream, (windows, their masks)."""
+    starts = torch.randint(0, stream.numel() - t - 1, (n,), generator=gen).tolist()
+    x = torch.stack([stream[s : s + t + 1] for s in starts]).long()
+    return x if mask is None else (x, torch.stack([mask[s : s + t + 1] for s in starts]))
+
+
+def masked_ce(logits: torch.Tensor, x: torch.Tensor, m: torch.Tensor | None, reduction: str = "mean"):
+    """Next-token loss of logits [B, T, V] against x[:, 1:], over the positions whose mask m[:, 1:] is set."""
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(), reduction="none")
+    if m is None:
+        return ce.mean() if reduction == "mean" else (ce.sum(), ce.numel())
+    w = m[:, 1:].flatten().to(ce.dtype)
+    return (ce * w).sum() / w.sum().clamp(min=1) if reduction == "mean" else ((ce * w).sum(), int(w.sum()))
 
 
 @torch.no_grad()
-def val_loss(forward_logits, stream: torch.Tensor, t: int, n: int, batch: int, device) -> float:
-    """Mean next-token loss over n fixed windows of the stream (evenly spaced)."""
+def val_loss(forward_logits, stream: torch.Tensor, t: int, n: int, batch: int, device,
+             mask: torch.Tensor | None = None) -> float:
+    """Mean next-token loss over n fixed windows of the stream (evenly spaced), over masked-in tokens."""
     step = max(1, (stream.numel() - t - 1) // n)
     starts = list(range(0, stream.numel() - t - 1, step))[:n]
     tot, cnt = 0.0, 0
     for i in range(0, len(starts), batch):
         x = torch.stack([stream[s : s + t + 1] for s in starts[i : i + batch]]).long().to(device)
-        logits = forward_logits(x[:, :-1])
-        tot += F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum").item()
-        cnt += x[:, 1:].numel()
-    return tot / cnt
+        m = None if mask is None else torch.stack([mask[s : s + t + 1] for s in starts[i : i + batch]]).to(device)
+        s_, c_ = masked_ce(forward_logits(x[:, :-1]), x, m, reduction="sum")
+        tot += s_.item()
+        cnt += c_
+    return tot / max(cnt, 1)
 
 
 # ----------------------------------------------------------------------------- target
@@ -84,6 +102,10 @@ def train_target(out: Path, a, device) -> dict:
         torch.backends.cudnn.allow_tf32 = True
         enable_sdpa_training(True)
     train, val = data["streams"]["train"], data["streams"]["val"]
+    masks = data.get("masks") or {}
+    m_train, m_val = masks.get("train"), masks.get("val")
+    if m_train is not None:
+        log(f"target: loss on {int(m_train.sum())} of {m_train.numel()} train tokens (user turns left out)")
     decay = [p for n, p in tt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in tt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -115,9 +137,11 @@ def train_target(out: Path, a, device) -> dict:
             log(f"target: QAT (INT4 fake-quant experts) from step {step}")
         for g in opt.param_groups:
             g["lr"] = _lr(step, total, a.target_lr, min(200, total // 10))
-        x = _windows(train, a.batch, a.seq, gen).to(device, non_blocking=True)
-        logits = fwd_logits(x[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+        if m_train is None:
+            x, m = _windows(train, a.batch, a.seq, gen).to(device, non_blocking=True), None
+        else:
+            x, m = (v.to(device, non_blocking=True) for v in _windows(train, a.batch, a.seq, gen, m_train))
+        loss = masked_ce(fwd_logits(x[:, :-1]), x, m)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tt.parameters(), 1.0)
@@ -125,7 +149,7 @@ def train_target(out: Path, a, device) -> dict:
         imb = tt.update_bias(a.bias_rate)
         if step % 100 == 0 or step == total - 1:
             tt.eval()
-            vl = val_loss(fwd_logits, val, a.seq, 48, a.batch, device)
+            vl = val_loss(fwd_logits, val, a.seq, 48, a.batch, device, m_val)
             tt.train()
             hist.append((step, loss.item(), vl))
             if vl < best[0]:
@@ -139,9 +163,9 @@ def train_target(out: Path, a, device) -> dict:
     tt.eval()
     vn = a.val_windows
     tt.set_qat(False)
-    loss_fp = val_loss(fwd_logits, val, a.seq, vn, a.batch, device)
+    loss_fp = val_loss(fwd_logits, val, a.seq, vn, a.batch, device, m_val)
     tt.set_qat(True)
-    loss_qat = val_loss(fwd_logits, val, a.seq, vn, a.batch, device)
+    loss_qat = val_loss(fwd_logits, val, a.seq, vn, a.batch, device, m_val)
     log(f"target: val loss bf16-experts {loss_fp:.4f}, fake-INT4 experts {loss_qat:.4f} ({train_s:.0f}s training)")
     export_target(tt, out / "tokenizer", out / "target", vocab, n_ranks)
     enable_sdpa_training(False) if cuda else None
@@ -156,7 +180,7 @@ def train_target(out: Path, a, device) -> dict:
         return model.logits(h)
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    loss_int4 = val_loss(eng_logits, val, a.seq, min(vn, 64), 16, device)
+    loss_int4 = val_loss(eng_logits, val, a.seq, min(vn, 64), 16, device, m_val)
     log(f"target: val loss of the exported INT4 checkpoint (engine loader, fp32): {loss_int4:.4f}")
     res = {"params": n_params, "steps": total, "kept_step": best[1], "qat_from_step": qat_from, "train_seconds": round(train_s, 1),
            "batch": a.batch, "seq": a.seq, "lr": a.target_lr, "val_loss_bf16": loss_fp,
@@ -278,7 +302,19 @@ def train_draft(out: Path, a, device) -> dict:
     stop_ids = (enc.sp["[EOS]"], enc.sp["<|im_end|>"])  # the engine's stop tokens
     cuda = device.type == "cuda"
     # 1. The target's own greedy continuations and hidden states, on prompts it has not memorised.
-    synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt)
+    users = None
+    if data["meta"].get("distil"):
+        from .prompts import PromptGen, prompt_id
+
+        # Requests the target was not trained on: the generator under another seed, train prompts excluded.
+        seen = {prompt_id(u) for u, _ in data["train_pairs"]}
+        n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
+        users = [p["user"] for p in PromptGen(data["meta"]["distil"]["seed"] + 1).sample(n_users, exclude=seen)]
+        log(f"draft: {len(users)} fresh generated requests for the drafter's prompts")
+    # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
+    # exchange first) keep repeated requests from repeating whole prompts.
+    synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt, users=users,
+                        p_code=0.05 if users else 0.15, p_multi=0.4 if users else 0.15)
     t_start = time.time()
     pool = sorted(synth.sample(a.gen_batch * a.gen_pool_batches), key=len)  # similar lengths batch together
     order = list(range(a.gen_pool_batches))
@@ -312,6 +348,9 @@ def train_draft(out: Path, a, device) -> dict:
     sample = buckets[0][0][0].tolist()
     # Held-out check: the validation split's real chat prompts (at position 0, as in a chat).
     vprompts = sorted((p[3] for p in data["val_prompts"] if len(p[3]) <= a.max_prompt), key=len)
+    if not vprompts and (out / "heldout.json").exists():  # a tiny distilled set may have no val split
+        vprompts = sorted((r["prompt_ids"] for r in json.loads((out / "heldout.json").read_text()).get("requests", [])),
+                          key=len)
     vt, vf, vlens = greedy_forced(model, vprompts, a.gen_len, feature_layers, device)
     vstops = first_stop(vt, vlens, stop_ids)
     vlo, vhi = anchor_range(vt, vlens, vstops, B)
@@ -422,7 +461,13 @@ def main(argv=None) -> int:
     ap.add_argument("--target-from", type=Path, default=None,
                     help="an existing target dir (e.g. ddtree_chat/assets/demo/target): reuse its tokenizer in the data "
                          "stage and train only the drafter against it")
-    ap.add_argument("--toy", action="store_true", help="tiny CPU smoke run (150 files, seconds of training)")
+    ap.add_argument("--toy", "--tiny", action="store_true", help="tiny CPU smoke run (150 files, seconds of training)")
+    ap.add_argument("--distil", type=Path, default=None,
+                    help="a distil_data.py output dir: the target learns the teacher's answers (issue 31)")
+    ap.add_argument("--code-share", type=float, default=0.25,
+                    help="with --distil: the share of stdlib source in the target's train characters")
+    ap.add_argument("--draft-prompts", type=int, default=20000,
+                    help="with --distil: fresh generated requests for the drafter's prompts (at most)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--limit-files", type=int, default=None)
     ap.add_argument("--target-seconds", type=float, default=40)
@@ -468,7 +513,8 @@ def main(argv=None) -> int:
     if "data" in stages:
         from .data import prepare
 
-        meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from)
+        meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
+                       code_share=a.code_share)
         shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
         if shipped is not None and shipped.exists():
             ref = json.loads(shipped.read_text())

