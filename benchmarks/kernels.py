@@ -199,7 +199,7 @@ EXACT_TILES = [(64, 64, 4, 4, 1.0), (64, 128, 4, 3, 1.0), (128, 64, 4, 4, 1.0), 
                (64, 64, 4, 4, 0.5)]
 
 
-def bench_exact(ceiling):
+def bench_exact(ceiling, quick=False):
     """--only exact: the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 /
     65 rows against cuBLAS in the same process, at the default tile and alternatives (BLOCK_N, BLOCK_K,
     warps, stages, split multiplier); and the row-invariant MLA against the SM-count split plan."""
@@ -214,7 +214,7 @@ def bench_exact(ceiling):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             lib_us = 1e3 * graph_ms(lambda: torch.nn.functional.linear(x, w), cold=True)
             by_tile = {}
-            for bn, bk, warps, stages, mult in EXACT_TILES:
+            for bn, bk, warps, stages, mult in EXACT_TILES[:0] if quick else EXACT_TILES:
                 def tile(n_, k_, b_, dt, dev, bn=bn, bk=bk, warps=warps, stages=stages, mult=mult):
                     split = default(n_, k_, b_, dt, dev)[-1]
                     return bn, bk, warps, stages, max(1, min(int(split * mult), k_ // (bk * 2)))
@@ -523,7 +523,7 @@ def main():
     for name, fn in (("small", lambda: bench_small(ceiling)), ("moe", lambda: bench_moe(ceiling, a.quick)),
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
                      ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)),
-                     ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling)),
+                     ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling, a.quick)),
                      ("ncu", profile_once)):
         if name in only:
             try:
