@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import random
 import re
 import subprocess

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
