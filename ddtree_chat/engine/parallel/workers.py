@@ -42,14 +42,13 @@ def checkpoint_fingerprint(model_dir: str | Path, draft_dir: str | Path | None) 
     return h.hexdigest()
 
 
-def _worker_main(rank: int, world: int, port: int, backend: str, load_rank, load_kwargs: dict, status) -> None:
+def _worker_main(rank: int, world: int, port: int, device: str, load_rank, load_kwargs: dict, status) -> None:
     """A worker process: join the group, load this rank (load_rank(tp=..., **load_kwargs) -> a Rank), serve."""
     # NOTE: Ctrl+C belongs to rank 0, which shuts the workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)  # NOTE: before the group exists, so NCCL binds this rank's GPU
-        tp = init_group(rank, world, port, backend, load_kwargs.pop("expert_parallel"))
+        tp = init_group(rank, world, port, device, load_kwargs.pop("expert_parallel"))
         engine = load_rank(tp=tp, **load_kwargs)
     except BaseException as e:  # report, then leave: rank 0 names this rank and the reason
         status.put((rank, "error", f"{type(e).__name__}: {e}" if not isinstance(e, EngineError) else str(e)))
@@ -64,10 +63,23 @@ def _worker_main(rank: int, world: int, port: int, backend: str, load_rank, load
             dist.destroy_process_group()
 
 
+def _exit_with_parent() -> None:
+    """A worker whose rank 0 is gone leaves at once, even while its GPU waits in a collective (a one-shot
+    kernel spinning on a dead peer's flag never returns to the host thread)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="ddtree-tp-parent-watch").start()
+
+
 class Workers:
     """The N-1 worker processes of a TP engine, owned by rank 0."""
 
-    def __init__(self, world: int, backend: str, load_kwargs: dict, load_rank: Callable[..., Rank]):
+    def __init__(self, world: int, device: str, load_kwargs: dict, load_rank: Callable[..., Rank]):
         """load_rank: a module-level function (the spawned processes import it by name)."""
         import torch.multiprocessing as mp
 
@@ -75,7 +87,7 @@ class Workers:
         self.stopping = threading.Event()  # set before an orderly exit, so the watchdog stays quiet
         ctx = mp.get_context("spawn")
         self.status = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker_main, args=(r, world, self.port, backend, load_rank, dict(load_kwargs), self.status),
+        self.procs = [ctx.Process(target=_worker_main, args=(r, world, self.port, device, load_rank, dict(load_kwargs), self.status),
                                   daemon=True, name=f"ddtree-tp-rank{r}") for r in range(1, world)]
         for p in self.procs:
             p.start()
@@ -148,13 +160,13 @@ class Workers:
                 p.join(2.0)
 
 
-def join_group(workers: Workers, world: int, expert_parallel: bool, backend: str) -> TPGroup:
+def join_group(workers: Workers, world: int, expert_parallel: bool, device: str) -> TPGroup:
     """Rank 0 joins the process group; a worker that dies first turns the wait into a clear error."""
     box: dict = {}
 
     def join():
         try:
-            box["group"] = init_group(0, world, workers.port, backend, expert_parallel)
+            box["group"] = init_group(0, world, workers.port, device, expert_parallel)
         except BaseException as e:  # noqa: BLE001 - reported below
             box["error"] = e
 
