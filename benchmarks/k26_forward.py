@@ -6,6 +6,12 @@ same process (eager SM copy, CUDA events).
     PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 4 --context 8192 --tokens 1 16 64 [--json OUT]
     PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 2 --layer 1 ...   # one MoE layer alone
     python benchmarks/k26_forward.py --tiny --device cpu                                # CPU smoke run
+    PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --collective-us 10 ...
+
+With --tp-world N it builds rank 0's shard of an N-way tensor-parallel target (its heads, 1/N of the
+vocabulary and of every split matrix, 1/N of each expert's intermediate) and replaces each collective by a
+timed stand-in: a GPU sleep of --collective-us microseconds (calibrated in the same process) where an
+all-reduce would run, a local copy of the gathered size for the vocab-parallel logits.
 
 Times are eager (as the engine runs today) and, when capture works, one CUDA-graph replay of the same
 forward. Bytes: ddtree_chat.engine.memory.forward_bytes (distinct experts touched under uniform
@@ -28,7 +34,8 @@ from k26_round import TINY_TARGET  # noqa: E402
 from kernels import copy_ceiling, events_ms  # noqa: E402
 
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
-from ddtree_chat.engine.memory import forward_bytes, layer_bytes  # noqa: E402
+from ddtree_chat.engine.memory import forward_bytes, layer_bytes, weight_bytes  # noqa: E402
+from ddtree_chat.engine.parallel import SINGLE, TPGroup  # noqa: E402
 from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
 from ddtree_chat.engine.tree import build_tree  # noqa: E402
 
@@ -42,6 +49,30 @@ def _tree(t: int, depth: int, gen: torch.Generator, dev):
     return tree.mask(), tree.depth
 
 
+class StandIn:
+    """The collectives of rank 0 under TP without peers: an all-reduce is a GPU sleep of a set time (what
+    the real one would cost), the logits' all-gather a local copy of the gathered size."""
+
+    def __init__(self, world: int):
+        self.world, self.cycles, self.per_us = world, 0, None
+
+    def set_us(self, microseconds: float) -> None:
+        if not torch.cuda.is_available():  # NOTE: a CPU smoke run has nothing to sleep on
+            return
+        if microseconds > 0 and self.per_us is None:  # NOTE: calibrated once, in this process
+            probe = 1_000_000
+            self.per_us = probe / (events_ms(lambda: torch.cuda._sleep(probe), 5) * 1e3)
+        self.cycles = int(microseconds * self.per_us) if microseconds > 0 else 0
+
+    def all_reduce(self, x):
+        if self.cycles:
+            torch.cuda._sleep(self.cycles)
+        return x
+
+    def all_gather_last(self, x):
+        return torch.cat([x] * self.world, dim=-1)
+
+
 def _host_ms(fn, iters: int) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -49,14 +80,56 @@ def _host_ms(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e3
 
 
+def _measure(model, cfg, cache, t: int, ctx: int, a, gen, dev, dtype, ceiling) -> dict:
+    """One forward over t tree tokens after ctx committed ones: eager and (GPU) graph-replay times vs the bytes."""
+    cuda = dev.type == "cuda"
+    mask, depth = _tree(t, 7, gen, dev)
+    toks = torch.randint(0, cfg.vocab_size, (t,), generator=gen).to(dev)
+    pos = depth + ctx
+    if a.layer is None:
+        def fwd():
+            return model.logits(model(toks, pos, mask, cache)[0])
+    else:
+        x = torch.randn(t, cfg.hidden_size, generator=gen).to(dev, dtype)
+        cos, sin = model.rope(pos, dtype)
+        layer = model.layers[a.layer]
+
+        def fwd():
+            return layer(x, cos, sin, mask, cache)
+
+    with torch.no_grad():
+        for _ in range(2):
+            fwd()
+        eager_ms = events_ms(fwd, 5) if cuda else _host_ms(fwd, 3)
+        graph_ms = None
+        try:
+            if cuda:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fwd()
+                graph_ms = events_ms(g.replay, 5)
+        except Exception as e:  # report, keep the eager figure
+            print(f"T={t}: CUDA-graph capture failed ({type(e).__name__}: {str(e)[:120]})")
+    need = forward_bytes(cfg, t, ctx, a.tp_world)
+    nbytes = need["total"] if a.layer is None else layer_bytes(cfg, a.layer, t, ctx)
+    bound_ms = nbytes / ceiling * 1e3 if ceiling else None
+    best = graph_ms or eager_ms
+    return {"context": ctx, "tokens": t, "eager_ms": eager_ms, "graph_ms": graph_ms, "bound_ms": bound_ms,
+            "bytes": nbytes, "experts_touched": need["experts_touched_per_layer"],
+            "ratio_to_bound": best / bound_ms if bound_ms else None}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic-layers", type=int, default=4)
-    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--context", type=int, nargs="+", default=[8192], help="committed context(s), one row set each")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--layer", type=int, default=None, help="time this decoder layer alone")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="scaled-down dimensions (CPU smoke run)")
+    ap.add_argument("--tp-world", type=int, default=1, help="time rank 0's shard of this many TP ranks")
+    ap.add_argument("--collective-us", type=float, nargs="+", default=[0.0],
+                    help="the stand-in all-reduce's time(s) under --tp-world, one row set each")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
@@ -64,64 +137,46 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     ceiling = copy_ceiling() if cuda else None
     cfg = k26_config(layers=a.synthetic_layers, **(TINY_TARGET if a.tiny else {}))
-    model = random_target(cfg, dev, dtype)
-    cache = KVCache(cfg.num_layers, a.context + max(a.tokens) + 1, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
+    stand_in = StandIn(a.tp_world)
+    tp = SINGLE if a.tp_world == 1 else TPGroup(0, a.tp_world, oneshot=stand_in)
+    t_load = time.perf_counter()
+    model = random_target(cfg, dev, dtype, tp=tp)
+    if cuda:
+        torch.cuda.synchronize()
+    t_load = time.perf_counter() - t_load
+    rank_gb = torch.cuda.memory_allocated(dev) / 1e9 if cuda else None
+    cache = KVCache(cfg.num_layers, max(a.context) + max(a.tokens) + 1, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
                     dtype, dev)
     cache.ckv.normal_()
     cache.kpe.normal_()
-    cache.length = a.context  # a committed context of random latents; forwards write after it, never commit
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for t in a.tokens:
-        mask, depth = _tree(t, 7, gen, dev)
-        toks = torch.randint(0, cfg.vocab_size, (t,), generator=gen).to(dev)
-        pos = depth + a.context
-
-        if a.layer is None:
-            def fwd():
-                return model.logits(model(toks, pos, mask, cache)[0])
-        else:
-            x = torch.randn(t, cfg.hidden_size, generator=gen).to(dev, dtype)
-            cos, sin = model.rope(pos, dtype)
-            layer = model.layers[a.layer]
-
-            def fwd():
-                return layer(x, cos, sin, mask, cache)
-
-        with torch.no_grad():
-            for _ in range(2):
-                fwd()
-            eager_ms = events_ms(fwd, 5) if cuda else _host_ms(fwd, 3)
-            graph_ms = None
-            try:
-                if cuda:
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        fwd()
-                    graph_ms = events_ms(g.replay, 5)
-            except Exception as e:  # report, keep the eager figure
-                print(f"T={t}: CUDA-graph capture failed ({type(e).__name__}: {str(e)[:120]})")
-        need = forward_bytes(cfg, t, a.context)
-        nbytes = need["total"] if a.layer is None else layer_bytes(cfg, a.layer, t, a.context)
-        bound_ms = nbytes / ceiling * 1e3 if ceiling else None
-        best = graph_ms or eager_ms
-        rows.append({"tokens": t, "eager_ms": eager_ms, "graph_ms": graph_ms, "bound_ms": bound_ms,
-                     "bytes": nbytes, "experts_touched": need["experts_touched_per_layer"],
-                     "ratio_to_bound": best / bound_ms if bound_ms else None})
+    for ctx in a.context:
+        cache.length = ctx  # a committed context of random latents; forwards write after it, never commit
+        for t in a.tokens:
+            for us in (a.collective_us if a.tp_world > 1 else [0.0]):
+                stand_in.set_us(us)
+                rows.append(dict(_measure(model, cfg, cache, t, ctx, a, gen, dev, dtype, ceiling), collective_us=us))
     what = f"layer {a.layer} of {cfg.num_layers}" if a.layer is not None else f"{cfg.num_layers} layers"
+    contexts = ", ".join(map(str, a.context))
     where = f"copy ceiling {ceiling / 1e9:.0f} GB/s" if ceiling else "CPU (no bound)"
-    print(f"K2.6-shaped target, {what}, context {a.context}, {dtype}, {where}")
-    print("| tokens | experts/layer | bytes (GB) | bound ms | eager ms | graph ms | best / bound |")
-    print("|---|---|---|---|---|---|---|")
+    shard = f", rank 0 of TP={a.tp_world} (all-reduces: timed stand-ins)" if a.tp_world > 1 else ""
+    print(f"K2.6-shaped target, {what}{shard}, context {contexts}, {dtype}, {where}")
+    if cuda:
+        print(f"weights {weight_bytes(cfg, a.tp_world) / 1e9:.1f} GB per rank (planned), {rank_gb:.1f} GB allocated "
+              f"after building, built in {t_load:.0f} s")
+    print("| context | tokens | all-reduce us | experts/layer | bytes (GB) | bound ms | eager ms | graph ms | best / bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         gm = f"{r['graph_ms']:.2f}" if r["graph_ms"] else "-"
         bound = f"{r['bound_ms']:.2f} | " if r["bound_ms"] else "- | "
         ratio = f"{r['ratio_to_bound']:.2f}x" if r["ratio_to_bound"] else "-"
-        print(f"| {r['tokens']} | {r['experts_touched']:.0f} | {r['bytes'] / 1e9:.3f} | {bound}"
+        print(f"| {r['context']} | {r['tokens']} | {r['collective_us']:g} | {r['experts_touched']:.0f} | {r['bytes'] / 1e9:.3f} | {bound}"
               f"{r['eager_ms']:.2f} | {gm} | {ratio} |")
     if a.json:
         a.json.write_text(json.dumps({"layers": cfg.num_layers, "layer": a.layer, "context": a.context,
-                                      "ceiling": ceiling, "rows": rows}, indent=1))
+                                      "ceiling": ceiling, "tp_world": a.tp_world,
+                                      "rank_gb": rank_gb, "rows": rows}, indent=1))
     return 0
 
 

@@ -93,6 +93,24 @@ def test_k26_forward_one_layer_mode_runs_scaled_down_on_cpu(tmp_path):
     assert got["rows"][1]["bytes"] == layer_bytes(cfg, 1, 3, 50) < forward_bytes(cfg, 3, 50)["total"]
 
 
+def test_k26_forward_times_one_tensor_parallel_rank_on_cpu(tmp_path):
+    """--tp-world: rank 0's shard with stand-in collectives; its logits are the full vocabulary's width, and
+    a rank reads less than the whole model but the whole latent cache."""
+    import k26_forward
+
+    from ddtree_chat.engine.memory import forward_bytes
+    from ddtree_chat.engine.random_model import k26_config
+
+    out = tmp_path / "rank.json"
+    assert k26_forward.main(["--tiny", "--device", "cpu", "--synthetic-layers", "3", "--tp-world", "2", "--context",
+                             "40", "--tokens", "1", "4", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["tp_world"] == 2 and [r["tokens"] for r in got["rows"]] == [1, 4]
+    cfg = k26_config(layers=3, **k26_round.TINY_TARGET)
+    whole, rank = forward_bytes(cfg, 4, 40), forward_bytes(cfg, 4, 40, world=2)
+    assert got["rows"][1]["bytes"] == rank["total"] < whole["total"] and rank["kv_cache"] == whole["kv_cache"]
+
+
 def test_layer_bytes_add_up_to_the_forward():
     from ddtree_chat.engine.memory import forward_bytes, layer_bytes
     from ddtree_chat.engine.random_model import k26_config

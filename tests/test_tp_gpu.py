@@ -116,9 +116,12 @@ def test_tp2_on_one_gpu_equals_tp1_in_graphs_and_directly(synthetic_pair, one_gp
                 assert ids == want, (graphs, mode, budget)
 
 
-def test_tp2_on_one_gpu_is_exact_in_bf16(synthetic_pair, one_gpu):
-    """bf16: the row-invariant kernels and the rank-ordered sums keep every speculative mode on plain decoding's ids."""
-    engine = Engine.load(*synthetic_pair, device="cuda", tp=2, dtype="bfloat16")
+def test_tp2_on_one_gpu_is_exact_in_bf16(tmp_path, one_gpu):
+    """bf16: the row-invariant kernels and the rank-ordered sums keep every speculative mode on plain decoding's
+    ids (the small preset: its experts split over two ranks still fit the INT4 kernel's tiles)."""
+    from ddtree_chat.engine.synthetic import make_synthetic_pair
+
+    engine = Engine.load(*make_synthetic_pair(tmp_path, preset="small", seed=0), device="cuda", tp=2, dtype="bfloat16")
     try:
         assert engine.info["cuda_graphs"] > 0
         for text in PROMPTS:

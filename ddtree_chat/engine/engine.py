@@ -177,6 +177,7 @@ class Engine:
         if in_step:
             try:
                 self.tp.broadcast(("exit",))
+                self.tp.close()
             except RuntimeError:
                 in_step = False
             finally:

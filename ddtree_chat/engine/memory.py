@@ -51,20 +51,22 @@ def kv_bytes_per_token(cfg: TargetConfig) -> int:
     return cfg.num_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * _BF16
 
 
-def forward_bytes(cfg: TargetConfig, tokens: int, context: int) -> dict[str, float]:
+def forward_bytes(cfg: TargetConfig, tokens: int, context: int, world: int = 1) -> dict[str, float]:
     """Bytes one target forward over `tokens` new tokens must read (bf16 dense, INT4 experts with bf16
-    scales), with the expected distinct experts touched under uniform routing (1 - (1 - k/E)^T of E per layer)."""
+    scales), with the expected distinct experts touched under uniform routing (1 - (1 - k/E)^T of E per layer).
+    world: what one of that many tensor-parallel ranks reads (its heads, 1/world of every matrix split
+    under TP and of each touched expert; the router and the latent cache whole)."""
     h, bf16 = cfg.hidden_size, _BF16
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - 1 / e) ** (k * tokens)) if e else 0.0
     moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
     out = {
-        "attention": attention_bytes(cfg) * cfg.num_layers,
-        "dense_mlp": 3 * h * cfg.intermediate_size * bf16 * (cfg.num_layers - moe_layers),
-        "shared_experts": 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * bf16 * moe_layers,
+        "attention": attention_bytes(cfg, world) * cfg.num_layers,
+        "dense_mlp": 3 * h * cfg.intermediate_size * bf16 * (cfg.num_layers - moe_layers) / world,
+        "shared_experts": 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * bf16 * moe_layers / world,
         "router": e * h * bf16 * moe_layers,
-        "routed_experts": touched * expert_bytes(cfg) * moe_layers,
-        "lm_head": cfg.vocab_size * h * bf16,
+        "routed_experts": touched * expert_bytes(cfg) * moe_layers / world,
+        "lm_head": cfg.vocab_size * h * bf16 / world,
         "kv_cache": (context + tokens) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * bf16 * cfg.num_layers,
     }
     out["total"] = sum(out.values())

@@ -16,6 +16,7 @@ from .drafter import DFlashDrafter
 from .model import KimiModel, MoE
 from .ops.int4 import Int4Weight
 from .ops.moe import ExpertWeights, prepare_experts
+from .parallel import SINGLE, TPGroup
 
 K26_TEXT_CONFIG = {
     "vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
@@ -89,10 +90,12 @@ def _random_int4(e: int, out: int, inp: int, group: int, device, gen, dtype) -> 
 
 
 @torch.no_grad()
-def random_target(cfg: TargetConfig, device, dtype=torch.bfloat16, seed: int = 0) -> KimiModel:
+def random_target(cfg: TargetConfig, device, dtype=torch.bfloat16, seed: int = 0, tp: TPGroup = SINGLE) -> KimiModel:
+    """tp: build one rank's shard (its heads, vocabulary and MLP slices; routed experts split along the
+    intermediate dim)."""
     device = torch.device(device)
-    model, gen = _random_module(lambda: KimiModel(cfg), device, dtype, seed, "embed_tokens.weight")
-    h, i = cfg.hidden_size, cfg.moe_intermediate_size
+    model, gen = _random_module(lambda: KimiModel(cfg, tp), device, dtype, seed, "embed_tokens.weight")
+    h, i = cfg.hidden_size, cfg.moe_intermediate_size // tp.world
     g = cfg.quant.group_size if cfg.quant else 32
     for layer in model.layers:
         if isinstance(layer.mlp, MoE):

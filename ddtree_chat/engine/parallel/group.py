@@ -36,7 +36,7 @@ class TPGroup:
         """The sum of every rank's x (a new tensor, or x summed in place)."""
         if self.world == 1:
             return x
-        if self.oneshot is not None and x.is_cuda:
+        if self.oneshot is not None:
             return self.oneshot.all_reduce(x)
         dist.all_reduce(x)
         return x
@@ -45,7 +45,7 @@ class TPGroup:
         """Concatenate every rank's x along the last axis (vocab-parallel logits)."""
         if self.world == 1:
             return x
-        if self.oneshot is not None and x.is_cuda:
+        if self.oneshot is not None:
             return self.oneshot.all_gather_last(x)
         x = x.contiguous()
         if x.is_cuda:  # NOTE: one tensor out, so a CUDA graph can hold the NCCL call
@@ -71,6 +71,12 @@ class TPGroup:
         out: list = [None] * self.world
         dist.all_gather_object(out, obj, group=self.host)
         return out
+
+
+    def close(self) -> None:
+        """Collective, in an orderly shutdown: release what the ranks share."""
+        if self.oneshot is not None:
+            self.oneshot.close()
 
 
 SINGLE = TPGroup()

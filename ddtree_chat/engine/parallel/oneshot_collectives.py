@@ -23,7 +23,7 @@ class OneShot:
     def __init__(self, rank: int, world: int, device: torch.device, host_group, half_bytes: int):
         """Collective: every rank constructs it at the same point (the handles travel over host_group, gloo).
         half_bytes: the largest piece of one message (each buffer holds two)."""
-        self.rank, self.world, self.device = rank, world, device
+        self.rank, self.world, self.device, self.host = rank, world, device, host_group
         self.half = -(-half_bytes // REGION_BYTES) * REGION_BYTES
         programs = self.half // REGION_BYTES
         self.data = torch.zeros(2 * self.half, dtype=torch.uint8, device=device)
@@ -38,6 +38,15 @@ class OneShot:
                        for q in range(world)]
         self.data_ptrs = torch.tensor([d.data_ptr() for d, _ in self._peers], dtype=torch.int64, device=device)
         self.flag_ptrs = torch.tensor([f.data_ptr() for _, f in self._peers], dtype=torch.int64, device=device)
+
+    def close(self) -> None:
+        """Collective: unmap the peers' buffers, then wait until every rank has (a rank that exits while a
+        peer still maps its memory makes CUDA complain at exit)."""
+        self._peers = []
+        self.data_ptrs = self.flag_ptrs = None
+        torch.cuda.synchronize(self.device)
+        torch.cuda.ipc_collect()
+        dist.barrier(group=self.host)
 
     def _pieces(self, n: int, itemsize: int):
         step = self.half // itemsize

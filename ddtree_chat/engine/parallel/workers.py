@@ -56,6 +56,7 @@ def _worker_main(rank: int, world: int, port: int, device: str, load_rank, load_
     status.put((rank, "ready", engine.fingerprint))
     try:
         serve(tp, engine.rank_commands())
+        tp.close()
     except Exception:
         status.put((rank, "error", traceback.format_exc(limit=3)))
     finally:
