@@ -119,6 +119,20 @@ def _measure(model, cfg, cache, t: int, ctx: int, a, gen, dev, dtype, ceiling) -
             "ratio_to_bound": best / bound_ms if bound_ms else None}
 
 
+def _profile(model, cfg, cache, t: int, ctx: int, gen, dev) -> None:
+    """GPU time of one eager forward by kernel (a graph replays the same kernels): top 20 by total time."""
+    mask, depth = _tree(t, 7, gen, dev)
+    toks = torch.randint(0, cfg.vocab_size, (t,), generator=gen).to(dev)
+    with torch.no_grad():
+        model.logits(model(toks, depth + ctx, mask, cache)[0])
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            model.logits(model(toks, depth + ctx, mask, cache)[0])
+            torch.cuda.synchronize()
+    print(f"GPU time by kernel, one forward over {t} tokens after {ctx}:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic-layers", type=int, default=4)
@@ -130,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tp-world", type=int, default=1, help="time rank 0's shard of this many TP ranks")
     ap.add_argument("--collective-us", type=float, nargs="+", default=[0.0],
                     help="the stand-in all-reduce's time(s) under --tp-world, one row set each")
+    ap.add_argument("--profile", type=int, default=None, help="also print where a forward over this many tokens "
+                    "spends its GPU time (kernels by total time, first context)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
@@ -157,6 +173,10 @@ def main(argv=None) -> int:
             for us in (a.collective_us if a.tp_world > 1 else [0.0]):
                 stand_in.set_us(us)
                 rows.append(dict(_measure(model, cfg, cache, t, ctx, a, gen, dev, dtype, ceiling), collective_us=us))
+    if a.profile and cuda:
+        cache.length = a.context[0]
+        stand_in.set_us(0.0)
+        _profile(model, cfg, cache, a.profile, a.context[0], gen, dev)
     what = f"layer {a.layer} of {cfg.num_layers}" if a.layer is not None else f"{cfg.num_layers} layers"
     contexts = ", ".join(map(str, a.context))
     where = f"copy ceiling {ceiling / 1e9:.0f} GB/s" if ceiling else "CPU (no bound)"
