@@ -34,6 +34,9 @@ def test_tp2_matches_tp1(synthetic_pair, single, expert_parallel):
     engine = Engine.load(*synthetic_pair, device="cpu", tp=2, expert_parallel=expert_parallel)
     try:
         assert engine.info["tp"] == 2
+        # the drafter is split too: half the heads and of fc's input features on each rank
+        assert engine.drafter.kv_heads * 2 == single.drafter.kv_heads
+        assert engine.drafter.fc.weight.shape[1] * 2 == single.drafter.fc.weight.shape[1]
         assert torch.allclose(engine.logits(prompt), single.logits(prompt), atol=1e-4, rtol=1e-4)
         for mode, budget in (("ddtree", 16), ("dflash", 7), ("ar", 0)):
             assert _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24) == \

@@ -56,7 +56,7 @@ class Decoder:
         if drafter is not None and self.draft_dtype != self.dtype:
             self.draft_embed = target.embed_tokens.weight.to(self.draft_dtype)
             self.draft_head = target.lm_head.weight.to(self.draft_dtype)
-        self.dcache = DraftCache(dcfg.num_layers, max_len, dcfg.num_kv_heads, dcfg.head_dim, self.draft_dtype,
+        self.dcache = DraftCache(dcfg.num_layers, max_len, drafter.kv_heads, dcfg.head_dim, self.draft_dtype,
                                  self.device, dcfg.kv_window) if dcfg else None
         # NOTE: positions stay below max_len + one tree (the context refuses rounds past max_len); the
         # tables are built now, outside any CUDA-graph capture. Products that read one input become one.

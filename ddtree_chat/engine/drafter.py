@@ -2,7 +2,10 @@
 
 It has no embedding or lm head: callers embed the block with the target's embed_tokens and apply the
 target's lm_head to `norm(hidden)`. Context = target layer features -> fc -> hidden_norm, projected by
-every layer's k_proj/v_proj (+ k_norm, + rope at absolute positions). Context tokens are never queries."""
+every layer's k_proj/v_proj (+ k_norm, + rope at absolute positions). Context tokens are never queries.
+
+Under tensor parallelism each rank holds 1/N of the heads (query and key/value), of the MLP features and of
+fc's input features; o_proj, down_proj and fc end in an all-reduce, like the target's."""
 
 from __future__ import annotations
 
@@ -13,12 +16,16 @@ from torch import nn
 from . import ops
 from .config import DraftConfig
 from .model import MLP, RMSNorm
+from .parallel import SINGLE, TPGroup
 
 
 class DraftAttention(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, tp: TPGroup = SINGLE):
         super().__init__()
-        self.nh, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        tp.split(cfg.num_heads, "the drafter's num_attention_heads")
+        tp.split(cfg.num_kv_heads, "the drafter's num_key_value_heads")
+        self.tp = tp
+        self.nh, self.nkv, self.d = cfg.num_heads // tp.world, cfg.num_kv_heads // tp.world, cfg.head_dim
         self.q_proj = ops.Linear(cfg.hidden_size, self.nh * self.d, bias=False)
         self.k_proj = ops.Linear(cfg.hidden_size, self.nkv * self.d, bias=False)
         self.v_proj = ops.Linear(cfg.hidden_size, self.nkv * self.d, bias=False)
@@ -67,18 +74,19 @@ class DraftAttention(nn.Module):
             rep = self.nh // self.nkv
             k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
             o = F.scaled_dot_product_attention(q.transpose(-3, -2), k, v, attn_mask=mask)
-            return self.o_proj(o.transpose(-3, -2).flatten(-2))
+            return self.tp.all_reduce(self.o_proj(o.transpose(-3, -2).flatten(-2)))
         # NOTE: one block over a cached context (the engine)
-        return self.o_proj(ops.draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, self.d**-0.5).flatten(-2))
+        o = ops.draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, self.d**-0.5)
+        return self.tp.all_reduce(self.o_proj(o.flatten(-2)))
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, tp: TPGroup = SINGLE):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg)
+        self.self_attn = DraftAttention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp, reduce=True)
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask=None, pending=None):
         """-> (mlp_out, x): the layer's output is x + mlp_out, left for the next norm to add (one launch).
@@ -89,12 +97,14 @@ class DraftLayer(nn.Module):
 
 
 class DFlashDrafter(ops.RopeOwner, nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, tp: TPGroup = SINGLE):
         super().__init__()
-        self.cfg = cfg
-        self.fc = ops.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.cfg, self.tp = cfg, tp
+        self.kv_heads = cfg.num_kv_heads // tp.world  # this rank's share (its context cache holds only these)
+        self.features = tp.split(len(cfg.target_layer_ids) * cfg.hidden_size, "the drafter's fc input")
+        self.fc = ops.Linear(self.features[1] - self.features[0], cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DraftLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
         self.rope_table = ops.RopeTable()  # Decoder reserves its positions
@@ -117,7 +127,11 @@ class DFlashDrafter(ops.RopeOwner, nn.Module):
             self.ctx_k_norm_weight = torch.cat([a.k_norm.weight.detach().expand(a.nkv, a.d) for a in attn])
 
     def _context(self, feats: torch.Tensor, positions: torch.Tensor):
-        ctx = self.hidden_norm(self.fc(feats))
+        if self.tp.world > 1:  # NOTE: fc's input features are split over the ranks: partial sums
+            feats = self.tp.all_reduce(self.fc(feats[..., self.features[0] : self.features[1]]))
+        else:
+            feats = self.fc(feats)
+        ctx = self.hidden_norm(feats)
         return (ctx, *self.rope(positions, ctx.dtype))
 
     def context_kv_stacked(self, feats: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +141,7 @@ class DFlashDrafter(ops.RopeOwner, nn.Module):
             per = self.context_kv(feats, positions)
             return torch.stack([k for k, _ in per], -3), torch.stack([v for _, v in per], -3)
         ctx, cos, sin = self._context(feats, positions)
-        layers, kv, d = len(self.layers), self.cfg.num_kv_heads, self.cfg.head_dim
+        layers, kv, d = len(self.layers), self.kv_heads, self.cfg.head_dim
         k, v = ops.linear(ctx, self.ctx_kv_weight).unflatten(-1, (2, layers * kv, d)).unbind(-3)
         k = ops.rms_norm_rope_half(k, self.ctx_k_norm_weight, self.cfg.rms_norm_eps, cos, sin)
         return k.unflatten(-2, (layers, kv)), v.unflatten(-2, (layers, kv))

@@ -110,7 +110,7 @@ class Engine:
             tcfg, target = load_target(model_dir, dev, dtype, progress, tp)
             drafter = dcfg = None
             if draft_dir is not None:
-                dcfg, drafter = load_drafter(draft_dir, tcfg, dev, dtype, progress)
+                dcfg, drafter = load_drafter(draft_dir, tcfg, dev, dtype, progress, tp)
                 if dev.type == "cpu" and tp.world == 1 and dtype == torch.float32 and device_policy.cpu_bf16_is_faster(tcfg):
                     drafter = drafter.to(torch.bfloat16)  # NOTE: speed only; the target's choices stay fp32
                     drafter.reset_rope(dev)  # .to() also cast the float64 rope table

@@ -143,14 +143,15 @@ def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
 
 
 def load_drafter(draft_dir: str | Path, target: TargetConfig, device: torch.device, dtype: torch.dtype,
-                 progress: Progress = None) -> tuple[DraftConfig, nn.Module]:
+                 progress: Progress = None, tp: TPGroup = SINGLE) -> tuple[DraftConfig, nn.Module]:
+    """Under TP each rank reads its slices (heads, MLP features, fc input features), like the target."""
     from .drafter import DFlashDrafter
 
     dcfg = load_draft_config(draft_dir)
     dcfg.check_against(target)
     reader = CheckpointReader(draft_dir)
     with torch.device("meta"):
-        drafter = DFlashDrafter(dcfg)
+        drafter = DFlashDrafter(dcfg, tp)
     total, done = _count(drafter), 0
 
     def tick(what: str) -> None:
@@ -161,7 +162,7 @@ def load_drafter(draft_dir: str | Path, target: TargetConfig, device: torch.devi
 
     # NOTE: public DFlash checkpoints store keys at top level; some exports prefix them with "model.".
     key_prefix = "model." if "model.fc.weight" in reader else ""
-    _load_dense(drafter, reader, lambda n: key_prefix + n, device, dtype, tick)
+    _load_dense(drafter, reader, lambda n: key_prefix + n, device, dtype, tick, tp)
     drafter.reset_rope(device)
     reader.close()
     return dcfg, drafter.eval().requires_grad_(False)
