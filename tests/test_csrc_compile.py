@@ -79,3 +79,28 @@ def test_shared_library_links(tmp_path):
     extra = ["-L", str(lib)] if (lib / "libcudart_static.a").is_file() else []
     res = run_nvcc(build.nvcc_command(NVCC, SOURCES, tmp_path / "lib.so", extra))
     assert res.returncode == 0, res.stderr[-4000:]
+
+
+def test_launchers_pass_what_the_c_definitions_take():
+    """build.exports reads each entry point's argtypes from its C definition; every Python call site
+    (ops/cuda_*.py) passes that many arguments, and a scalar the ctypes form cannot hold is refused."""
+    import ast
+    import ctypes
+
+    exports = build.exports()
+    assert set(exports) == {"ddt_moe_forward", "ddt_route", "ddt_rms_norm"} and len(exports["ddt_moe_forward"]) == 21
+    assert exports["ddt_route"][5] is ctypes.c_float and exports["ddt_rms_norm"][6] is ctypes.c_int64
+    calls = 0
+    for path in sorted((Path(build.__file__).parent).glob("cuda_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in exports:
+                assert len(node.args) == len(exports[node.func.attr]), (path.name, node.func.attr)
+                calls += 1
+    assert calls == 3
+
+
+def test_an_unknown_c_parameter_type_is_a_build_error(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" {\nint ddt_probe(const float* x, double d, int n) {\n  return 0;\n}\n}\n')
+    with pytest.raises(build.KernelBuildError, match="double d"):
+        build.exports([src])

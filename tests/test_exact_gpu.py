@@ -8,7 +8,7 @@ import torch
 
 from ddtree_chat.engine import ops
 from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
-from ddtree_chat.engine.ops.registry import prefer_library
+from ddtree_chat.engine.ops.registry import prefer_library, strict
 
 from drafters import closure_mask
 
@@ -18,6 +18,13 @@ ROWS = (8, 17, 65, 257)
 BF16 = torch.bfloat16
 H = 7168
 SCALE = 0.1352  # K2.6's softmax scale (192-wide heads, YaRN mscale) to four digits
+
+
+@pytest.fixture(autouse=True)
+def no_silent_fallback():
+    """A kernel that fails, or declines a call its supports accepted, raises (registry strict mode)."""
+    with strict():
+        yield
 
 
 def rel(a, b):

@@ -59,8 +59,8 @@ def test_directly_run_programs_prefer_library_products(pair, monkeypatch):
 
     linear = importlib.import_module("ddtree_chat.engine.ops.linear")  # NOTE: ops exports a function of that name
     seen = []
-    dispatch = linear.dispatch
-    monkeypatch.setattr(linear, "dispatch", lambda name, *a: seen.append(registry.prefers_library()) or dispatch(name, *a))
+    run = linear.MATMUL_NT.run
+    monkeypatch.setattr(linear.MATMUL_NT, "run", lambda *a: seen.append(registry.prefers_library()) or run(*a))
     events = pair[1].generate([1, 2, 3, 4, 5], GenerationConfig(mode="ddtree", budget=4, max_new_tokens=12,
                                                                 stop_token_ids=()))
     next(events)  # the prefill's event

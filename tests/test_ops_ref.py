@@ -149,40 +149,6 @@ def test_decoder_reserves_rope_positions_for_its_context(synthetic_pair):
     assert eng.target.rope_table.tables and eng.drafter.rope_table.tables  # built at load, before any capture
 
 
-def test_dispatch_takes_the_kernel_unless_it_declines(monkeypatch):
-    """registry.dispatch: the registered kernel's result when it serves the tensor (CUDA, a dtype it
-    lists); the reference when none serves, when the kernel returns None (a shape it declines), or when
-    autograd records the call (training: the kernels have no backward); kernels in registration order."""
-    from types import SimpleNamespace
-
-    from ddtree_chat.engine.ops import registry
-
-    monkeypatch.setattr(registry, "_FAST", {})
-    ref = lambda a: ("ref", a)  # noqa: E731
-    on_gpu = SimpleNamespace(is_cuda=True, dtype=torch.float32)
-    assert registry.dispatch("probe", on_gpu, ref, 1) == ("ref", 1)  # nothing registered
-    registry.register("probe", lambda a: None if a < 0 else ("kernel", a), dtypes=[torch.float32])
-    assert registry.dispatch("probe", on_gpu, ref, 2) == ("kernel", 2)
-    assert registry.dispatch("probe", on_gpu, ref, -1) == ("ref", -1)  # declined
-    assert registry.dispatch("probe", torch.zeros(1), ref, 3) == ("ref", 3)  # a CPU tensor
-    assert registry.dispatch("probe", SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), ref, 4) == ("ref", 4)
-    grad = torch.ones(1, requires_grad=True)  # autograd records the call: the kernels have no backward
-    ref2 = lambda a, b: ("ref", a)  # noqa: E731
-    registry.register("probe2", lambda a, b: ("kernel", a), dtypes=[torch.float32])
-    assert registry.dispatch("probe2", on_gpu, ref2, 5, grad) == ("ref", 5)
-    assert registry.dispatch("probe2", on_gpu, ref2, 5, grad.detach()) == ("kernel", 5)
-    with torch.no_grad():
-        assert registry.dispatch("probe2", on_gpu, ref2, 6, grad) == ("kernel", 6)
-    # a kernel registered ahead is tried first; where it declines, the one behind it serves
-    registry.register("probe", lambda a: ("wide", a) if a >= 10 else None, ahead=True)
-    assert registry.dispatch("probe", on_gpu, ref, 12) == ("wide", 12)
-    assert registry.dispatch("probe", on_gpu, ref, 2) == ("kernel", 2)
-    assert registry.dispatch("probe", on_gpu, ref, -1) == ("ref", -1)  # both decline
-    assert registry.fast("probe", on_gpu)(12) == ("wide", 12)
-    registry.register("probe", lambda a: ("only", a))  # without ahead: replaces the chain
-    assert registry.dispatch("probe", on_gpu, ref, -1) == ("only", -1)
-
-
 def test_latent_write_stores_the_normed_latent_and_roped_key_at_its_slots():
     """ops.latent_write (the cache write of a forward): rms_norm of c_kv and rope of k_pe at consecutive
     slots or at device slot indices, batched buffers too; nothing else in the buffers changes."""

@@ -14,6 +14,7 @@ from .errors import CheckpointError
 from .model import KimiModel, MoE
 from .ops.int4 import Int4Weight, dequant_int4
 from .ops.moe import ExpertWeights, prepare_experts
+from .ops.router import float32_weight
 from .parallel import SINGLE, TPGroup, shard_dim
 from .progress import Progress
 
@@ -137,6 +138,7 @@ def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
             experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts,
                                     tick, tp)
             layer.mlp.experts = prepare_experts(experts)
+            float32_weight(layer.mlp.gate.weight)  # NOTE: the router's float32 copy, made once here
     model.reset_rope(device)
     reader.close()
     return cfg, model.eval().requires_grad_(False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops.registry import dispatch, fast
+from .ops.registry import define
 
 
 @dataclass
@@ -34,7 +34,7 @@ class DraftTree:
 
     def mask(self) -> torch.Tensor:
         """[N, N] bool: row i sees column j iff j is i or an ancestor of i (on the tree's device, no sync)."""
-        return dispatch("ancestor_mask", self.parents, DraftTree.mask_ref, self)
+        return ANCESTOR_MASK.on(self.parents, self)
 
     def mask_ref(self) -> torch.Tensor:
         n = self.size
@@ -81,11 +81,8 @@ def build_tree(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: 
     """build_tree_ref, through the one-program GPU kernel where one is registered (ops/triton_tree).
     out: (tokens, parents, depth, logprobs) buffers of budget + 1 the kernel writes into (the graphs'
     static tree: no copies); the reference ignores them (the caller copies)."""
-    fn = fast("build_tree", top_logp)
-    built = fn(root_token, top_logp, top_ids, budget, out=out) if fn is not None else None
-    if built is None:
-        return build_tree_ref(root_token, top_logp, top_ids, budget)
-    return DraftTree(*built, max_depth=min(top_logp.shape[0], budget))
+    built = BUILD_TREE.on(top_logp, root_token, top_logp, top_ids, budget, out)
+    return built if isinstance(built, DraftTree) else DraftTree(*built, max_depth=min(top_logp.shape[0], budget))
 
 
 def build_tree_ref(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_ids: torch.Tensor,
@@ -131,7 +128,7 @@ def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torc
     """walk() with tensor ops: (accepted mask [N], bonus token []) on the tree's device. A node is accepted
     iff its parent is and the target chose its token there; siblings hold distinct tokens, so at most one
     node per depth is accepted and the accepted nodes form the path."""
-    return dispatch("walk", tree.parents, walk_topk_ref, tree, choice)
+    return WALK.on(tree.parents, tree, choice)
 
 
 def walk_topk_ref(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +146,7 @@ def walk_commit(tree: DraftTree, choice: torch.Tensor, state: torch.Tensor, draf
     drafter entries, root token) -> (ok [N], bonus [], path [D + 1]: the accepted node at each depth, node 0
     past the path's end, slots [3, D + 1]: length + path, length + depth, entries + depth), and state
     advanced in place (length and, when drafting, entries by the accepted count; root = bonus)."""
-    return dispatch("walk_commit", tree.parents, walk_commit_ref, tree, choice, state, drafting)
+    return WALK_COMMIT.on(tree.parents, tree, choice, state, drafting)
 
 
 def walk_commit_ref(tree: DraftTree, choice: torch.Tensor, state: torch.Tensor, drafting: bool):
@@ -212,4 +209,13 @@ def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonu
 
 def pack_round(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
     """pack_round_ref (eight launches as torch ops: a cast per part and the concatenation; one kernel)."""
-    return dispatch("pack_round", tree.tokens, pack_round_ref, tree, choice, ok, bonus)
+    return PACK_ROUND.on(tree.tokens, tree, choice, ok, bonus)
+
+
+# NOTE: the round's ops on the tree (kernels: ops/triton_tree.py); build_tree's kernel returns the four
+# tensors, its reference (the `out` buffers ignored: the caller copies) the DraftTree
+ANCESTOR_MASK = define("ancestor_mask", DraftTree.mask_ref)
+BUILD_TREE = define("build_tree", lambda root, top_logp, top_ids, budget, out=None: build_tree_ref(root, top_logp, top_ids, budget))
+WALK = define("walk", walk_topk_ref)
+WALK_COMMIT = define("walk_commit", walk_commit_ref)
+PACK_ROUND = define("pack_round", pack_round_ref)

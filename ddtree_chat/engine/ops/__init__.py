@@ -1,5 +1,6 @@
 """Hot-path ops. Each module holds a pure-torch reference (`*_ref`, the CPU path and the test oracle)
-and a dispatching entry that picks a CUDA/Triton kernel when one is registered for the tensor's device.
+and its registry.Op, whose dispatching entry runs the first CUDA/Triton kernel that ops/gpu.py
+registered for the call (dtypes, supports), else the reference.
 
 The model calls only the dispatching names exported here."""
 

@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -94,14 +95,35 @@ def _build() -> ctypes.CDLL:
     return so
 
 
+_C_TYPES = {"int": ctypes.c_int, "float": ctypes.c_float, "int64_t": ctypes.c_int64}
+_EXPORT = re.compile(r"^int\s+(ddt_\w+)\s*\(([^)]*)\)\s*\{", re.M)
+
+
+def exports(srcs: list[Path] | None = None) -> dict[str, list]:
+    """Each exported entry point's ctypes argtypes, read from its C definition in csrc/*.cu (the one
+    declaration: a launcher that passes another count of arguments is a TypeError, not a corrupt call).
+    Pointers of any type pass as c_void_p; scalars must be int, float or int64_t."""
+    out = {}
+    for src in srcs if srcs is not None else sources():
+        for name, params in _EXPORT.findall(src.read_text()):
+            types = []
+            for param in params.split(","):
+                decl = " ".join(param.split())
+                if "*" in decl:
+                    types.append(ctypes.c_void_p)
+                    continue
+                ctype = decl.rsplit(" ", 1)[0].replace("const ", "")
+                if ctype not in _C_TYPES:
+                    raise KernelBuildError(f"{src.name}: {name}: no ctypes form for parameter {decl!r}")
+                types.append(_C_TYPES[ctype])
+            out[name] = types
+    return out
+
+
 def _declare(so: ctypes.CDLL) -> None:
-    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-    so.ddt_moe_forward.argtypes = [P, P, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P, I, P]
-    so.ddt_moe_forward.restype = I
-    so.ddt_route.argtypes = [P, P, I, I, I, F, I, P, P, P]
-    so.ddt_route.restype = I
-    so.ddt_rms_norm.argtypes = [P, P, P, I, I, I, L, L, F, I, I, P, P, P]
-    so.ddt_rms_norm.restype = I
+    for name, types in exports().items():
+        fn = getattr(so, name)
+        fn.argtypes, fn.restype = types, ctypes.c_int
 
 
 def library() -> ctypes.CDLL:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .int4 import Int4Weight, dequant_int4
-from .moe import ExpertWeights, moe_experts_ref
+from .moe import ExpertWeights
 from .registry import exact
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)
@@ -91,11 +91,6 @@ def pack_experts(experts: ExpertWeights, chunk: int = 8) -> PackedExperts:
     return PackedExperts(None, None, None, wg=wg, sg=sg, wu=wu, su=su, wd=wd, sd=sd, hidden=h, inter=i)
 
 
-def dequant_packed(pe: PackedExperts, which: str, expert: int) -> torch.Tensor:
-    w, s = {"gate": (pe.wg, pe.sg), "up": (pe.wu, pe.su), "down": (pe.wd, pe.sd)}[which]
-    return emulate_dequant(w[expert:expert + 1], s[expert:expert + 1])[0]
-
-
 _FORCED = __import__("os").environ.get("DDTREE_MOE_VARIANT")  # a fixed variant (benchmarks), else by token count
 # moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL, 16-17 kPipe
 N_VARIANTS = 18
@@ -142,21 +137,22 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
     return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
 
 
-def moe_experts_fast(x, ids, weights, experts):
-    if isinstance(experts, PackedExperts):
-        return moe_forward(x, ids, weights, experts)
-    return moe_experts_ref(x, ids, weights, experts)
+def moe_experts_fast(x, ids, weights, experts: PackedExperts, residual: torch.Tensor | None = None):
+    """ops.moe_experts' kernel for packed experts (registry: supports PackedExperts only)."""
+    y = moe_forward(x, ids, weights, experts)
+    return y if residual is None else residual + y
+
+
+def can_pack_on_gpu(experts: ExpertWeights) -> bool:
+    return can_pack(experts) and experts.gate.packed.is_cuda
 
 
 def prepare_experts_fast(experts: ExpertWeights) -> ExpertWeights:
-    if not can_pack(experts) or not experts.gate.packed.is_cuda:
-        return experts
-    from .build import KernelBuildError, library
+    """ops.prepare_experts' kernel (registry: supports can_pack_on_gpu); a library that does not build
+    raises KernelBuildError (the registry logs it and keeps the checkpoint layout)."""
+    from .build import library
 
-    try:
-        library()
-    except KernelBuildError:
-        return experts
+    library()
     return pack_experts(experts)
 
 

@@ -11,6 +11,15 @@ from .router import route_ref
 _DT = {torch.float32: 0, torch.bfloat16: 1}
 
 
+def route_supported(logits, bias, top_k, scale, n_group=1, topk_group=1, normalize=True) -> bool:
+    return n_group == 1 and logits.shape[-1] <= 512 and top_k <= 32
+
+
+def route_kernel(logits, bias, top_k, scale, n_group=1, topk_group=1, normalize=True):
+    """ops.route's kernel, in route_ref's signature (route_supported: one group only)."""
+    return route_fast(logits, bias, top_k, scale, normalize)
+
+
 def route_fast(logits, bias, top_k, scale, normalize=True):
     t, e = logits.shape
     if e > 512 or top_k > 32:
@@ -52,6 +61,14 @@ def _norm(x, residual, weight, eps):
 
 def _supported(x, weight):
     return x.dtype in _DT and weight.dtype in _DT and x.shape[-1] * 4 <= 48 * 1024 and weight.shape == x.shape[-1:]
+
+
+def norm_supported(x, weight, eps) -> bool:
+    return _supported(x, weight)
+
+
+def add_norm_supported(x, residual, weight, eps) -> bool:
+    return _supported(x, weight) and residual.dtype == x.dtype
 
 
 def rms_norm_fast(x, weight, eps):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import dispatch
+from .registry import define
 
 
 def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
@@ -32,5 +32,8 @@ def draft_attention_ref(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tenso
     return o.flatten(-3, -2)
 
 
+DRAFT_ATTENTION = define("draft_attention", draft_attention_ref)
+
+
 def draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
-    return dispatch("draft_attention", q, draft_attention_ref, q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)
+    return DRAFT_ATTENTION(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .norm import rms_norm_ref
-from .registry import dispatch
+from .registry import define
 from .rope import apply_rope_interleaved_ref
 
 
@@ -30,8 +30,11 @@ def latent_write_ref(kv: torch.Tensor, weight: torch.Tensor, eps: float, cos: to
     return ckv_buf, kpe_buf
 
 
+LATENT_WRITE = define("latent_write", latent_write_ref)
+
+
 def latent_write(kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where):
-    return dispatch("latent_write", kv, latent_write_ref, kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where)
+    return LATENT_WRITE(kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where)
 
 
 def move_rows_ref(ckv: torch.Tensor, kpe: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -41,7 +44,10 @@ def move_rows_ref(ckv: torch.Tensor, kpe: torch.Tensor, src: torch.Tensor, dst: 
     kpe.index_copy_(1, dst, kpe.index_select(1, src))
 
 
+MOVE_ROWS = define("move_rows", move_rows_ref)
+
+
 def move_rows(ckv: torch.Tensor, kpe: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """move_rows_ref for moves in which no row is read after it was written (src[j] != dst[k] for k < j),
     as a path's rows moved down to consecutive slots: the kernel moves them one after another."""
-    dispatch("move_rows", ckv, move_rows_ref, ckv, kpe, src, dst)
+    MOVE_ROWS(ckv, kpe, src, dst)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norm import rms_norm
-from .registry import dispatch
+from .registry import define
 
 
 def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -20,14 +20,18 @@ def matmul_nt_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> to
     return F.silu(matmul_nt_ref(x, wg)) * matmul_nt_ref(x, wu)
 
 
+MATMUL_NT = define("matmul_nt", matmul_nt_ref)
+MATMUL_NT_GLU = define("matmul_nt_glu", matmul_nt_glu_ref)
+
+
 def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return dispatch("matmul_nt", x, matmul_nt_ref, x, w)
+    return MATMUL_NT(x, w)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])
-    return dispatch("matmul_nt", x2, F.linear, x2, w).view(*x.shape[:-1], w.shape[0])
+    return MATMUL_NT.run(F.linear, x2, (x2, w)).view(*x.shape[:-1], w.shape[0])
 
 
 def linear_add_ref(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -36,10 +40,13 @@ def linear_add_ref(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> 
     return residual + linear(x, w)
 
 
+LINEAR_ADD = define("linear_add", linear_add_ref)
+
+
 def linear_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """linear_add_ref in one launch where a kernel serves it (the add in the product's store)."""
     x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, w.shape[0])
-    return dispatch("linear_add", x2, linear_add_ref, x2, w, r2).view(residual.shape)
+    return LINEAR_ADD(x2, w, r2).view(residual.shape)
 
 
 def rms_norm_linear_ref(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
@@ -47,13 +54,16 @@ def rms_norm_linear_ref(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: to
     return linear(rms_norm(x, norm_w, eps), w)
 
 
+RMS_NORM_LINEAR = define("rms_norm_linear", rms_norm_linear_ref)
+
+
 def rms_norm_linear(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
     """An RMSNorm and the one product that reads it: one launch where a kernel serves the shape."""
-    return dispatch("rms_norm_linear", x, rms_norm_linear_ref, x, norm_w, eps, w)
+    return RMS_NORM_LINEAR(x, norm_w, eps, w)
 
 
 def matmul_nt_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
-    return dispatch("matmul_nt_glu", x, matmul_nt_glu_ref, x, wg, wu)
+    return MATMUL_NT_GLU(x, wg, wu)
 
 
 def routed_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
@@ -68,9 +78,12 @@ def routed_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: tor
     return matmul_nt_glu(x, wg, wu).transpose(0, 1) * dense[:, 1:, None].to(x.dtype)
 
 
+ROUTED_GLU = define("routed_glu", routed_glu_ref)
+
+
 def routed_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, shared: int = 0) -> torch.Tensor:
-    return dispatch("routed_glu", x, routed_glu_ref, x, wg, wu, ids, weights, shared)
+    return ROUTED_GLU(x, wg, wu, ids, weights, shared)
 
 
 def linear_glu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import dispatch
+from .registry import define
 
 
 def _full_mask(prefix_len: int, tree_mask: torch.Tensor) -> torch.Tensor:
@@ -57,5 +57,8 @@ def mla_attention_naive_ref(q_nope, q_pe, ckv, kpe, w_uk, w_uv, prefix_len, tree
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
+MLA_ATTENTION = define("mla_attention", mla_attention_ref)
+
+
 def mla_attention(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale):
-    return dispatch("mla_attention", q_lat, mla_attention_ref, q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
+    return MLA_ATTENTION(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from .int4 import Int4Weight
 from .linear import linear, linear_add, routed_glu
-from .registry import fast
+from .registry import define
 
 
 @dataclass
@@ -71,15 +71,32 @@ def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     return (linear(h, down) if residual is None else linear_add(h, down, residual)).to(x.dtype)
 
 
+def _moe_reference(x, ids, weights, experts: ExpertWeights, residual: torch.Tensor | None = None) -> torch.Tensor:
+    y = moe_experts_ref(x, ids, weights, experts)
+    return y if residual is None else residual + y
+
+
+def _dense_experts(x, ids, weights, experts: ExpertWeights, residual: torch.Tensor | None = None) -> torch.Tensor:
+    return moe_experts_dense(x, ids, weights, experts, residual)
+
+
+MOE_EXPERTS = define("moe_experts", _moe_reference)
+# NOTE: dense experts on a GPU belong to small float32 models (engine.default_dtype): few experts, and a CUDA
+# graph cannot capture the grouped form's host sync. Builtin: it stays with the kernels off.
+MOE_EXPERTS.register(_dense_experts, supports=lambda x, ids, w, experts, residual: torch.is_tensor(experts.down),
+                     builtin=True)
+
+
 def moe_experts(x, ids, weights, experts: ExpertWeights, residual: torch.Tensor | None = None):
     """residual [T, H] or None: added to the output (inside the last product where one serves)."""
-    fn = fast("moe_experts", x)
-    if not fn and x.is_cuda and torch.is_tensor(experts.down):
-        # NOTE: dense experts on a GPU belong to small float32 models (engine.default_dtype): few experts,
-        # and a CUDA graph cannot capture the grouped form's host sync.
-        return moe_experts_dense(x, ids, weights, experts, residual)
-    y = fn(x, ids, weights, experts) if fn else moe_experts_ref(x, ids, weights, experts)
-    return y if residual is None else residual + y
+    return MOE_EXPERTS(x, ids, weights, experts, residual)
+
+
+def _prepare_reference(experts: ExpertWeights) -> ExpertWeights:
+    return experts
+
+
+PREPARE_EXPERTS = define("prepare_experts", _prepare_reference)
 
 
 def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
@@ -89,5 +106,4 @@ def prepare_experts(experts: ExpertWeights) -> ExpertWeights:
     if torch.is_tensor(experts.down):
         down = experts.down.permute(1, 0, 2).contiguous().permute(1, 0, 2)
         return ExpertWeights(experts.gate, experts.up, down, experts.shared)
-    fn = fast("prepare_experts", experts.down.scale)  # NOTE: the scales carry the model's dtype
-    return fn(experts) if fn else experts
+    return PREPARE_EXPERTS.on(experts.down.scale, experts)  # NOTE: the scales carry the model's dtype

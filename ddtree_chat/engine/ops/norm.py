@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import dispatch
+from .registry import define
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -14,8 +14,11 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return (y * weight.float()).to(x.dtype)
 
 
+RMS_NORM = define("rms_norm", rms_norm_ref)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return dispatch("rms_norm", x, rms_norm_ref, x, weight, eps)
+    return RMS_NORM(x, weight, eps)
 
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
@@ -23,6 +26,9 @@ def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
     return rms_norm_ref(s, weight, eps), s
 
 
+ADD_RMS_NORM = define("add_rms_norm", add_rms_norm_ref)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """(rms_norm(x + residual), x + residual): a residual add and the next norm in one pass."""
-    return dispatch("add_rms_norm", x, add_rms_norm_ref, x, residual, weight, eps)
+    return ADD_RMS_NORM(x, residual, weight, eps)

@@ -8,7 +8,7 @@ import torch
 
 from ..config import RopeScaling
 from .norm import rms_norm_ref
-from .registry import dispatch
+from .registry import define
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
@@ -112,9 +112,12 @@ def _rope_ref(x, cos, sin, heads, interleaved):
     return (apply_rope_interleaved_ref if interleaved else apply_rope_half_ref)(x, cos, sin, heads)
 
 
+ROPE = define("rope", _rope_ref)
+
+
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bool = False) -> torch.Tensor:
     """The target's q_pe / k_pe (the drafter's half layout goes through rms_norm_rope_half)."""
-    return dispatch("rope", x, _rope_ref, x, cos, sin, heads, True)
+    return ROPE(x, cos, sin, heads, True)
 
 
 def rms_norm_rope_half_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
@@ -123,6 +126,9 @@ def rms_norm_rope_half_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, co
     return apply_rope_half_ref(rms_norm_ref(x, weight, eps), cos, sin, heads=True)
 
 
+NORM_ROPE = define("norm_rope", rms_norm_rope_half_ref)
+
+
 def rms_norm_rope_half(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
     """The drafter's q / k: per-head RMSNorm, then the half-split rope (one launch on GPU)."""
-    return dispatch("norm_rope", x, rms_norm_rope_half_ref, x, weight, eps, cos, sin)
+    return NORM_ROPE(x, weight, eps, cos, sin)

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
-from .registry import dispatch, fast
+from .registry import define
+
+_F32: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}  # id(weight) -> (weight, its version, float32 copy)
+
+
+def float32_weight(w: torch.Tensor) -> torch.Tensor:
+    """w itself in float32; else its float32 copy, made once (the loader calls this at load) and made again
+    only if w changed in place. The gate's cast was a [E, H] copy per layer and call."""
+    if w.dtype == torch.float32:
+        return w
+    entry = _F32.get(id(w))
+    if entry is None or entry[0]() is not w or entry[1] != w._version:
+        with torch.no_grad():
+            entry = (weakref.ref(w, lambda _, key=id(w): _F32.pop(key, None)), w._version, w.detach().float())
+        _F32[id(w)] = entry
+    return entry[2]
 
 
 def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -13,8 +30,13 @@ def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), w.float())
 
 
+ROUTER_LOGITS = define("router_logits", router_logits_ref)
+
+
 def router_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return dispatch("router_logits", x, router_logits_ref, x, w)
+    if w.requires_grad and torch.is_grad_enabled():  # NOTE: training: the cast stays in autograd's graph
+        return router_logits_ref(x, w)
+    return ROUTER_LOGITS(x, float32_weight(w))
 
 
 def route_ref(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, n_group: int = 1,
@@ -35,8 +57,8 @@ def route_ref(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float
     return ids, w * scale
 
 
+ROUTE = define("route", route_ref)
+
+
 def route(logits, bias, top_k, scale, n_group=1, topk_group=1, normalize=True):
-    fn = fast("route", logits)
-    if fn and n_group == 1:
-        return fn(logits, bias, top_k, scale, normalize)
-    return route_ref(logits, bias, top_k, scale, n_group, topk_group, normalize)
+    return ROUTE(logits, bias, top_k, scale, n_group, topk_group, normalize)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import dispatch
+from .registry import define
 
 
 def topk_logprobs_ref(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -16,5 +16,8 @@ def topk_logprobs_ref(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     return torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1)
 
 
+TOPK_LOGPROBS = define("topk_logprobs", topk_logprobs_ref)
+
+
 def topk_logprobs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return dispatch("topk_logprobs", x, topk_logprobs_ref, x, k)
+    return TOPK_LOGPROBS(x, k)

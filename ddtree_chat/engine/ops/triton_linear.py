@@ -22,8 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .registry import prefers_library
-
 MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured up to 257 rows)
 MIN_M = 16  # below, cuBLAS's small-M kernels are as fast as tf32x3 dots (except against a wide N)
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
@@ -166,10 +164,10 @@ def _as3(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
 
 
 def _fits(x: torch.Tensor, w: torch.Tensor, max_k: int = MAX_K) -> bool:
-    """Shapes this kernel serves; none inside registry.prefer_library() (Python-launched forwards)."""
+    """Shapes this kernel serves (inside registry.prefer_library() ops/gpu.py keeps every call off it)."""
     k = x.shape[-1]
     return (w.dtype == x.dtype and w.shape[-1] == k and x.shape[-2] <= MAX_M and k <= max_k
-            and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]) and not prefers_library())
+            and not (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]))
 
 
 def _kernel_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -213,14 +211,24 @@ def matmul_nt_fast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out if out is not None else torch.matmul(x, w.transpose(-1, -2))  # also words shape errors as torch does
 
 
+def linear_add_layout(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> bool:
+    """The layouts linear_add_fast and linear_add_addmm serve (2-D, one dtype, unit-stride residual)."""
+    return x.dim() == 2 and w.dim() == 2 and residual.shape == (x.shape[0], w.shape[0]) \
+        and residual.dtype == x.dtype and residual.stride(-1) == 1 and w.dtype == x.dtype
+
+
+def linear_add_addmm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x @ w^T as cuBLAS's addmm (beta = 1): one launch instead of a product and an add."""
+    return torch.addmm(residual, x, w.t())
+
+
 def linear_add_fast(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
-    """The registered linear_add: residual + x @ w^T in one launch, the add in this kernel's store
-    (float32) or in cuBLAS's (addmm, beta = 1). None (the reference) for layouts it does not serve."""
-    if x.dim() != 2 or w.dim() != 2 or residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype \
-            or residual.stride(-1) != 1 or w.dtype != x.dtype:
+    """The registered linear_add (linear_add_layout's layouts): residual + x @ w^T in one launch, the add
+    in this kernel's store (float32) or in cuBLAS's (addmm). None for layouts it does not serve."""
+    if not linear_add_layout(x, w, residual):
         return None
     out = _kernel_product(x, w, residual) if x.dtype == torch.float32 else None
-    return out if out is not None else torch.addmm(residual, x, w.t())
+    return out if out is not None else linear_add_addmm(x, w, residual)
 
 
 def matmul_nt_glu_fast(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:

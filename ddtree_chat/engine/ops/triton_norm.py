@@ -48,6 +48,11 @@ def rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
     return y, res_out
 
 
+def wide(x: torch.Tensor, *_) -> bool:
+    """Rows this kernel takes ahead of the CUDA kernel (ops/gpu.py's supports for both norms)."""
+    return x.shape[-1] >= MIN_D
+
+
 def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float):
     """ops.rms_norm's kernel for rows >= MIN_D wide; None for narrower rows (the CUDA kernel behind it)."""
     out = rms_norm_triton(x, None, weight, eps) if x.shape[-1] >= MIN_D else None

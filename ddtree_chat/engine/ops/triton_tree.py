@@ -216,9 +216,14 @@ def walk_triton(tree, choice: torch.Tensor):
     return _walk(tree, choice)
 
 
+def commit_state_ok(tree, choice: torch.Tensor, state: torch.Tensor, drafting: bool) -> bool:
+    """The state walk_commit_triton advances: int64 [3], unit stride."""
+    return state.dtype == torch.long and state.numel() == 3 and state.stride(0) == 1
+
+
 def walk_commit_triton(tree, choice: torch.Tensor, state: torch.Tensor, drafting: bool):
     """tree.walk_commit_ref in one launch: (ok, bonus, path, slots), state advanced in place."""
-    if state.dtype != torch.long or state.numel() != 3 or state.stride(0) != 1:
+    if not commit_state_ok(tree, choice, state, drafting):
         return None
     return _walk(tree, choice, (state, drafting))
 
@@ -252,12 +257,19 @@ def _pack_kernel(TOK, PAR, DEP, LP, CH, OK, BONUS, OUT, n, BLOCK: tl.constexpr):
     tl.store(OUT + 6 * n, tl.load(BONUS).to(tl.float64))
 
 
+def pack_parts_ok(tree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> bool:
+    """The parts pack_round_triton packs: 1-D, N long, unit stride; bonus one element."""
+    n = tree.tokens.numel()
+    parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok)
+    return all(p.dim() == 1 and p.numel() == n and p.stride(0) == 1 for p in parts) and bonus.numel() == 1
+
+
 def pack_round_triton(tree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor):
     """ddtree.pack_round_ref's [6N + 1] float64 in one launch; None for parts it does not serve."""
+    if not pack_parts_ok(tree, choice, ok, bonus):
+        return None
     parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok)
     n = tree.tokens.numel()
-    if any(p.dim() != 1 or p.numel() != n or p.stride(0) != 1 for p in parts) or bonus.numel() != 1:
-        return None
     out = torch.empty(6 * n + 1, dtype=torch.float64, device=tree.tokens.device)
     _pack_kernel[(1,)](*parts[:5], ok.view(torch.uint8) if ok.dtype == torch.bool else ok, bonus, out, n,
                        BLOCK=_block(n))

@@ -1,6 +1,6 @@
 """Measure the TUI's cost on generation speed: the same replies with and without the app.
 
-    python -m ddtree_chat.ui.bench_overhead [--model DIR --draft DIR] [--tokens 256] [--reps 5]
+    python benchmarks/ui_overhead.py [--model DIR --draft DIR] [--tokens 256] [--reps 5]
 
 One engine is loaded once; bare `engine.generate` runs and runs through the (headless) chat
 app alternate, so both see the same machine state. Prints one table and a JSON line.
