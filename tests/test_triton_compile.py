@@ -164,30 +164,37 @@ def test_mla_tiles_that_fit_an_sm120_block():
 @pytest.mark.parametrize("arch", [90, 120])
 def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     """The row-invariant kernels at K2.6's shapes (MLA at 8 and 64 heads' chunks, its merge, the bf16
-    product at its one tile with split-K and row blocks first) compile for sm_90 and sm_120, each within
-    the 99 KB of shared memory an sm_120 block may hold."""
+    product at its table's tile with and without split-K and at every tile the exact sweep may put in the
+    table: 16-, 32- and 64-row blocks) compile for sm_90 and sm_120, each within the 99 KB of shared memory
+    an sm_120 block may hold."""
     import torch
+    from exact_tiles import candidates
 
     from ddtree_chat.engine.ops import triton_exact_linear as el
     from ddtree_chat.engine.ops import triton_linear, triton_mla_exact as ex
 
     monkeypatch.setattr(el, "sm_count", lambda dev: 188)  # the RTX PRO 6000 Blackwell's SMs
     mm_sig = {k: ("*bf16" if v == "*fp32" and k in ("X", "W", "W2", "O", "RES") else v) for k, v in MM_SIGNATURE.items()}
-    bn, bk, warps, stages, _ = el.tile(2112, 7168, 1, torch.bfloat16, None)
+    bm, bn, bk, warps, stages, _ = el.tile(2112, 7168, 1, torch.bfloat16, None)
     srcs = [(ASTSource(fn=ex._mla_exact_kernel, signature=EXACT_MLA_SIGNATURE,
                        constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "CHUNK": ex.chunk_keys(h),
                                    "BLOCK_M": ex.BLOCK_M, "BLOCK_N": ex.block_n(torch.bfloat16), "BLOCK_T": ex.BLOCK_T}),
              {"num_warps": 4, "num_stages": 2}) for h in (8, 64)]
     srcs.append((ASTSource(fn=ex._merge_kernel, signature=EXACT_MERGE_SIGNATURE,
                            constexprs={"CHUNK": 1024, "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}), {}))
-    for split in (1, 4):
+    tiles = [(bm, bn, bk, warps, stages, split) for split in (1, 4)]
+    # NOTE: sm_120 (the tighter shared memory) compiles every candidate, sm_90 the tall ones (wgmma): CI's time
+    tall = [t for t in map(tuple, candidates()) if t != el.FP32_TILE and (arch == 120 or t[0] > 16)]
+    tiles += dict.fromkeys((*t[:5], 2) for t in tall)  # split-K's path
+    for bm, bn, bk, warps, stages, split in tiles:
         srcs.append((ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
-                               constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": el.BLOCK_M, "BLOCK_N": bn,
+                               constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn,
                                            "BLOCK_K": bk, "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True,
                                            "M_INNER": True}), {"num_warps": warps, "num_stages": stages}))
     for src, opts in srcs:
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
-        assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, kernel.metadata.shared)
+        assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, src.constexprs,
+                                                                  kernel.metadata.shared)
 
 
 def test_ffma_tiles_never_become_tensor_core_dots():
