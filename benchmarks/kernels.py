@@ -224,8 +224,9 @@ def bench_exact(ceiling, quick=False):
     """--only exact: the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 /
     65 rows against cuBLAS in the same process, at every EXACT_TILES candidate (--quick: the table's tile
     only), then per shape the candidate to put in triton_exact_linear.TILES; and the row-invariant MLA against
-    the SM-count split plan."""
+    the SM-count split plan, with its sub-chunk fold forced off and on."""
     from ddtree_chat.engine.ops import triton_exact_linear as el
+    from ddtree_chat.engine.ops import triton_mla_exact
     from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
@@ -279,8 +280,17 @@ def bench_exact(ceiling, quick=False):
                 q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
                 nbytes, flops = mla_cost(ctx, t, nh)
                 old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
-                us = 1e3 * graph_ms(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
-                rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops))
+                fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
+                us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
+                for fold in ([] if quick else [False, True]):  # the fold rule's alternatives, same process
+                    triton_mla_exact.FOLD = fold
+                    try:
+                        by_fold["sub" if fold else "chunk"] = 1e3 * graph_ms(fn, cold=True)
+                    finally:
+                        triton_mla_exact.FOLD = None
+                rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops,
+                                extra={"us_by_fold": by_fold,
+                                       "layout": triton_mla_exact.layout(t, nh, ctx, ckv.device)}))
                 print(rows[-1], flush=True)
         del cache
     return rows

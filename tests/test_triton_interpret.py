@@ -319,13 +319,54 @@ for length, parents in json.loads(sys.argv[1]):
     q = torch.randn(t, nh, r + p, generator=g)
     q[deep] = qs[length + depth]
     args = (ckv[:, :r], ckv[:, r:], torch.tensor([length]), mask, 0.1)
+    ex.FOLD = False  # NOTE: the tree with one program per chunk, the AR step with one per sub-chunk
     out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=length + 40)
     want = mla_attention_ref(q[..., :r], q[..., r:], ckv[:, :r], ckv[:, r:], length, mask, 0.1)
     pos = length + depth  # the AR step at the deepest node's position
+    ex.FOLD = True
     ar = ex.mla_attention_exact(qs[pos:pos + 1, :, :r], qs[pos:pos + 1, :, r:], keys[:, :r], keys[:, r:], pos,
                                 torch.ones(1, 1, dtype=torch.bool), 0.1)
     if not (out - want).abs().max() <= 1e-4 or not torch.equal(ar[0], out[deep]):
         bad.append([length, parents])
+print(json.dumps(bad))
+"""
+
+
+EXACT_MLA_ROWS_SCRIPT = r"""
+import json, sys, torch
+from unittest import mock
+from ddtree_chat.engine.ops import triton_mla_exact as ex
+from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+# NOTE: 128-key chunks of four 32-key sub-chunks: every program runs a tile or two, quick in the interpreter
+mock.patch.object(ex, "chunk_keys", lambda heads: 128).start()
+mock.patch.object(ex, "SUB_KEYS", 32).start()
+r, p, length = 64, 16, 150  # one head: a chain of T nodes is a launch of T rows
+g = torch.Generator().manual_seed(2)
+keys, qs = torch.randn(length + 80, r + p, generator=g), torch.randn(length + 80, 1, r + p, generator=g)
+bad = []
+
+
+def attend(pos, t, fold):
+    # T chain nodes after a prefix of pos keys (node i at position pos + i), NaN in the unused slots
+    ex.FOLD = fold
+    ckv = torch.full((pos + t + 20, r + p), float("nan"))
+    ckv[:pos + t] = keys[:pos + t]
+    q, mask = qs[pos:pos + t], torch.ones(t, t).tril().bool()
+    args = (ckv[:, :r], ckv[:, r:], torch.tensor([pos]), mask, 0.1)
+    out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=length + 40)
+    want = mla_attention_ref(q[..., :r], q[..., r:], ckv[:, :r], ckv[:, r:], pos, mask, 0.1)
+    if not (out - want).abs().max() <= 1e-4:
+        bad.append(["reference", t, fold])
+    return out
+
+
+for t, fold, both in json.loads(sys.argv[1]):
+    out = attend(length, t, fold)
+    if both and not torch.equal(out, attend(length, t, not fold)):  # every row: either fold, the same bits
+        bad.append(["fold", t])
+    for i in range(0, t, 16):  # NOTE: rows at a block's first place (numpy's products depend on a row's place)
+        if not torch.equal(attend(length + i, 1, not fold)[0], out[i]):  # the AR step, the other fold
+            bad.append(["row", t, i])
 print(json.dumps(bad))
 """
 
@@ -454,7 +495,18 @@ def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [(1019, [-1] + list(range(8)) + [0, 3, 5]), (512, [-1, 0, 1, 0]),
              (0, [-1, 0, 0, 1, 2]), (30, [-1] + list(range(19)))]
-    assert interpret(EXACT_MLA_SCRIPT, cases) == []
+    assert interpret_apart(EXACT_MLA_SCRIPT, [cases[::2], cases[1::2]]) == []
+
+
+def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter():
+    """The sub-chunk fold (triton_mla_exact.layout): an 8-row launch gives every row the same bits with one
+    program per sub-chunk as with one per chunk; rows of 8-, 17- and 65-row chain launches (either fold)
+    equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries; all equal the
+    reference."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    assert interpret_apart(EXACT_MLA_ROWS_SCRIPT, [[[65, False, False]], [[8, True, True], [17, True, False]]]) \
+        == []
 
 
 def test_exact_products_are_row_invariant_in_the_interpreter():
