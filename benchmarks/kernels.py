@@ -224,13 +224,13 @@ def bench_exact(ceiling, quick=False):
     """--only exact: the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 /
     65 rows against cuBLAS in the same process, at every EXACT_TILES candidate (--quick: the table's tile
     only), then per shape the candidate to put in triton_exact_linear.TILES; and the row-invariant MLA against
-    the SM-count split plan, with its sub-chunk fold forced off and on."""
+    the SM-count split plan, with its sub-chunk fold forced off and on at 4 and 8 warps."""
     from ddtree_chat.engine.ops import triton_exact_linear as el
     from ddtree_chat.engine.ops import triton_mla_exact
     from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
-    rows, winners = [], {}
+    rows, winners, default_warps = [], {}, triton_mla_exact.WARPS
     for name, n, k in EXACT_PRODUCTS:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
@@ -282,12 +282,12 @@ def bench_exact(ceiling, quick=False):
                 old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
                 fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
-                for fold in ([] if quick else [False, True]):  # the fold rule's alternatives, same process
-                    triton_mla_exact.FOLD = fold
+                for fold, warps in [] if quick else [(f, w) for f in (False, True) for w in (4, 8)]:
+                    triton_mla_exact.FOLD, triton_mla_exact.WARPS = fold, warps  # the alternatives, same process
                     try:
-                        by_fold["sub" if fold else "chunk"] = 1e3 * graph_ms(fn, cold=True)
+                        by_fold[f"{'sub' if fold else 'chunk'} w{warps}"] = 1e3 * graph_ms(fn, cold=True)
                     finally:
-                        triton_mla_exact.FOLD = None
+                        triton_mla_exact.FOLD, triton_mla_exact.WARPS = None, default_warps
                 rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops,
                                 extra={"us_by_fold": by_fold,
                                        "layout": triton_mla_exact.layout(t, nh, ctx, ckv.device)}))

@@ -29,6 +29,7 @@ BLOCK_T = 64  # mask entries scanned per step when a tail program looks up its a
 MERGE_S = 16  # chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too
 SUB_KEYS = 128  # keys per sub-chunk (fixed by position): the unit a few-row launch gives one program each
 FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layout(), or forced (benchmarks, tests)
+WARPS = 4  # fixed per build (kernels.py --only exact times 8 too: fewer spills, one block per SM)
 
 
 def chunk_keys(heads: int) -> int:
@@ -102,7 +103,8 @@ def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F
     f1 = tl.zeros([BLOCK_M, RC], tl.float32)
     f2 = tl.zeros([BLOCK_M, RC], tl.float32)
     f3 = tl.zeros([BLOCK_M, RC], tl.float32)
-    for sub in range((q % F) * per, (q % F) * per + per):
+    # NOTE: sub-chunks past hi are empty, and folding an empty state changes nothing: skipped
+    for sub in range((q % F) * per, tl.minimum((q % F) * per + per, tl.cdiv(hi - lo, SUB))):
         s_lo = lo + sub * SUB
         s_hi = tl.minimum(s_lo + SUB, hi)
         m_i = tl.full([BLOCK_M], -1e30, tl.float32)
@@ -257,7 +259,8 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
                             qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
-                            BLOCK_M=BLOCK_M, BLOCK_N=block_n(ql.dtype), BLOCK_T=BLOCK_T, num_warps=4, num_stages=2)
+                            BLOCK_M=BLOCK_M, BLOCK_N=block_n(ql.dtype), BLOCK_T=BLOCK_T, num_warps=WARPS,
+                            num_stages=2)
     block_r = min(r, 128)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, f, slots * m, CHUNK=chunk, R=r,
                                      BLOCK_S=MERGE_S, BLOCK_R=block_r)
