@@ -8,11 +8,12 @@ SUB_KEYS-key sub-chunks and BLOCK_N-key tiles, all aligned to positions; each su
 from scratch, a chunk is its sub-chunks folded in position order (one helper, explicit FMAs), and the chunk
 partials are merged in chunk order with a fixed lane layout. Who folds varies, the fold does not: with many
 rows a program runs a whole chunk and folds in registers; with few (layout()) each sub-chunk gets a program
-and the merge folds the stored sub-chunk states, the same operations in the same order. None of it depends
-on T, on the other rows of the launch, on the context bound the launch was planned for, or on the SM count.
-Two kinds of programs, one instruction stream:
-  shared (grid axis 1 < NCS): chunk c entirely inside the committed prefix, for BLOCK_M rows of any nodes;
-  tail (axis 1 >= NCS): chunk base + i of one node (its heads), positions >= L read from the node's
+and the merge folds the stored sub-chunk states, the same operations in the same order. No arithmetic
+depends on T, on the other rows of the launch, on the context bound the launch was planned for, or on the SM
+count (only the launch's shape does). Two kinds of programs (chunk slot = grid axis 1 // F), one instruction
+stream:
+  shared (slot < NCS): chunk c entirely inside the committed prefix, for BLOCK_M rows of any nodes;
+  tail (slot >= NCS): chunk base + i of one node (its heads), positions >= L read from the node's
     ancestor of that depth (the tree key of rank j in its mask row sits at position L + j).
 An AR step is the T = 1 case: its tail chunk holds the prefix's last partial chunk and its own key."""
 
