@@ -220,18 +220,19 @@ def exact_winners(times: dict, lib: dict) -> dict:
             "fastest_by_m": {m: min(ok, key=lambda t: ok[t][m]) for m in lib}}
 
 
-def bench_exact(ceiling, quick=False):
-    """--only exact: the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 /
-    65 rows against cuBLAS in the same process, at every EXACT_TILES candidate (--quick: the table's tile
-    only), then per shape the candidate to put in triton_exact_linear.TILES; and the row-invariant MLA against
-    the SM-count split plan, with its sub-chunk fold forced off and on at 4 and 8 warps."""
+def bench_exact(ceiling, quick=False, products=True, mla=True):
+    """--only exact (or exact_products, exact_mla: its halves): the row-invariant products
+    (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 / 65 rows against cuBLAS in the same process,
+    at every EXACT_TILES candidate (--quick: the table's tile only), then per shape the candidate to put in
+    triton_exact_linear.TILES; and the row-invariant MLA against the SM-count split plan, with its sub-chunk
+    fold forced off and on at 4 and 8 warps."""
     from ddtree_chat.engine.ops import triton_exact_linear as el
     from ddtree_chat.engine.ops import triton_mla_exact
     from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     rows, winners, default_warps = [], {}, triton_mla_exact.WARPS
-    for name, n, k in EXACT_PRODUCTS:
+    for name, n, k in EXACT_PRODUCTS if products else []:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
         lib = {m: 1e3 * graph_ms(lambda: torch.nn.functional.linear(xs[m], w), cold=True) for m in EXACT_ROWS}
@@ -273,7 +274,7 @@ def bench_exact(ceiling, quick=False):
                       + "/".join(f"{win['x_cublas'][m]:.2f}" for m in EXACT_ROWS))
         rows.append({"kernel": "exact_linear_winners", "shape": "all", "us": float("nan"), "GBps": float("nan"),
                      "frac_ceiling": float("nan"), "winners": {f"{n}x{k}": v for (n, k), v in winners.items()}})
-    for ctx in (8192, 32768, 131072):
+    for ctx in (8192, 32768, 131072) if mla else ():
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (64, 8):
             for t in (1, 17, 65):
@@ -575,6 +576,8 @@ def main():
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
                      ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)),
                      ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling, a.quick)),
+                     ("exact_products", lambda: bench_exact(ceiling, a.quick, mla=False)),
+                     ("exact_mla", lambda: bench_exact(ceiling, a.quick, products=False)),
                      ("ncu", profile_once)):
         if name in only:
             try:
