@@ -195,51 +195,103 @@ def bench_mla(ceiling, quick):
 EXACT_PRODUCTS = [("qkv_a", 2112, 7168), ("q_b", 12288, 1536), ("o_proj", 7168, 8192), ("shared_gate", 2048, 7168),
                   ("shared_down", 7168, 2048), ("dense_up", 18432, 7168), ("dense_down", 7168, 18432),
                   ("lm_head", 163840, 7168)]
-EXACT_TILES = [(64, 64, 4, 4, 1.0), (64, 128, 4, 3, 1.0), (128, 64, 4, 4, 1.0), (64, 64, 4, 4, 2.0),
-               (64, 64, 4, 4, 0.5)]
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split multiplier): triton_exact_linear.TILES's candidates; the first is
+# its DEFAULT_TILE. 32- and 64-row blocks let Hopper use wgmma; all fit an sm_120 block (test_triton_compile.py).
+EXACT_TILES = [(16, 64, 64, 4, 4, 1.0), (16, 64, 128, 4, 3, 1.0), (16, 128, 64, 4, 4, 1.0), (16, 64, 64, 4, 4, 2.0),
+               (16, 64, 64, 4, 4, 0.5), (32, 64, 64, 4, 4, 1.0), (32, 128, 64, 4, 3, 1.0), (64, 64, 64, 4, 4, 1.0),
+               (64, 64, 64, 4, 4, 2.0), (64, 128, 64, 4, 3, 1.0), (64, 128, 64, 8, 3, 1.0), (64, 64, 128, 4, 3, 1.0),
+               (64, 256, 64, 8, 2, 1.0)]
+EXACT_ROWS = (1, 17, 65)
 
 
-def bench_exact(ceiling, quick=False):
-    """--only exact: the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 /
-    65 rows against cuBLAS in the same process, at the default tile and alternatives (BLOCK_N, BLOCK_K,
-    warps, stages, split multiplier); and the row-invariant MLA against the SM-count split plan."""
+def exact_tile_name(t) -> str:
+    return f"{t[0]}x{t[1]}x{t[2]} w{t[3]} s{t[4]} split*{t[5]}"
+
+
+def exact_winners(times: dict, lib: dict) -> dict:
+    """times {tile: {M: us}} (a str value: the tile failed), lib {M: cuBLAS us} -> the tile whose slowest ratio
+    to cuBLAS over the row counts is least (one tile must serve every M), its ratios, and each M's fastest."""
+    ok = {t: by_m for t, by_m in times.items() if all(isinstance(by_m.get(m), float) for m in lib)}
+    if not ok:
+        return {}
+    worst = {t: max(by_m[m] / lib[m] for m in lib) for t, by_m in ok.items()}
+    best = min(worst, key=worst.get)
+    return {"tile": best, "worst_x_cublas": worst[best], "x_cublas": {m: ok[best][m] / lib[m] for m in lib},
+            "fastest_by_m": {m: min(ok, key=lambda t: ok[t][m]) for m in lib}}
+
+
+def bench_exact(ceiling, quick=False, products=True, mla=True):
+    """--only exact (or exact_products, exact_mla: its halves): the row-invariant products
+    (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 / 65 rows against cuBLAS in the same process,
+    at every EXACT_TILES candidate (--quick: the table's tile only), then per shape the candidate to put in
+    triton_exact_linear.TILES; and the row-invariant MLA against the SM-count split plan, with its sub-chunk
+    fold forced off and on at 4 and 8 warps."""
     from ddtree_chat.engine.ops import triton_exact_linear as el
+    from ddtree_chat.engine.ops import triton_mla_exact
     from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
-    rows, default = [], el.tile
-    for name, n, k in EXACT_PRODUCTS:
+    rows, winners, default_warps = [], {}, triton_mla_exact.WARPS
+    for name, n, k in EXACT_PRODUCTS if products else []:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
-        for m in (1, 17, 65):
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            lib_us = 1e3 * graph_ms(lambda: torch.nn.functional.linear(x, w), cold=True)
-            by_tile = {}
-            for bn, bk, warps, stages, mult in EXACT_TILES[:0] if quick else EXACT_TILES:
-                def tile(n_, k_, b_, dt, dev, bn=bn, bk=bk, warps=warps, stages=stages, mult=mult):
-                    split = default(n_, k_, b_, dt, dev)[-1]
-                    return bn, bk, warps, stages, max(1, min(int(split * mult), k_ // (bk * 2)))
-                el.tile = tile
-                try:
-                    by_tile[f"{bn}x{bk} w{warps} s{stages} split*{mult}"] = 1e3 * graph_ms(
-                        lambda: el.matmul_nt_exact(x, w), cold=True)
-                except Exception as e:  # a tile that does not fit
-                    by_tile[f"{bn}x{bk} w{warps} s{stages} split*{mult}"] = repr(e)[:60]
-                finally:
-                    el.tile = default
-            us = 1e3 * graph_ms(lambda: el.matmul_nt_exact(x, w), cold=True)
-            rows.append(row("exact_linear", f"{name} M={m}", us, n * k * 2, ceiling, lib_us,
-                            extra={"tile": default(n, k, 1, torch.bfloat16, x.device), "us_by_tile": by_tile}))
+        xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
+        lib = {m: 1e3 * graph_ms(lambda: torch.nn.functional.linear(xs[m], w), cold=True) for m in EXACT_ROWS}
+        table = el.TILES.get((n, k), el.DEFAULT_TILE)
+        times = {}
+        for cand in [] if quick else EXACT_TILES:
+            el.TILES[(n, k)] = cand
+            by_m = times[exact_tile_name(cand)] = {}
+            try:
+                for m in EXACT_ROWS:
+                    by_m[m] = 1e3 * graph_ms(lambda: el.matmul_nt_exact(xs[m], w), cold=True)
+            except Exception as e:  # a tile that does not fit
+                by_m["error"] = repr(e)[:60]
+            finally:
+                el.TILES.pop((n, k))
+                el.TILES.update({(n, k): table} if table is not el.DEFAULT_TILE else {})
+        for m in EXACT_ROWS:
+            us = 1e3 * graph_ms(lambda: el.matmul_nt_exact(xs[m], w), cold=True)
+            rows.append(row("exact_linear", f"{name} M={m}", us, n * k * 2, ceiling, lib[m],
+                            extra={"tile": el.tile(n, k, 1, torch.bfloat16, w.device),
+                                   "us_by_tile": {t: by_m.get(m, by_m.get("error")) for t, by_m in times.items()}}))
             print(rows[-1], flush=True)
-        del w
-    for ctx in (8192, 32768, 131072):
+        winners[(n, k)] = exact_winners(times, lib)
+        if winners[(n, k)]:
+            win = winners[(n, k)]
+            print(f"{name} ({n}, {k}): best {win['tile']}, x cuBLAS at M=1/17/65 "
+                  + "/".join(f"{win['x_cublas'][m]:.2f}" for m in EXACT_ROWS)
+                  + f"; the table's {exact_tile_name(table)}: "
+                  + "/".join(f"{times[exact_tile_name(table)][m] / lib[m]:.2f}" for m in EXACT_ROWS
+                             if isinstance(times.get(exact_tile_name(table), {}).get(m), float)), flush=True)
+        del w, xs
+    if any(winners.values()):
+        print("triton_exact_linear.TILES from this run (the least worst ratio to cuBLAS over M = 1/17/65):")
+        by_name = {exact_tile_name(t): t for t in EXACT_TILES}
+        for (n, k), win in winners.items():  # DEFAULT_TILE's winners stay out of the table (commented)
+            if win:
+                print(f"    {'# ' if by_name[win['tile']] == el.DEFAULT_TILE else ''}({n}, {k}): "
+                      f"{by_name[win['tile']]},  # x cuBLAS "
+                      + "/".join(f"{win['x_cublas'][m]:.2f}" for m in EXACT_ROWS))
+        rows.append({"kernel": "exact_linear_winners", "shape": "all", "us": float("nan"), "GBps": float("nan"),
+                     "frac_ceiling": float("nan"), "winners": {f"{n}x{k}": v for (n, k), v in winners.items()}})
+    for ctx in (8192, 32768, 131072) if mla else ():
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (64, 8):
             for t in (1, 17, 65):
                 q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
                 nbytes, flops = mla_cost(ctx, t, nh)
                 old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
-                us = 1e3 * graph_ms(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
-                rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops))
+                fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
+                us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
+                for fold, warps in [] if quick else [(f, w) for f in (False, True) for w in (4, 8)]:
+                    triton_mla_exact.FOLD, triton_mla_exact.WARPS = fold, warps  # the alternatives, same process
+                    try:
+                        by_fold[f"{'sub' if fold else 'chunk'} w{warps}"] = 1e3 * graph_ms(fn, cold=True)
+                    finally:
+                        triton_mla_exact.FOLD, triton_mla_exact.WARPS = None, default_warps
+                rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops,
+                                extra={"us_by_fold": by_fold,
+                                       "layout": triton_mla_exact.layout(t, nh, ctx, ckv.device)}))
                 print(rows[-1], flush=True)
         del cache
     return rows
@@ -524,6 +576,8 @@ def main():
                      ("mla", lambda: bench_mla(ceiling, a.quick)), ("linear", lambda: bench_linear(ceiling)),
                      ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)),
                      ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling, a.quick)),
+                     ("exact_products", lambda: bench_exact(ceiling, a.quick, mla=False)),
+                     ("exact_mla", lambda: bench_exact(ceiling, a.quick, products=False)),
                      ("ncu", profile_once)):
         if name in only:
             try:

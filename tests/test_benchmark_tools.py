@@ -159,3 +159,20 @@ def test_draft_tau_compares_the_engine_with_the_training_measure_on_cpu(tmp_path
     assert 1 <= trees[1] <= 2 and trees[1] <= trees[7] <= trees[32] <= 8
     assert len(res["calibration"]) == 7 and all(0 <= c["top1_hit"] <= 1 for c in res["calibration"])
     assert "0-8" in res["tau_along_reply"] and all(1 <= t <= 8 for t in res["tau_along_reply"].values())
+
+
+def test_exact_sweep_picks_the_tile_with_the_least_worst_ratio_to_cublas():
+    """kernels.py --only exact: one tile serves every row count, so the pick is the least slowest ratio to
+    cuBLAS over M; a tile that failed at some M is never picked."""
+    import kernels
+
+    lib = {1: 10.0, 17: 20.0, 65: 40.0}
+    times = {"fast at one row": {1: 8.0, 17: 30.0, 65: 80.0}, "even": {1: 11.0, 17: 22.0, 65: 44.0},
+             "failed": {1: 1.0, "error": "OutOfResources"}}
+    win = kernels.exact_winners(times, lib)
+    assert win["tile"] == "even" and win["worst_x_cublas"] == 1.1
+    assert win["fastest_by_m"] == {1: "fast at one row", 17: "even", 65: "even"}
+    assert kernels.exact_winners({"failed": times["failed"]}, lib) == {}
+    from ddtree_chat.engine.ops import triton_exact_linear as el
+
+    assert kernels.EXACT_TILES[0] == el.DEFAULT_TILE

@@ -66,6 +66,22 @@ def test_dense_products_are_row_invariant(n, k):
     assert rel(ops.linear(x, w), x.double() @ w.double().T) < 1e-2
 
 
+@pytest.mark.parametrize("n,k", [(1536 + 576, H), (H, 2048)])
+def test_every_candidate_product_tile_is_row_invariant(n, k, monkeypatch):
+    """Every tile the exact sweep may put in triton_exact_linear.TILES (16-, 32-, 64-row blocks: wgmma on
+    Hopper), at a split-K shape and a wide one: a table switch after the sweep keeps the property."""
+    from exact_tiles import candidates
+
+    from ddtree_chat.engine.ops import triton_exact_linear as el
+
+    w = weight(n, k, n + k)
+    for tile in candidates():
+        monkeypatch.setitem(el.TILES, (n, k), tuple(tile))
+        assert_row_invariant(lambda x: el.matmul_nt_exact(x, w), k)
+        x = torch.randn(65, k, device="cuda").to(BF16)
+        assert rel(el.matmul_nt_exact(x, w), x.double() @ w.double().T) < 1e-2, tile
+
+
 def test_residual_glu_and_router_products_are_row_invariant():
     wg, wu, wd = weight(2048, H, 1), weight(2048, H, 2), weight(H, 2048, 3)
     res = torch.randn(300, H, device="cuda").to(BF16)
@@ -168,6 +184,28 @@ def test_mla_attention_rows_match_the_ar_step(heads, t):
         one = torch.ones(1, 1, dtype=torch.bool, device=dev)
         ar = ops.mla_attention(qa[..., :512], qa[..., 512:], ar_cache[:, :512], ar_cache[:, 512:], p, one, SCALE)
         assert torch.equal(ar[0], out[deep]), f"prefix {length}, depth {depth}"
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_mla_sub_chunk_fold_gives_every_row_the_same_bits(heads, monkeypatch):
+    """One program per chunk or one per sub-chunk (triton_mla_exact.FOLD forced both ways): every row of
+    1-, 17- and 65-node chains (a tree's worth of rows) the same bits, contexts around chunk boundaries."""
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+
+    dev = torch.device("cuda")
+    chunk = ex.chunk_keys(heads)
+    g = torch.Generator().manual_seed(heads)
+    for t in (1, 17, 65):
+        for length in (5, chunk - 3, 2 * chunk + 130):
+            ckv = torch.randn(length + t + 8, 576, generator=g).to(dev, BF16)
+            q = (torch.randn(t, heads, 576, generator=g) * 0.5).to(dev, BF16)
+            mask = torch.ones(t, t, device=dev).tril().bool()
+            outs = []
+            for fold in (False, True):
+                monkeypatch.setattr(ex, "FOLD", fold)
+                outs.append(ex.mla_attention_exact(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:],
+                                                   torch.tensor([length], device=dev), mask, SCALE))
+            assert torch.equal(outs[0], outs[1]), f"{t} nodes at prefix {length}"
 
 
 def test_mla_attention_replays_in_a_cuda_graph():

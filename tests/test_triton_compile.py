@@ -51,12 +51,13 @@ MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf1
 
 EXACT_MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf16", "PLEN": "*i64",
                             "MASK": "*u8", "OP": "*fp32", "LP": "*fp32"},
-                           **dict.fromkeys(["M", "T", "NH", "NCS", "HB"], "i32"), scale_log2="fp32",
+                           **dict.fromkeys(["M", "T", "NH", "NCS", "HB", "F", "s_lp"], "i32"), scale_log2="fp32",
                            **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
-                           **dict.fromkeys(["R", "P", "RC", "PREC", "CHUNK", "BLOCK_M", "BLOCK_N", "BLOCK_T"],
+                           **dict.fromkeys(["R", "P", "RC", "PREC", "CHUNK", "SUB", "BLOCK_M", "BLOCK_N", "BLOCK_T"],
                                            "constexpr"))
-EXACT_MERGE_SIGNATURE = dict({"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "PLEN": "*i64", "M": "i32", "NCS": "i32",
-                              "NTL": "i32"}, **dict.fromkeys(["CHUNK", "R", "BLOCK_S", "BLOCK_R"], "constexpr"))
+EXACT_MERGE_SIGNATURE = dict({"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "PLEN": "*i64"},
+                             **dict.fromkeys(["M", "NCS", "NTL", "F", "s_lp"], "i32"),
+                             **dict.fromkeys(["CHUNK", "R", "BLOCK_S", "BLOCK_R"], "constexpr"))
 
 DRAFT_ATTN_SIGNATURE = dict({"Q": "*fp32", "KC": "*fp32", "VC": "*fp32", "KB": "*fp32", "VB": "*fp32", "MASK": "*u8",
                              "HELD": "*i64", "OP": "*fp32", "LP": "*fp32", "N": "i32", "B": "i32", "n_splits": "i32",
@@ -163,31 +164,39 @@ def test_mla_tiles_that_fit_an_sm120_block():
 
 @pytest.mark.parametrize("arch", [90, 120])
 def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
-    """The row-invariant kernels at K2.6's shapes (MLA at 8 and 64 heads' chunks, its merge, the bf16
-    product at its one tile with split-K and row blocks first) compile for sm_90 and sm_120, each within
-    the 99 KB of shared memory an sm_120 block may hold."""
+    """The row-invariant kernels at K2.6's shapes (MLA at 8 and 64 heads' chunks with their sub-chunks, its
+    merge, the bf16 product at its table's tile with and without split-K and at every tile the exact sweep
+    may put in the table: 16-, 32- and 64-row blocks) compile for sm_90 and sm_120, each within the 99 KB of
+    shared memory an sm_120 block may hold."""
     import torch
+    from exact_tiles import candidates
 
     from ddtree_chat.engine.ops import triton_exact_linear as el
     from ddtree_chat.engine.ops import triton_linear, triton_mla_exact as ex
 
     monkeypatch.setattr(el, "sm_count", lambda dev: 188)  # the RTX PRO 6000 Blackwell's SMs
     mm_sig = {k: ("*bf16" if v == "*fp32" and k in ("X", "W", "W2", "O", "RES") else v) for k, v in MM_SIGNATURE.items()}
-    bn, bk, warps, stages, _ = el.tile(2112, 7168, 1, torch.bfloat16, None)
+    bm, bn, bk, warps, stages, _ = el.tile(2112, 7168, 1, torch.bfloat16, None)
     srcs = [(ASTSource(fn=ex._mla_exact_kernel, signature=EXACT_MLA_SIGNATURE,
                        constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "CHUNK": ex.chunk_keys(h),
-                                   "BLOCK_M": ex.BLOCK_M, "BLOCK_N": ex.block_n(torch.bfloat16), "BLOCK_T": ex.BLOCK_T}),
-             {"num_warps": 4, "num_stages": 2}) for h in (8, 64)]
+                                   "SUB": ex.SUB_KEYS, "BLOCK_M": ex.BLOCK_M, "BLOCK_N": ex.block_n(torch.bfloat16),
+                                   "BLOCK_T": ex.BLOCK_T}),
+             {"num_warps": ex.WARPS, "num_stages": 2}) for h in (8, 64)]
     srcs.append((ASTSource(fn=ex._merge_kernel, signature=EXACT_MERGE_SIGNATURE,
                            constexprs={"CHUNK": 1024, "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}), {}))
-    for split in (1, 4):
+    tiles = [(bm, bn, bk, warps, stages, split) for split in (1, 4)]
+    # NOTE: sm_120 (the tighter shared memory) compiles every candidate's shape, sm_90 the 64-row ones (wgmma)
+    some = [t for t in map(tuple, candidates()) if t != el.FP32_TILE and (arch == 120 or t[0] == 64)]
+    tiles += {(t[0], t[1], t[2], t[4]): (*t[:5], 2) for t in some}.values()  # split-K's path; warps aside
+    for bm, bn, bk, warps, stages, split in tiles:
         srcs.append((ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
-                               constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": el.BLOCK_M, "BLOCK_N": bn,
+                               constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn,
                                            "BLOCK_K": bk, "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True,
                                            "M_INNER": True}), {"num_warps": warps, "num_stages": stages}))
-    for src, opts in srcs:
+    for src, opts in srcs:  # NOTE: one at a time: Python 3.11's ast.parse is not safe across threads
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
-        assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, kernel.metadata.shared)
+        assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, src.constexprs,
+                                                                  kernel.metadata.shared)
 
 
 def test_ffma_tiles_never_become_tensor_core_dots():

@@ -319,13 +319,54 @@ for length, parents in json.loads(sys.argv[1]):
     q = torch.randn(t, nh, r + p, generator=g)
     q[deep] = qs[length + depth]
     args = (ckv[:, :r], ckv[:, r:], torch.tensor([length]), mask, 0.1)
+    ex.FOLD = False  # NOTE: the tree with one program per chunk, the AR step with one per sub-chunk
     out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=length + 40)
     want = mla_attention_ref(q[..., :r], q[..., r:], ckv[:, :r], ckv[:, r:], length, mask, 0.1)
     pos = length + depth  # the AR step at the deepest node's position
+    ex.FOLD = True
     ar = ex.mla_attention_exact(qs[pos:pos + 1, :, :r], qs[pos:pos + 1, :, r:], keys[:, :r], keys[:, r:], pos,
                                 torch.ones(1, 1, dtype=torch.bool), 0.1)
     if not (out - want).abs().max() <= 1e-4 or not torch.equal(ar[0], out[deep]):
         bad.append([length, parents])
+print(json.dumps(bad))
+"""
+
+
+EXACT_MLA_ROWS_SCRIPT = r"""
+import json, sys, torch
+from unittest import mock
+from ddtree_chat.engine.ops import triton_mla_exact as ex
+from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+# NOTE: 128-key chunks of four 32-key sub-chunks: every program runs a tile or two, quick in the interpreter
+mock.patch.object(ex, "chunk_keys", lambda heads: 128).start()
+mock.patch.object(ex, "SUB_KEYS", 32).start()
+r, p, length = 64, 16, 150  # one head: a chain of T nodes is a launch of T rows
+g = torch.Generator().manual_seed(2)
+keys, qs = torch.randn(length + 80, r + p, generator=g), torch.randn(length + 80, 1, r + p, generator=g)
+bad = []
+
+
+def attend(pos, t, fold):
+    # T chain nodes after a prefix of pos keys (node i at position pos + i), NaN in the unused slots
+    ex.FOLD = fold
+    ckv = torch.full((pos + t + 20, r + p), float("nan"))
+    ckv[:pos + t] = keys[:pos + t]
+    q, mask = qs[pos:pos + t], torch.ones(t, t).tril().bool()
+    args = (ckv[:, :r], ckv[:, r:], torch.tensor([pos]), mask, 0.1)
+    out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=length + 40)
+    want = mla_attention_ref(q[..., :r], q[..., r:], ckv[:, :r], ckv[:, r:], pos, mask, 0.1)
+    if not (out - want).abs().max() <= 1e-4:
+        bad.append(["reference", t, fold])
+    return out
+
+
+for t, fold, both in json.loads(sys.argv[1]):
+    out = attend(length, t, fold)
+    if both and not torch.equal(out, attend(length, t, not fold)):  # every row: either fold, the same bits
+        bad.append(["fold", t])
+    for i in range(0, t, 16):  # NOTE: rows at a block's first place (numpy's products depend on a row's place)
+        if not torch.equal(attend(length + i, 1, not fold)[0], out[i]):  # the AR step, the other fold
+            bad.append(["row", t, i])
 print(json.dumps(bad))
 """
 
@@ -335,25 +376,42 @@ import json, sys, torch
 from unittest import mock
 from ddtree_chat.engine.ops import triton_exact_linear as el
 mock.patch.object(el, "sm_count", lambda dev: 4).start()  # NOTE: no GPU: a small SM count, several splits
+tiles, cases = json.loads(sys.argv[1])
 g = torch.Generator().manual_seed(0)
-bad = []
-for n, k, batch in json.loads(sys.argv[1]):
-    w = torch.randn(*((batch,) if batch > 1 else ()), n, k, generator=g)
-    r = torch.randn(1, k, generator=g)
-    one = el.matmul_nt_exact(r if batch == 1 else r.expand(batch, 1, k), w)
-    for m in (16, 17, 48):
-        x = torch.randn(m, k, generator=g)
-        at = 16 * (m // 32)  # NOTE: a row's place inside its 16-row block fixed (numpy's products depend on it)
-        x[at] = r[0]
-        xx = x if batch == 1 else x.expand(batch, m, k)
-        got = el.matmul_nt_exact(xx, w)
-        row, want = (got[at], one[0]) if batch == 1 else (got[:, at], one[:, 0])
-        if not (got - xx @ w.transpose(-1, -2)).abs().max() <= 1e-3 or not torch.equal(row, want):
-            bad.append([n, k, batch, m])
-    if batch == 1:
-        res, x = torch.randn(17, n, generator=g), torch.randn(17, k, generator=g)
-        if not (el.matmul_nt_exact(x, w, res) - (res + x @ w.T)).abs().max() <= 1e-3:
-            bad.append([n, k, "residual"])
+bad, heights, seen = [], set(), set()
+for tile in tiles:
+    # NOTE: the interpreter's bf16 dots are not numpy's float32 ones: each candidate runs as the float32 tile
+    el.FP32_TILE, bm = tuple(tile), tile[0]
+    for n, k, batch in cases if bm not in heights else cases[:1]:  # batched: once per block height
+        eff = el.tile(n, k, batch, torch.float32, None)
+        key = (n, k, batch, eff[:3], eff[5])
+        if key in seen:  # NOTE: warps and stages mean nothing here; two split multipliers may give one split
+            continue
+        seen.add(key)
+        w = torch.randn(*((batch,) if batch > 1 else ()), n, k, generator=g)
+        mm = lambda x: el.matmul_nt_exact(x if batch == 1 else x.expand(batch, *x.shape), w)
+        pick = lambda y, i: y[i] if batch == 1 else y[:, i]
+        r = torch.randn(1, k, generator=g)
+        alone = pick(mm(r), 0)
+        # NOTE: numpy's products depend on a row's place in its block: each launch's middle row is checked in
+        # block j of a launch of 3 blocks, at its own place
+        y, mids = torch.randn(3 * bm, k, generator=g), []
+        for j, m in enumerate((8, 17, 65)):
+            x = torch.randn(m, k, generator=g)
+            last, mid = bm * ((m - 1) // bm), m // 2  # the last block's first row (the lone row's place), a middle one
+            x[last], y[j * bm + mid % bm] = r[0], x[mid]
+            got = mm(x)
+            mids.append(pick(got, mid))
+            if not (got - x @ w.transpose(-1, -2)).abs().max() <= 1e-3 or not torch.equal(pick(got, last), alone):
+                bad.append([tile, n, k, batch, m])
+        at = [j * bm + m // 2 % bm for j, m in enumerate((8, 17, 65))]
+        if not all(torch.equal(pick(mm(y), i), want) for i, want in zip(at, mids)):
+            bad.append([tile, n, k, batch, "middle"])
+        if batch == 1 and not heights:  # the residual's add: after the tile's sum, whatever the tile
+            res, x = torch.randn(17, n, generator=g), torch.randn(17, k, generator=g)
+            if not (el.matmul_nt_exact(x, w, res) - (res + x @ w.T)).abs().max() <= 1e-3:
+                bad.append([tile, n, k, "residual"])
+    heights.add(bm)
 print(json.dumps(bad))
 """
 
@@ -375,11 +433,21 @@ def interpreter_runs_loops() -> bool:
 
 
 def interpret(script: str, cases) -> list:
+    return interpret_apart(script, [cases])
+
+
+def interpret_apart(script: str, parts: list) -> list:
+    """The script once per part of its cases, the runs side by side (the suite runs tests one at a time: the
+    interpreter's slowest checks spread over the machine's cores); every run's failures, in part order."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    runs = [subprocess.Popen([sys.executable, "-c", script, json.dumps(cases)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for cases in parts]
+    bad = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+        bad += json.loads(out.strip().splitlines()[-1])
+    return bad
 
 
 def test_tree_kernel_in_the_interpreter_equals_the_reference():
@@ -427,15 +495,31 @@ def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     cases = [(1019, [-1] + list(range(8)) + [0, 3, 5]), (512, [-1, 0, 1, 0]),
              (0, [-1, 0, 0, 1, 2]), (30, [-1] + list(range(19)))]
-    assert interpret(EXACT_MLA_SCRIPT, cases) == []
+    assert interpret_apart(EXACT_MLA_SCRIPT, [cases[::2], cases[1::2]]) == []
+
+
+def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter():
+    """The sub-chunk fold (triton_mla_exact.layout): an 8-row launch gives every row the same bits with one
+    program per sub-chunk as with one per chunk; rows of 8-, 17- and 65-row chain launches (either fold)
+    equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries; all equal the
+    reference."""
+    if not interpreter_runs_loops():
+        pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
+    assert interpret_apart(EXACT_MLA_ROWS_SCRIPT, [[[65, False, False]], [[8, True, True], [17, True, False]]]) \
+        == []
 
 
 def test_exact_products_are_row_invariant_in_the_interpreter():
-    """The row-invariant product (triton_exact_linear): one tile and split for every M (split-K, batched,
-    edges that are no tile multiple, a residual), row blocks enumerated first; equal to x @ w^T."""
+    """The row-invariant product (triton_exact_linear) at every tile the sweep may put in its table (16-,
+    32- and 64-row blocks, the router's float32 tile): a row alone equals it inside 8-, 17- and 65-row
+    launches (split-K, batched, edges that are no tile multiple, a residual), row blocks enumerated first;
+    equal to x @ w^T."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
-    assert interpret(EXACT_LINEAR_SCRIPT, [(96, 512, 1), (40, 256, 1), (64, 128, 3)]) == []
+    from exact_tiles import candidates
+
+    tiles, cases = candidates(), [(24, 512, 1), (24, 128, 3)]
+    assert interpret_apart(EXACT_LINEAR_SCRIPT, [[tiles[::2], cases], [tiles[1::2], cases]]) == []
 
 
 def test_small_m_product_kernel_in_the_interpreter_equals_float64():

@@ -1,7 +1,7 @@
 """Row-invariant products y = x @ w^T (Triton): every output row is computed by the same sequence of
 floating-point operations whatever the number of rows M, so a tree verify's row equals the AR step's
 (docs/exactness.md). Library GEMMs choose kernels and split-K by M; here the tile (BLOCK_M rows, BLOCK_N,
-BLOCK_K, warps, stages) and the split of K depend only on (N, K, batch, dtype) and the device, and split-K
+BLOCK_K, warps, stages: TILES) and the split of K depend only on (N, K, batch, dtype) and the device, and split-K
 partials are added in split order by the tile's last split (triton_linear's kernel, SPLIT > 1).
 
 Serves the half-precision target's dense products (attention projections and absorption, shared expert,
@@ -15,18 +15,25 @@ import triton
 from .triton_linear import _as3, _locks, _mm_nt_kernel
 from .triton_mla import sm_count
 
-BLOCK_M = 16  # fixed: the MMA shape (and so each row's K order) must not change with M
-WAVES = 2  # programs per SM the split aims at for one 16-row block (the AR step's bandwidth)
+WAVES = 2  # programs per SM the split aims at for one row block (the AR step's bandwidth)
 MIN_SPLIT_STEPS = 4  # k-steps per split at least
 
+# A tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split multiplier). BLOCK_M is fixed per shape, never per M:
+# the MMA shape (and so each row's K order) must not change with the row count; 64 rows take Hopper's wgmma,
+# one row then pads the block. The sweep (benchmarks/kernels.py --only exact) prints the winner per shape.
+DEFAULT_TILE = (16, 64, 64, 4, 4, 1.0)
+FP32_TILE = (16, 32, 32, 4, 3, 1.0)  # the router's float32 logits (IEEE dots)
+# (N, K) of a half-precision product -> its tile where the sweep measured one better than DEFAULT_TILE.
+TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {}
 
-def tile(n: int, k: int, batch: int, dtype: torch.dtype, device) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages, split) from the shape and the device only, never from M."""
-    bn, bk = (64, 64) if dtype != torch.float32 else (32, 32)
+
+def tile(n: int, k: int, batch: int, dtype: torch.dtype, device) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split) from the shape and the device only, never from M."""
+    bm, bn, bk, warps, stages, mult = FP32_TILE if dtype == torch.float32 else TILES.get((n, k), DEFAULT_TILE)
     tiles = triton.cdiv(n, bn) * batch
-    want = triton.cdiv(WAVES * sm_count(device), tiles)
-    split = min(triton.next_power_of_2(want), max(1, k // (bk * MIN_SPLIT_STEPS)))
-    return bn, bk, 4, 4 if dtype != torch.float32 else 3, max(1, split)
+    want = triton.next_power_of_2(triton.cdiv(WAVES * sm_count(device), tiles))
+    split = min(max(1, int(want * mult)), max(1, k // (bk * MIN_SPLIT_STEPS)))
+    return bm, bn, bk, warps, stages, split
 
 
 def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -49,19 +56,19 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
         out = torch.empty(m, batch, n, dtype=x.dtype, device=x.device).transpose(0, 1)
     else:
         out = torch.empty(batch, m, n, dtype=x.dtype, device=x.device)
-    bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device)
-    grid = (triton.cdiv(n, bn) * triton.cdiv(m, BLOCK_M), 1, batch * split)  # row blocks inner (M_INNER)
+    bm, bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device)
+    grid = (triton.cdiv(n, bn) * triton.cdiv(m, bm), 1, batch * split)  # row blocks inner (M_INNER)
     part = lock = out
     if split > 1:
         lock = _locks(x.device, grid[0] * grid[1] * batch)
         if lock is None:  # NOTE: a capture without the warm-up's counters: fail loudly, never a library GEMM
             raise RuntimeError("split-K counters must be allocated before a CUDA-graph capture")
-        part = torch.empty(grid[0] * grid[1] * batch * split * BLOCK_M * bn, dtype=torch.float32, device=x.device)
+        part = torch.empty(grid[0] * grid[1] * batch * split * bm * bn, dtype=torch.float32, device=x.device)
     res = residual if residual is not None else out
     _mm_nt_kernel[grid](x3, w3, w3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
                         m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2),
                         out.stride(0), out.stride(1), out.stride(2),
-                        PREC="ieee" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=BLOCK_M, BLOCK_N=bn,
+                        PREC="ieee" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=bm, BLOCK_N=bn,
                         BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, M_INNER=True,
                         num_warps=warps,
                         num_stages=stages)

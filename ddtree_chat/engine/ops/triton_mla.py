@@ -71,6 +71,55 @@ def graph_ms(kernel_call, quantiles=None, cold: bool = False, calls: int = 8, re
     return ms if quantiles is None else [ms] * len(quantiles)
 
 
+
+@triton.jit
+def load_q(QL, QP, offs_m, m_ok, NH, sql_t, sql_h, sqp_t, sqp_h, RC: tl.constexpr, P: tl.constexpr):
+    """Rows offs_m = token * NH + head of q_lat (four RC-wide column chunks) and q_pe, through their strides."""
+    offs_c = tl.arange(0, RC)
+    t_row = offs_m // NH
+    h_row = offs_m % NH
+    qbase = QL + t_row[:, None] * sql_t + h_row[:, None] * sql_h + offs_c[None, :]
+    q0 = tl.load(qbase, mask=m_ok[:, None], other=0.0)
+    q1 = tl.load(qbase + RC, mask=m_ok[:, None], other=0.0)
+    q2 = tl.load(qbase + 2 * RC, mask=m_ok[:, None], other=0.0)
+    q3 = tl.load(qbase + 3 * RC, mask=m_ok[:, None], other=0.0)
+    qp = tl.load(QP + t_row[:, None] * sqp_t + h_row[:, None] * sqp_h + tl.arange(0, P)[None, :], mask=m_ok[:, None],
+                 other=0.0)
+    return q0, q1, q2, q3, qp
+
+
+@triton.jit
+def attend_tile(q0, q1, q2, q3, qp, CKV, KPE, slot, n_ok, vis, m_i, l_i, acc0, acc1, acc2, acc3, scale_log2, s_ckv,
+                s_kpe, RC: tl.constexpr, P: tl.constexpr, PREC: tl.constexpr):
+    """One key tile (cache slots `slot`, loaded where n_ok) of an online softmax: scores over the 512-wide
+    latent in four RC-wide chunks plus the rope part, keys outside `vis` masked, the running max, sum and
+    accumulators updated. Both MLA kernels' tile body (the same arithmetic in each)."""
+    offs_c = tl.arange(0, RC)
+    kvb = CKV + slot[:, None].to(tl.int64) * s_ckv + offs_c[None, :]
+    kv0 = tl.load(kvb, mask=n_ok[:, None], other=0.0)
+    kv1 = tl.load(kvb + RC, mask=n_ok[:, None], other=0.0)
+    kv2 = tl.load(kvb + 2 * RC, mask=n_ok[:, None], other=0.0)
+    kv3 = tl.load(kvb + 3 * RC, mask=n_ok[:, None], other=0.0)
+    kp = tl.load(KPE + slot[:, None].to(tl.int64) * s_kpe + tl.arange(0, P)[None, :], mask=n_ok[:, None], other=0.0)
+    s = tl.dot(qp, tl.trans(kp), input_precision=PREC)
+    s = tl.dot(q0, tl.trans(kv0), s, input_precision=PREC)
+    s = tl.dot(q1, tl.trans(kv1), s, input_precision=PREC)
+    s = tl.dot(q2, tl.trans(kv2), s, input_precision=PREC)
+    s = tl.dot(q3, tl.trans(kv3), s, input_precision=PREC)
+    s = s * scale_log2
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pb = p.to(kv0.dtype)
+    acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None], input_precision=PREC)
+    acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None], input_precision=PREC)
+    acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None], input_precision=PREC)
+    acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
 @triton.autotune(configs=_CONFIGS, key=["M", "n_splits", "SCAP"], do_bench=graph_ms, cache_results=True)
 @triton.jit(do_not_specialize=["M", "T", "NH", "n_splits", "n_tree", "SCAP"])
 def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, n_tree, SCAP, scale_log2, s_ckv, s_kpe,
@@ -83,15 +132,8 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
     # NOTE: the 512-wide latent is handled as four 128-wide chunks so no dot operand or accumulator
     # needs the whole [*, 512] tile in registers at once (the unchunked form spilled heavily).
     offs_c = tl.arange(0, RC)
-    offs_p = tl.arange(0, P)
+    q0, q1, q2, q3, qp = load_q(QL, QP, offs_m, m_ok, NH, sql_t, sql_h, sqp_t, sqp_h, RC, P)
     t_row = offs_m // NH
-    h_row = offs_m % NH
-    qbase = QL + t_row[:, None] * sql_t + h_row[:, None] * sql_h + offs_c[None, :]
-    q0 = tl.load(qbase, mask=m_ok[:, None], other=0.0)
-    q1 = tl.load(qbase + RC, mask=m_ok[:, None], other=0.0)
-    q2 = tl.load(qbase + 2 * RC, mask=m_ok[:, None], other=0.0)
-    q3 = tl.load(qbase + 3 * RC, mask=m_ok[:, None], other=0.0)
-    qp = tl.load(QP + t_row[:, None] * sqp_t + h_row[:, None] * sqp_h + offs_p[None, :], mask=m_ok[:, None], other=0.0)
     L = tl.load(PLEN).to(tl.int32)  # NOTE: int32 or the engine's int64 device length
     is_tree = sid >= n_splits  # NOTE: the tree's keys are split too (a 33-65 node tree was the long pole)
     chunk = tl.cdiv(tl.cdiv(L, n_splits), BLOCK_N) * BLOCK_N
@@ -108,34 +150,13 @@ def _mla_split_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, n_splits, 
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        kvb = CKV + offs_n[:, None].to(tl.int64) * s_ckv + offs_c[None, :]
-        kv0 = tl.load(kvb, mask=n_ok[:, None], other=0.0)
-        kv1 = tl.load(kvb + RC, mask=n_ok[:, None], other=0.0)
-        kv2 = tl.load(kvb + 2 * RC, mask=n_ok[:, None], other=0.0)
-        kv3 = tl.load(kvb + 3 * RC, mask=n_ok[:, None], other=0.0)
-        kp = tl.load(KPE + offs_n[:, None].to(tl.int64) * s_kpe + offs_p[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(qp, tl.trans(kp), input_precision=PREC)
-        s = tl.dot(q0, tl.trans(kv0), s, input_precision=PREC)
-        s = tl.dot(q1, tl.trans(kv1), s, input_precision=PREC)
-        s = tl.dot(q2, tl.trans(kv2), s, input_precision=PREC)
-        s = tl.dot(q3, tl.trans(kv3), s, input_precision=PREC)
-        s = s * scale_log2
         # NOTE: keys >= L exist in tree splits only; a per-element test (not the scalar is_tree) keeps
         # the mask a block, which Triton's interpreter requires
         tm = tl.load(MASK + t_row[:, None] * T + (offs_n - L)[None, :],
                      mask=m_ok[:, None] & (n_ok & (offs_n >= L))[None, :], other=1)
         vis = n_ok[None, :] & (tm != 0)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pb = p.to(kv0.dtype)
-        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None], input_precision=PREC)
-        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None], input_precision=PREC)
-        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None], input_precision=PREC)
-        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None], input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc0, acc1, acc2, acc3 = attend_tile(q0, q1, q2, q3, qp, CKV, KPE, offs_n, n_ok, vis, m_i, l_i, acc0,
+                                                       acc1, acc2, acc3, scale_log2, s_ckv, s_kpe, RC, P, PREC)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     inv = (1.0 / l_safe)[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))

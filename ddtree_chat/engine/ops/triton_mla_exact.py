@@ -4,12 +4,16 @@ bit, the attention an AR step computes at the same position (docs/exactness.md).
 
 How: every query walks its visible keys in *logical position* order (the committed prefix 0..L-1, then its
 ancestors at L + depth), cut into chunks at fixed multiples of CHUNK positions and, inside a chunk, into
-BLOCK_N-key tiles aligned to positions; each chunk is one online softmax from scratch; the chunk partials
-are merged in chunk order with a fixed lane layout. None of it depends on T, on the other rows of the
-launch, on the context bound the launch was planned for, or on the SM count. Two kinds of programs, one
-instruction stream:
-  shared (grid axis 1 < NCS): chunk c entirely inside the committed prefix, for BLOCK_M rows of any nodes;
-  tail (axis 1 >= NCS): chunk base + i of one node (its heads), positions >= L read from the node's
+SUB_KEYS-key sub-chunks and BLOCK_N-key tiles, all aligned to positions; each sub-chunk is one online softmax
+from scratch, a chunk is its sub-chunks folded in position order (one helper, explicit FMAs), and the chunk
+partials are merged in chunk order with a fixed lane layout. Who folds varies, the fold does not: with many
+rows a program runs a whole chunk and folds in registers; with few (layout()) each sub-chunk gets a program
+and the merge folds the stored sub-chunk states, the same operations in the same order. No arithmetic
+depends on T, on the other rows of the launch, on the context bound the launch was planned for, or on the SM
+count (only the launch's shape does). Two kinds of programs (chunk slot = grid axis 1 // F), one instruction
+stream:
+  shared (slot < NCS): chunk c entirely inside the committed prefix, for BLOCK_M rows of any nodes;
+  tail (slot >= NCS): chunk base + i of one node (its heads), positions >= L read from the node's
     ancestor of that depth (the tree key of rank j in its mask row sits at position L + j).
 An AR step is the T = 1 case: its tail chunk holds the prefix's last partial chunk and its own key."""
 
@@ -19,9 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_mla import attend_tile, load_q, sm_count
+
 BLOCK_M = 16  # query rows per program (mma.sync rows); fixed: the MMA shape must not change with T
 BLOCK_T = 64  # mask entries scanned per step when a tail program looks up its ancestors
 MERGE_S = 16  # chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too
+SUB_KEYS = 128  # keys per sub-chunk (fixed by position): the unit a few-row launch gives one program each
+FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layout(), or forced (benchmarks, tests)
+WARPS = 4  # fixed per build (kernels.py --only exact times 8 too: fewer spills, one block per SM)
 
 
 def chunk_keys(heads: int) -> int:
@@ -34,13 +43,37 @@ def block_n(dtype: torch.dtype) -> int:
     return 32 if dtype == torch.float32 else 64
 
 
-@triton.jit(do_not_specialize=["M", "T", "NH", "NCS", "HB"])
-def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, scale_log2, s_ckv, s_kpe,
+@triton.jit
+def fold(l, acc, ls, accs, a, b):
+    """The accumulator of two unnormalised softmax states (sums l, ls; a, b: fold_scales') folded, the second
+    after the first. An explicit FMA, so the main and the merge kernel cannot contract it differently; an
+    empty side (sum 0) gives the other unchanged, so a fold of one sub-chunk is that sub-chunk's bits."""
+    return tl.where(l == 0, accs, tl.where(ls == 0, acc, tl.fma(acc, a, accs * b)))
+
+
+@triton.jit
+def fold_scales(m, l, ms, ls):
+    """Two states' (running max m, sum l) folded, and both sides' scales a, b for fold's accumulators."""
+    mx = tl.maximum(m, ms)
+    a = tl.exp2(m - mx)
+    b = tl.exp2(ms - mx)
+    m_new = tl.where(l == 0, ms, tl.where(ls == 0, m, mx))
+    l_new = tl.where(l == 0, ls, tl.where(ls == 0, l, tl.fma(l, a, ls * b)))
+    return m_new, l_new, a, b
+
+
+@triton.jit(do_not_specialize=["M", "T", "NH", "NCS", "HB", "F", "s_lp"])
+def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F, s_lp, scale_log2, s_ckv, s_kpe,
                       sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr,
-                      PREC: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_T: tl.constexpr):
+                      PREC: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Program (pid, q): chunk slot q // F, its sub-chunks (q % F) * CHUNK / SUB / F onward (all of them when F is
+    1, one when F is CHUNK / SUB), each an online softmax from scratch folded into the program's state in
+    position order; the state is stored unnormalised (acc, max, sum) for the merge to fold and normalise."""
     pid = tl.program_id(0)
-    sid = tl.program_id(1)
+    q = tl.program_id(1)
+    sid = q // F  # the chunk slot
+    per = (CHUNK // SUB) // F  # sub-chunks per program
     L = tl.load(PLEN).to(tl.int32)  # NOTE: int32 or the engine's int64 device length
     base = L // CHUNK  # full chunks inside the committed prefix
     tail = sid >= NCS
@@ -61,82 +94,91 @@ def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, s
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, tl.where(tail, L + dep + 1, L))
     active = (tail & (pid // HB < T)) | ((sid < NCS) & (sid < base) & (pid * BLOCK_M < M))
-    hi = tl.where(active, hi, lo)  # an idle program runs no key tile (it still stores its -inf lse)
+    hi = tl.where(active, hi, lo)  # an idle program runs no key tile (it still stores an empty state)
 
     offs_c = tl.arange(0, RC)
-    offs_p = tl.arange(0, P)
-    t_row = offs_m // NH
-    h_row = offs_m % NH
-    qbase = QL + t_row[:, None] * sql_t + h_row[:, None] * sql_h + offs_c[None, :]
-    q0 = tl.load(qbase, mask=m_ok[:, None], other=0.0)
-    q1 = tl.load(qbase + RC, mask=m_ok[:, None], other=0.0)
-    q2 = tl.load(qbase + 2 * RC, mask=m_ok[:, None], other=0.0)
-    q3 = tl.load(qbase + 3 * RC, mask=m_ok[:, None], other=0.0)
-    qp = tl.load(QP + t_row[:, None] * sqp_t + h_row[:, None] * sqp_h + offs_p[None, :], mask=m_ok[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], -1e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, RC], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, RC], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, RC], tl.float32)
-    acc3 = tl.zeros([BLOCK_M, RC], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_ok = pos < hi
-        slot = pos
-        if n0 + BLOCK_N > L:  # tree positions: the slot of the node's ancestor of depth pos - L
-            want = pos - L
-            anc = tl.zeros([BLOCK_N], tl.int32)
-            seen = 0
-            for s0 in range(0, T, BLOCK_T):
-                vis = tl.load(MASK + node * T + s0 + offs_t, mask=s0 + offs_t < T, other=0).to(tl.int32)
-                rank = seen + tl.cumsum(vis, 0) - 1
-                hit = (vis[None, :] != 0) & (rank[None, :] == want[:, None])
-                anc += tl.sum(tl.where(hit, (s0 + offs_t)[None, :], 0), 1)
-                seen += tl.sum(vis, 0)
-            slot = tl.where(pos >= L, L + anc, pos)
-        kvb = CKV + slot[:, None].to(tl.int64) * s_ckv + offs_c[None, :]
-        kv0 = tl.load(kvb, mask=n_ok[:, None], other=0.0)
-        kv1 = tl.load(kvb + RC, mask=n_ok[:, None], other=0.0)
-        kv2 = tl.load(kvb + 2 * RC, mask=n_ok[:, None], other=0.0)
-        kv3 = tl.load(kvb + 3 * RC, mask=n_ok[:, None], other=0.0)
-        kp = tl.load(KPE + slot[:, None].to(tl.int64) * s_kpe + offs_p[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(qp, tl.trans(kp), input_precision=PREC)
-        s = tl.dot(q0, tl.trans(kv0), s, input_precision=PREC)
-        s = tl.dot(q1, tl.trans(kv1), s, input_precision=PREC)
-        s = tl.dot(q2, tl.trans(kv2), s, input_precision=PREC)
-        s = tl.dot(q3, tl.trans(kv3), s, input_precision=PREC)
-        s = s * scale_log2
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pb = p.to(kv0.dtype)
-        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None], input_precision=PREC)
-        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None], input_precision=PREC)
-        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None], input_precision=PREC)
-        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None], input_precision=PREC)
-        m_i = m_new
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    inv = (1.0 / l_safe)[:, None]
-    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    row = sid * M + offs_m
+    q0, q1, q2, q3, qp = load_q(QL, QP, offs_m, m_ok, NH, sql_t, sql_h, sqp_t, sqp_h, RC, P)
+    fm = tl.full([BLOCK_M], -1e30, tl.float32)  # the program's folded state, empty
+    fl = tl.zeros([BLOCK_M], tl.float32)
+    f0 = tl.zeros([BLOCK_M, RC], tl.float32)
+    f1 = tl.zeros([BLOCK_M, RC], tl.float32)
+    f2 = tl.zeros([BLOCK_M, RC], tl.float32)
+    f3 = tl.zeros([BLOCK_M, RC], tl.float32)
+    # NOTE: sub-chunks past hi are empty, and folding an empty state changes nothing: skipped
+    for sub in range((q % F) * per, tl.minimum((q % F) * per + per, tl.cdiv(hi - lo, SUB))):
+        s_lo = lo + sub * SUB
+        s_hi = tl.minimum(s_lo + SUB, hi)
+        m_i = tl.full([BLOCK_M], -1e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc0 = tl.zeros([BLOCK_M, RC], tl.float32)
+        acc1 = tl.zeros([BLOCK_M, RC], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, RC], tl.float32)
+        acc3 = tl.zeros([BLOCK_M, RC], tl.float32)
+        for n0 in range(s_lo, s_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            n_ok = pos < s_hi
+            slot = pos
+            if n0 + BLOCK_N > L:  # tree positions: the slot of the node's ancestor of depth pos - L
+                want = pos - L
+                anc = tl.zeros([BLOCK_N], tl.int32)
+                seen = 0
+                for s0 in range(0, T, BLOCK_T):
+                    vis = tl.load(MASK + node * T + s0 + offs_t, mask=s0 + offs_t < T, other=0).to(tl.int32)
+                    rank = seen + tl.cumsum(vis, 0) - 1
+                    hit = (vis[None, :] != 0) & (rank[None, :] == want[:, None])
+                    anc += tl.sum(tl.where(hit, (s0 + offs_t)[None, :], 0), 1)
+                    seen += tl.sum(vis, 0)
+                slot = tl.where(pos >= L, L + anc, pos)
+            m_i, l_i, acc0, acc1, acc2, acc3 = attend_tile(q0, q1, q2, q3, qp, CKV, KPE, slot, n_ok, n_ok[None, :],
+                                                           m_i, l_i, acc0, acc1, acc2, acc3, scale_log2, s_ckv, s_kpe,
+                                                           RC, P, PREC)
+        m_new, l_new, a, b = fold_scales(fm, fl, m_i, l_i)
+        a2, b2, e2, es2 = a[:, None], b[:, None], fl[:, None], l_i[:, None]
+        f0 = fold(e2, f0, es2, acc0, a2, b2)
+        f1 = fold(e2, f1, es2, acc1, a2, b2)
+        f2 = fold(e2, f2, es2, acc2, a2, b2)
+        f3 = fold(e2, f3, es2, acc3, a2, b2)
+        fm, fl = m_new, l_new
+    row = q * M + offs_m
     obase = OP + row[:, None].to(tl.int64) * R + offs_c[None, :]
-    o_ok = (m_ok & (l_i > 0))[:, None]  # NOTE: a chunk no row saw stores only its -inf lse; the merge skips it
-    tl.store(obase, acc0 * inv, mask=o_ok)
-    tl.store(obase + RC, acc1 * inv, mask=o_ok)
-    tl.store(obase + 2 * RC, acc2 * inv, mask=o_ok)
-    tl.store(obase + 3 * RC, acc3 * inv, mask=o_ok)
-    tl.store(LP + row, lse, mask=m_ok)
+    o_ok = (m_ok & (fl > 0))[:, None]  # NOTE: an empty state stores its max and sum only; the merge reads no more
+    tl.store(obase, f0, mask=o_ok)
+    tl.store(obase + RC, f1, mask=o_ok)
+    tl.store(obase + 2 * RC, f2, mask=o_ok)
+    tl.store(obase + 3 * RC, f3, mask=o_ok)
+    tl.store(LP + row, fm, mask=m_ok)
+    tl.store(LP + s_lp + row, fl, mask=m_ok)
 
 
-@triton.jit(do_not_specialize=["M", "NCS", "NTL"])
-def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, CHUNK: tl.constexpr, R: tl.constexpr, BLOCK_S: tl.constexpr,
+@triton.jit
+def _chunk_state(OP, LP, M, m, c, n, base, NCS, F, s_lp, offs_r, R: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_R: tl.constexpr, ACC: tl.constexpr):
+    """Chunks c (one per lane) of row m: their F stored states folded in sub-chunk order (the kernel's fold),
+    -> (max, sum, accumulator [BLOCK_S, BLOCK_R] if ACC)."""
+    slot = tl.where(c < base, c, NCS + c - base) * F
+    fm = tl.full([BLOCK_S], -1e30, tl.float32)
+    fl = tl.zeros([BLOCK_S], tl.float32)
+    fa = tl.zeros([BLOCK_S, BLOCK_R], tl.float32)
+    for j in range(0, F):
+        row = (slot + j) * M + m
+        ms = tl.load(LP + row, mask=c < n, other=-1e30)
+        ls = tl.load(LP + s_lp + row, mask=c < n, other=0.0)
+        m_new, l_new, a, b = fold_scales(fm, fl, ms, ls)
+        if ACC:
+            accs = tl.load(OP + row[:, None].to(tl.int64) * R + offs_r[None, :], mask=((c < n) & (ls > 0))[:, None],
+                           other=0.0)
+            fa = fold(fl[:, None], fa, ls[:, None], accs, a[:, None], b[:, None])
+        fm, fl = m_new, l_new
+    return fm, fl, fa
+
+
+@triton.jit(do_not_specialize=["M", "NCS", "NTL", "F", "s_lp"])
+def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, F, s_lp, CHUNK: tl.constexpr, R: tl.constexpr, BLOCK_S: tl.constexpr,
                   BLOCK_R: tl.constexpr):
-    """Row m's chunk partials in absolute chunk order c = 0, 1, ...: c < base from the shared slots, the
-    rest from the row's tail slots. Chunk c always sits in lane c % BLOCK_S of step c // BLOCK_S, so rows
-    whose launches hold different numbers of chunks still add the same values in the same order (the
-    extra lanes hold exact zeros)."""
+    """Row m's chunks in absolute chunk order c = 0, 1, ...: c < base from the shared slots, the rest from
+    the row's tail slots; each chunk's F stored states folded first (_chunk_state), then normalised. Chunk c
+    always sits in lane c % BLOCK_S of step c // BLOCK_S, so rows whose launches hold different numbers of
+    chunks still add the same values in the same order (the extra lanes hold exact zeros)."""
     m = tl.program_id(0)
     rb = tl.program_id(1)
     base = tl.load(PLEN).to(tl.int32) // CHUNK
@@ -145,32 +187,39 @@ def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, CHUNK: tl.constexpr, R: tl.const
     offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     top = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for c0 in range(0, n, BLOCK_S):
-        c = c0 + offs_s
-        slot = tl.where(c < base, c, NCS + c - base)
-        top = tl.maximum(top, tl.load(LP + slot * M + m, mask=c < n, other=float("-inf")))
+        fm, fl, _ = _chunk_state(OP, LP, M, m, c0 + offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R, False)
+        top = tl.maximum(top, tl.where(fl > 0, fm + tl.log2(tl.where(fl > 0, fl, 1.0)), float("-inf")))
     top = tl.max(top, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
     den = tl.zeros([BLOCK_S], tl.float32)
     acc = tl.zeros([BLOCK_R], tl.float32)
     for c0 in range(0, n, BLOCK_S):
-        c = c0 + offs_s
-        slot = tl.where(c < base, c, NCS + c - base)
-        lse = tl.load(LP + slot * M + m, mask=c < n, other=float("-inf"))
+        fm, fl, fa = _chunk_state(OP, LP, M, m, c0 + offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R, True)
+        l_safe = tl.where(fl > 0, fl, 1.0)
+        lse = tl.where(fl > 0, fm + tl.log2(l_safe), float("-inf"))
         w = tl.exp2(lse - top)
         den += w
-        o = tl.load(OP + (slot[:, None].to(tl.int64) * M + m) * R + offs_r[None, :],
-                    mask=((c < n) & (lse > float("-inf")))[:, None], other=0.0)
-        acc += tl.sum(o * w[:, None], 0)
+        acc += tl.sum(fa * (1.0 / l_safe)[:, None] * w[:, None], 0)
     out = acc / tl.maximum(tl.sum(den, 0), 1e-30)
     tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
 
 
-def plan(t: int, nh: int, bound: int, chunk: int) -> tuple[int, int]:
-    """(shared chunk slots, tail chunk slots per row) for T queries of nh heads over a prefix of at most
-    `bound` keys. The plan sizes the launch only; no arithmetic depends on it."""
+def plan(t: int, bound: int, chunk: int) -> tuple[int, int]:
+    """(shared chunk slots, tail chunk slots per row) for T queries over a prefix of at most `bound` keys.
+    The plan sizes the launch only; no arithmetic depends on it."""
     ncs = max(bound, 0) // chunk
     ntl = (chunk - 1 + max(t, 1) - 1) // chunk + 1  # chunks the positions base*CHUNK .. L+T-1 can span
     return ncs, ntl
+
+
+def layout(t: int, nh: int, bound: int, device) -> tuple[int, int, int]:
+    """(shared chunk slots, tail chunk slots per row, programs per chunk: 1, or one per sub-chunk when a
+    program per chunk would leave SMs idle: few rows, a short context). Sizes the launch only."""
+    chunk = chunk_keys(nh)
+    ncs, ntl = plan(t, bound, chunk)
+    programs = max(triton.cdiv(t * nh, BLOCK_M), t * triton.cdiv(nh, BLOCK_M)) * (ncs + ntl)
+    few = FOLD if FOLD is not None else programs < sm_count(device)
+    return ncs, ntl, chunk // SUB_KEYS if few else 1
 
 
 def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
@@ -200,17 +249,20 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
     mask = tree_mask.to(device=dev)
     mask = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)).contiguous()
     chunk = chunk_keys(nh)
-    ncs, ntl = plan(t, nh, bound, chunk)
+    ncs, ntl, f = layout(t, nh, bound, dev)
     hb = triton.cdiv(nh, BLOCK_M)
-    op = torch.empty(ncs + ntl, m, r, dtype=torch.float32, device=dev)
-    lp = torch.empty(ncs + ntl, m, dtype=torch.float32, device=dev)
+    slots = (ncs + ntl) * f
+    op = torch.empty(slots, m, r, dtype=torch.float32, device=dev)
+    lp = torch.empty(2, slots, m, dtype=torch.float32, device=dev)  # each state's running max, then its sum
     out = torch.empty(t, nh, r, dtype=q_lat.dtype, device=dev)
-    grid = (max(triton.cdiv(m, BLOCK_M), t * hb), ncs + ntl)
-    _mla_exact_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ncs, hb, scale * 1.4426950408889634,
-                            ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1),
-                            R=r, P=p, RC=r // 4, PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk,
-                            BLOCK_M=BLOCK_M, BLOCK_N=block_n(ql.dtype), BLOCK_T=BLOCK_T, num_warps=4, num_stages=2)
+    grid = (max(triton.cdiv(m, BLOCK_M), t * hb), slots)
+    _mla_exact_kernel[grid](ql, qp, ckv, kpe, plen, mask, op, lp, m, t, nh, ncs, hb, f, slots * m,
+                            scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
+                            qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
+                            PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
+                            BLOCK_M=BLOCK_M, BLOCK_N=block_n(ql.dtype), BLOCK_T=BLOCK_T, num_warps=WARPS,
+                            num_stages=2)
     block_r = min(r, 128)
-    _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, CHUNK=chunk, R=r, BLOCK_S=MERGE_S,
-                                     BLOCK_R=block_r)
+    _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, f, slots * m, CHUNK=chunk, R=r,
+                                     BLOCK_S=MERGE_S, BLOCK_R=block_r)
     return out
