@@ -161,17 +161,17 @@ def test_draft_tau_compares_the_engine_with_the_training_measure_on_cpu(tmp_path
     assert "0-8" in res["tau_along_reply"] and all(1 <= t <= 8 for t in res["tau_along_reply"].values())
 
 
-def test_exact_sweep_picks_the_tile_with_the_least_worst_ratio_to_cublas():
-    """kernels.py --only exact: one tile serves every row count, so the pick is the least slowest ratio to
-    cuBLAS over M; a tile that failed at some M is never picked."""
+def test_exact_sweep_keeps_the_ar_step_then_picks_the_least_worst_ratio_to_cublas():
+    """kernels.py --only exact: one tile serves every row count; of the tiles whose one-row time is within 3% of
+    cuBLAS, the least slowest ratio over M; a tile that failed at some M is never picked."""
     import kernels
 
     lib = {1: 10.0, 17: 20.0, 65: 40.0}
-    times = {"fast at one row": {1: 8.0, 17: 30.0, 65: 80.0}, "even": {1: 11.0, 17: 22.0, 65: 44.0},
-             "failed": {1: 1.0, "error": "OutOfResources"}}
-    win = kernels.exact_winners(times, lib)
+    times = {"fast at one row": {1: 8.0, 17: 30.0, 65: 80.0}, "even": {1: 10.2, 17: 22.0, 65: 44.0},
+             "slow at one row": {1: 12.0, 17: 21.0, 65: 41.0}, "failed": {1: 1.0, "error": "OutOfResources"}}
+    win = kernels.exact_winners(times, lib)  # "slow at one row" has the least worst ratio, but costs the AR step
     assert win["tile"] == "even" and win["worst_x_cublas"] == 1.1
-    assert win["fastest_by_m"] == {1: "fast at one row", 17: "even", 65: "even"}
+    assert win["fastest_by_m"] == {1: "fast at one row", 17: "slow at one row", 65: "slow at one row"}
     assert kernels.exact_winners({"failed": times["failed"]}, lib) == {}
     from ddtree_chat.engine.ops import triton_exact_linear as el
 

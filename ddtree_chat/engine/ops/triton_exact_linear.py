@@ -23,8 +23,18 @@ MIN_SPLIT_STEPS = 4  # k-steps per split at least
 # one row then pads the block. The sweep (benchmarks/kernels.py --only exact) prints the winner per shape.
 DEFAULT_TILE = (16, 64, 64, 4, 4, 1.0)
 FP32_TILE = (16, 32, 32, 4, 3, 1.0)  # the router's float32 logits (IEEE dots)
-# (N, K) of a half-precision product -> its tile where the sweep measured one better than DEFAULT_TILE.
-TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {}
+# (N, K) of a half-precision product -> its tile where the sweep measured one better than DEFAULT_TILE: K2.6's
+# shapes at TP=1, its rule (kernels.exact_winners: the AR step first) and run in BENCHMARKS.md
+TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {
+    (2112, 7168): (32, 64, 64, 4, 4, 1.0),  # fused q_a + kv_a
+    (12288, 1536): (16, 64, 64, 4, 4, 0.5),  # q_b
+    (7168, 8192): (16, 64, 64, 4, 4, 0.5),  # o_proj
+    (2048, 7168): (16, 64, 64, 4, 4, 0.5),  # shared expert gate / up
+    (7168, 2048): (16, 64, 64, 4, 4, 0.5),  # shared expert down
+    (18432, 7168): (64, 64, 64, 4, 4, 1.0),  # dense MLP gate / up
+    (7168, 18432): (32, 64, 64, 4, 4, 1.0),  # dense MLP down
+    (163840, 7168): (64, 64, 128, 4, 3, 1.0),  # lm head
+}
 
 
 def tile(n: int, k: int, batch: int, dtype: torch.dtype, device) -> tuple[int, int, int, int, int, int]:
