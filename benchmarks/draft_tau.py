@@ -26,7 +26,7 @@ import torch
 
 def features(target, ids: list[int], feature_layers) -> tuple[torch.Tensor, torch.Tensor]:
     """ids -> (tokens [1, n], the target's features of the drafter's layers [1, n, len(feature_layers) * H])."""
-    from ddtree_chat.demo.draft_data import BatchCache
+    from ddtree_chat.dev.demo.draft_data import BatchCache
     from ddtree_chat.engine.model import causal_mask
 
     cfg, dev = target.cfg, next(target.parameters()).device
@@ -65,8 +65,8 @@ def calibration(logp: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> 
 
 
 def main(argv=None) -> int:
-    from ddtree_chat.demo.common import heldout_prompts
-    from ddtree_chat.demo.train import block_logits
+    from ddtree_chat.dev.demo.common import heldout_prompts
+    from ddtree_chat.dev.demo.train import block_logits
     from ddtree_chat.engine.default_model import resolve_model_dirs
     from ddtree_chat.engine.engine import Engine
     from ddtree_chat.engine.generation import GenerationConfig

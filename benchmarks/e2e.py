@@ -76,7 +76,7 @@ def gpu_idle(eng, ids, cfg) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    from ddtree_chat.demo.common import heldout_prompts
+    from ddtree_chat.dev.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import resolve_model_dirs
 

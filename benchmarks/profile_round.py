@@ -73,7 +73,7 @@ def programs(g, mode: str, budget, reps: int = 50, top_n: int = 8) -> list[dict]
 
 
 def main(argv=None) -> int:
-    from ddtree_chat.demo.common import heldout_prompts
+    from ddtree_chat.dev.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import shipped_demo_dirs
 

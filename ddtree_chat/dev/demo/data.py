@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine.tokenizer import KIMI_PATTERN
-from ..engine.tokenizer import kimi_special_names as special_names
+from ...engine.tokenizer import KIMI_PATTERN
+from ...engine.tokenizer import kimi_special_names as special_names
 from .common import BPE_VOCAB, CHAT_TEMPLATE, SEED, write_json
 
 MAX_FILE_BYTES = 200_000

@@ -1,8 +1,8 @@
 """The distillation data (issue 31): generated prompts (prompts.py) answered by the GGUF teacher (teacher.py),
 greedy and sampled, each answer checked (prompts.check_answer) and appended to OUT/answers.jsonl.
 
-    python -m ddtree_chat.demo.distil_data --out DIR --prompts 12000 --device cuda --batch 256
-    python -m ddtree_chat.demo.distil_data --out DIR --prompts 16 --batch 8      # a CPU sample (rate check)
+    python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 12000 --device cuda --batch 256
+    python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 16 --batch 8      # a CPU sample (rate check)
 
 Resumable: a second run with the same --out skips the (prompt, mode) pairs already answered, and refuses to mix
 a different teacher file or generator seed. OUT/meta.json records the teacher's sha256, the generator seed and

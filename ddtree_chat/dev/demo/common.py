@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..engine.synthetic import quant_config, text_config
-from ..engine.tokenizer import N_KIMI_SPECIALS as N_SPECIALS
+from ...engine.synthetic import quant_config, text_config
+from ...engine.tokenizer import N_KIMI_SPECIALS as N_SPECIALS
 
 SEED = 1234
 BPE_VOCAB = 8192 - N_SPECIALS  # byte-level BPE ranks; specials follow
@@ -68,7 +68,7 @@ def write_json(path: Path, obj) -> None:
 def heldout_prompts(n: int | None = None, max_user_chars: int = 600) -> list[dict]:
     """The first n test-split chat prompts shipped with the demo pair (ddtree_chat/assets/demo/heldout_prompts.json),
     those whose user text fits max_user_chars: the benchmarks' prompts."""
-    from ..engine.default_model import shipped_demo_dirs
+    from ...engine.default_model import shipped_demo_dirs
 
     found = shipped_demo_dirs()
     if found is None:
