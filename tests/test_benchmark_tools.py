@@ -111,6 +111,20 @@ def test_k26_forward_times_one_tensor_parallel_rank_on_cpu(tmp_path):
     assert got["rows"][1]["bytes"] == rank["total"] < whole["total"] and rank["kv_cache"] == whole["kv_cache"]
 
 
+def test_load_speed_writes_a_k26_layout_checkpoint_and_times_a_rank_on_cpu(tmp_path):
+    """benchmarks/load_speed.py at tiny dims: the checkpoint it writes loads through the engine's loader (in a
+    child process), and a rank of two needs less than the files hold (one rank needs all of it)."""
+    import load_speed
+
+    out = tmp_path / "speed.json"
+    assert load_speed.main(["--dir", str(tmp_path / "ckpt"), "--tiny", "--device", "cpu", "--layers", "2",
+                            "--tp-world", "2", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    total = json.loads((tmp_path / "ckpt" / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    assert got["layers"] == 2 and got["load_s"] > 0 and got["peak_rss_bytes"] > 0
+    assert load_speed.rank_bytes(tmp_path / "ckpt", 1) == total and got["rank_bytes"] < total <= got["file_bytes"]
+
+
 def test_layer_bytes_add_up_to_the_forward():
     from ddtree_chat.engine.memory import forward_bytes, layer_bytes
     from ddtree_chat.dev.random_model import k26_config
