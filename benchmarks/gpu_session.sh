@@ -4,13 +4,13 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed exact exactab exactkernels e2ebf16 smoke e2e
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab exactkernels e2ebf16 smoke e2e
 #                                               programs k26 layer kernels
 #                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
 #                                               alone: each GPU test file in a process of its own; reversed: all
 #                                               of them, last file first; tp: tensor parallelism on one GPU; tprank: rank 0
-#                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; smoke: the one-shot CLI in every mode, fresh
+#                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; allreduce: one-shot vs NCCL by size (several GPUs); smoke: the one-shot CLI in every mode, fresh
 #                                               homes, text compared; ncu: Nsight Compute counters of the MoE and
 #                                               MLA kernels, ncu.csv)
 #
@@ -67,6 +67,7 @@ for s in "$@"; do
                     --tokens 1 8 17 33 65 --collective-us 0 10 --json "$OUT/tp8_rank0.json" ;;
         loadspeed) step loadspeed 400 python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 \
                        --json "$OUT/load_speed.json" ;;
+        allreduce) step allreduce 300 python benchmarks/allreduce.py --json "$OUT/allreduce.json" ;;
         tp) step tp 420 python -m pytest -q --durations=10 -x tests/test_tp_gpu.py ;;
         exact) step exact 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactab) for x in 0 1; do  # the K2.6-shaped forward with and without the row-invariant kernels, one call

@@ -125,6 +125,20 @@ def test_load_speed_writes_a_k26_layout_checkpoint_and_times_a_rank_on_cpu(tmp_p
     assert load_speed.rank_bytes(tmp_path / "ckpt", 1) == total and got["rank_bytes"] < total <= got["file_bytes"]
 
 
+def test_allreduce_benchmark_runs_two_ranks_on_cpu_and_finds_the_crossover(tmp_path):
+    """benchmarks/allreduce.py: two gloo ranks report a time per size; the crossover is the smallest size
+    from which NCCL stays at least as fast as the one-shot."""
+    import allreduce
+
+    out = tmp_path / "ar.json"
+    assert allreduce.main(["--world", "2", "--device", "cpu", "--sizes", "4096", "16384", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [r["bytes"] for r in got["rows"]] == [4096, 16384] and all(r["gloo_us"] > 0 for r in got["rows"])
+    rows = [{"bytes": 1, "oneshot_us": 5, "nccl_us": 20}, {"bytes": 2, "oneshot_us": 9, "nccl_us": 8},
+            {"bytes": 3, "oneshot_us": 12, "nccl_us": 14}, {"bytes": 4, "oneshot_us": 30, "nccl_us": 20}]
+    assert allreduce.crossover(rows) == 4 and allreduce.crossover(rows[:1]) is None
+
+
 def test_layer_bytes_add_up_to_the_forward():
     from ddtree_chat.engine.memory import forward_bytes, layer_bytes
     from ddtree_chat.dev.random_model import k26_config
