@@ -36,7 +36,7 @@ from kernels import copy_ceiling, events_ms  # noqa: E402
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
 from ddtree_chat.engine.memory import forward_bytes, layer_bytes, weight_bytes  # noqa: E402
 from ddtree_chat.engine.parallel import SINGLE, TPGroup  # noqa: E402
-from ddtree_chat.dev.random_model import k26_config, random_target  # noqa: E402
+from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
 from ddtree_chat.engine.tree import build_tree  # noqa: E402
 
 

@@ -29,7 +29,7 @@ from profile_round import programs  # noqa: E402
 from ddtree_chat.engine.ddtree import Decoder  # noqa: E402
 from ddtree_chat.engine.graphs import StaticRound  # noqa: E402
 from ddtree_chat.engine.memory import forward_bytes  # noqa: E402
-from ddtree_chat.dev.random_model import k26_config, k26_draft_config, random_drafter, random_target  # noqa: E402
+from ddtree_chat.engine.random_model import k26_config, k26_draft_config, random_drafter, random_target  # noqa: E402
 
 TINY_TARGET = dict(vocab_size=512, hidden_size=64, num_attention_heads=2, q_lora_rank=32, kv_lora_rank=32,
                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128,

@@ -81,7 +81,7 @@ def test_k26_forward_one_layer_mode_runs_scaled_down_on_cpu(tmp_path):
     import k26_forward
 
     from ddtree_chat.engine.memory import forward_bytes, layer_bytes
-    from ddtree_chat.dev.random_model import k26_config
+    from ddtree_chat.engine.random_model import k26_config
 
     out = tmp_path / "layer.json"
     assert k26_forward.main(["--tiny", "--device", "cpu", "--synthetic-layers", "2", "--layer", "1", "--context", "50",
@@ -99,7 +99,7 @@ def test_k26_forward_times_one_tensor_parallel_rank_on_cpu(tmp_path):
     import k26_forward
 
     from ddtree_chat.engine.memory import forward_bytes
-    from ddtree_chat.dev.random_model import k26_config
+    from ddtree_chat.engine.random_model import k26_config
 
     out = tmp_path / "rank.json"
     assert k26_forward.main(["--tiny", "--device", "cpu", "--synthetic-layers", "3", "--tp-world", "2", "--context",
@@ -141,7 +141,7 @@ def test_allreduce_benchmark_runs_two_ranks_on_cpu_and_finds_the_crossover(tmp_p
 
 def test_layer_bytes_add_up_to_the_forward():
     from ddtree_chat.engine.memory import forward_bytes, layer_bytes
-    from ddtree_chat.dev.random_model import k26_config
+    from ddtree_chat.engine.random_model import k26_config
 
     cfg = k26_config(layers=3)  # one dense layer, two MoE layers
     for t in (1, 16, 64):

@@ -119,7 +119,7 @@ def test_mla_absorption_products_are_row_invariant(heads):
 @pytest.fixture(scope="module")
 def k26():
     """K2.6 at its real layer dimensions, 2 layers (dense, then MoE with 64 of the 384 experts), bf16."""
-    from ddtree_chat.dev.random_model import k26_config, random_target
+    from ddtree_chat.engine.random_model import k26_config, random_target
 
     cfg = k26_config(layers=2, n_routed_experts=64)
     model = random_target(cfg, "cuda", BF16)
@@ -313,7 +313,7 @@ def _continuation_drafter(dec, full: list[int], noise: int):
 @pytest.fixture(scope="module")
 def k26_decoder(k26):
     from ddtree_chat.engine.ddtree import Decoder
-    from ddtree_chat.dev.random_model import k26_draft_config, random_drafter
+    from ddtree_chat.engine.random_model import k26_draft_config, random_drafter
 
     cfg, model = k26
     dcfg = k26_draft_config(target_layers=2, layers=1)

@@ -4,7 +4,7 @@ import torch
 
 from ddtree_chat.engine.model import causal_mask
 from ddtree_chat.engine.memory import forward_bytes
-from ddtree_chat.dev.random_model import k26_config, random_target
+from ddtree_chat.engine.random_model import k26_config, random_target
 
 TINY = dict(vocab_size=512, hidden_size=64, num_attention_heads=2, q_lora_rank=32, kv_lora_rank=32,
             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128,

@@ -14,7 +14,7 @@ import torch
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.errors import DeviceError, EngineError
 from ddtree_chat.engine.memory import plan_memory
-from ddtree_chat.dev.random_model import k26_config
+from ddtree_chat.engine.random_model import k26_config
 
 PROMPT = "tensor parallel"
 

@@ -11,12 +11,12 @@ import math
 
 import torch
 
-from ..engine.config import DraftConfig, RopeScaling, TargetConfig
-from ..engine.drafter import DFlashDrafter
-from ..engine.model import KimiModel, MoE
-from ..engine.ops.int4 import Int4Weight
-from ..engine.ops.moe import ExpertWeights, prepare_experts
-from ..engine.parallel import SINGLE, TPGroup
+from .config import DraftConfig, RopeScaling, TargetConfig
+from .drafter import DFlashDrafter
+from .model import KimiModel, MoE
+from .ops.int4 import Int4Weight
+from .ops.moe import ExpertWeights, prepare_experts
+from .parallel import SINGLE, TPGroup
 
 K26_TEXT_CONFIG = {
     "vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
