@@ -139,6 +139,23 @@ def test_allreduce_benchmark_runs_two_ranks_on_cpu_and_finds_the_crossover(tmp_p
     assert allreduce.crossover(rows) == 4 and allreduce.crossover(rows[:1]) is None
 
 
+def test_tp_projection_adds_up_what_it_assumes():
+    """benchmarks/tp_projection.py: a round is the bandwidth-scaled forward + 122 all-reduces + the draft; tokens
+    per round over its time; at the bound the forward is bound x factor and the drafter split over the ranks."""
+    import tp_projection
+
+    rows = [{"context": 64, "tokens": t, "collective_us": 0.0, "graph_ms": g, "eager_ms": 9.0, "bound_ms": b}
+            for t, g, b in ((1, 2.0, 1.0), (8, 3.0, 2.0), (17, 4.0, 3.0))]
+    got = tp_projection.project({"tp_world": 8, "rows": rows}, 200.0, 100.0, {1: 10.0, 8: 20.0, 17: 40.0}, 1.0, 6,
+                                (2.0, 4.0), 1.5)
+    by = {(r["mode"], r["when"]): r for r in got}
+    ar = by["ar", "today"]
+    assert ar["round_ms"] == 2.0 * 2 + 122 * 0.01 and ar["tok_s"] == [1e3 / ar["round_ms"]] * 2
+    tree = by["ddtree 16 (17 rows)", "at bound"]
+    assert abs(tree["round_ms"] - (1.5 * 3.0 * 2 + 122 * 0.04 + 2.0 / 8 + 12 * 0.01)) < 1e-9
+    assert tree["tok_s"] == [2e3 / tree["round_ms"], 4e3 / tree["round_ms"]]
+
+
 def test_layer_bytes_add_up_to_the_forward():
     from ddtree_chat.engine.memory import forward_bytes, layer_bytes
     from ddtree_chat.engine.random_model import k26_config
