@@ -97,11 +97,11 @@ N_VARIANTS = 18
 
 
 def default_variant(tokens: int) -> int:
-    """Measured (kernels.py --only moe, H200; BENCHMARKS.md): up to 4 tokens the
-    register-pipelined tiles (16: gate/up 4 warps x 2, two down row tiles per CTA of 2 x 2, each stage's
-    loads issued before the previous stage's MMAs, with programmatic dependent launch; T=1 62.8 us vs 68.3
-    for 14); at 5-8 tokens 14 (gate/up 4 x 4, down two row tiles of 2 x 8, PDL); beyond, 10 (14 without PDL,
-    which measured 2-9% slower from 16 tokens)."""
+    """The variant the sweep measured fastest per token count (kernels.py --only moe; BENCHMARKS.md): up to 4
+    tokens the register-pipelined tiles (16: gate/up 4 warps x 2, two down row tiles per CTA of 2 x 2, each
+    stage's loads issued before the previous stage's MMAs, with programmatic dependent launch); at 5-8 tokens
+    14 (gate/up 4 x 4, down two row tiles of 2 x 8, PDL); beyond, 10 (14 without PDL, which lost from 16
+    tokens)."""
     if _FORCED is not None:
         return int(_FORCED)
     if exact():  # NOTE: 14 and 10 share every tile (14 adds PDL): each output sums its K steps in one order

@@ -140,9 +140,9 @@ def define(name: str, ref: Callable | None = None) -> Op:
 @contextlib.contextmanager
 def prefer_library() -> Iterator[None]:
     """Forwards launched op by op from Python (a prefill, an eager round): the small-M products take the
-    library path (cuBLAS) instead of the Triton kernel, whose launch costs ~0.1 ms of host time (argument
-    binding, under cProfile; a graph replays it for free), several times a torch op's: a demo prefill on
-    the H200 ran 0.3 ms of kernels in 15 ms of host time (BENCHMARKS.md)."""
+    library path (cuBLAS) instead of the Triton kernel, whose launch costs several times a torch op's host
+    time (argument binding; a graph replays it for free): a demo prefill launched op by op is host-bound
+    (BENCHMARKS.md, the prefill-chunk rows)."""
     token = _LIBRARY.set(True)
     try:
         yield

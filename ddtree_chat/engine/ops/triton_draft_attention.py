@@ -104,7 +104,7 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
         return None
     block_n = 64 if d <= 64 else 32
     # NOTE: one key tile per split up to ~2 programs per SM: the drafter's context is a few hundred keys
-    # and a split's tiles run serially (4 tiles per split measured 19 us per call on the H200)
+    # and a split's tiles run serially (several tiles per split measured slower, BENCHMARKS.md history)
     ns = max(1, min(triton.cdiv(2 * sm_count(q.device), nkv), triton.cdiv(max(n, 1), block_n)))
     op = torch.empty(ns + 1, b * nh, d, dtype=torch.float32, device=q.device)
     lp = torch.empty(ns + 1, b * nh, dtype=torch.float32, device=q.device)
@@ -115,7 +115,7 @@ def draft_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
         q.stride(0), q.stride(1), k_ctx.stride(0), k_ctx.stride(1), v_ctx.stride(0), v_ctx.stride(1),
         k_blk.stride(0), k_blk.stride(1), v_blk.stride(0), v_blk.stride(1), m8.stride(0) if mask is not None else 0,
         NH=nh, REP=rep, D=d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=mask is not None, HAS_HELD=held is not None,
-        # NOTE: 3xTF32 (float32-level error) measured 6.9 -> 5.0 us per call vs IEEE dots (BENCHMARKS.md)
+        # NOTE: 3xTF32 (float32-level error) measured faster than IEEE dots here
         PREC="tf32x3" if q.dtype == torch.float32 else "tf32", num_warps=4)
     merge_splits(op, lp, out)
     return out

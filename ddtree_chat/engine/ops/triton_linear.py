@@ -1,9 +1,9 @@
 """Small-M float32 products y = x @ w^T in Triton: one K loop per output tile, tensor-core dots in
-3xTF32 (split operands, float32-level error: ~2-3e-7 relative on an H200, as cuBLAS's FFMA kernels).
+3xTF32 (split operands, float32-level error, as cuBLAS's FFMA kernels).
 
 Why: for the 16-257 row products of a tree verify (K, N of a few hundred), cuBLAS picks split-K kernels
-(a memset, a 'largek' GEMM and a scaling pass: ~12-15 us for [33, 256] x [256, 128] on an H200), a
-launch-latency-bound cost repeated ~100 times per round; this kernel takes 4-6 us there. Batched (one
+(a memset, a 'largek' GEMM and a scaling pass), a launch-latency-bound cost repeated ~100 times per
+round, which one launch of this kernel undercuts (BENCHMARKS.md history). Batched (one
 batch per grid row) with arbitrary strides, so the MLA absorption and the dense experts use it too.
 Where cuBLAS wins (measured: benchmarks/kernels.py --only linear) matmul_nt_fast keeps it.
 
@@ -47,9 +47,9 @@ FMA_ROWS = _fma_rows(os.environ.get("DDTREE_FMA_ROWS", "1-64"))
 def _tile(m: int, n: int, precision: str = "tf32x3", k: int = 256) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by shape, not autotuned: each autotune config was one more
     compile per tile height, GLU flag and argument specialisation (150 binaries of this kernel in one GPU
-    run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles, H200): 16x32
-    tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency), e.g.
-    [33, 256] x [128, 256] 4.0 us vs 5.8 with 64x32; taller and wider tiles win only for the lm head."""
+    run's cache, a large part of a first start's compiles). Measured (kernels.py --only tiles): 16x32
+    tiles are fastest for every N < 2048 at 8-65 rows (more programs: a tile's K loop is the latency);
+    taller and wider tiles win only for the lm head."""
     # kernels.py --only fma: 4 columns, K in one or two steps. NOTE: never all three sides >= 16: Triton (3.6)
     # then turns the broadcast sum into a tensor-core dot in plain TF32 (7.7e-4 relative error on the H200)
     if precision == "fma":
@@ -191,12 +191,11 @@ def _serves(m: int, n: int, precision: str) -> bool:
 
 
 def _precision(m: int, n: int, k: int, plain: bool = True) -> str:
-    """Measured (kernels.py --only fma, H200): the FFMA form wins at <= 8 rows (1.8-2.6 us vs cuBLAS's 2.2-2.4
-    at one row and the tf32x3 dots' 2.3-4.0 at eight), and, for a plain product (2-D, one pass over K), up
-    to 48 rows at K >= 128 against <= 256 columns (the demo's q_a/kv_a, q_b, o_proj: 2.4-3.2 vs 2.8-4.0 us);
-    tensor-core dots elsewhere (K = 32-64, the 768-wide dense MLP, 65 rows, and the stacked experts and
-    split-K at 9+ rows, whose 4-column tiles made a 17-node verify 0.33 -> 0.47 ms) and on lm-head-wide
-    products (cuBLAS at one row)."""
+    """Measured (kernels.py --only fma): the FFMA form wins at <= 8 rows (over cuBLAS at one row and the
+    tf32x3 dots at eight), and, for a plain product (2-D, one pass over K), up to 48 rows at K >= 128
+    against <= 256 columns (the demo's q_a/kv_a, q_b, o_proj); tensor-core dots elsewhere (K = 32-64, the
+    768-wide dense MLP, 65 rows, and the stacked experts and split-K at 9+ rows, whose 4-column tiles made a
+    17-node verify slower) and on lm-head-wide products (cuBLAS at one row)."""
     if m not in FMA_ROWS or n >= WIDE_N:
         return "tf32x3"
     return "fma" if m <= 8 or (plain and m <= 48 and k >= 128 and n <= 256) else "tf32x3"

@@ -29,8 +29,8 @@ _CONFIGS = [
 
 def graph_ms(kernel_call, quantiles=None, cold: bool = False, calls: int = 8, reps: int = 5):
     """Per-call time from CUDA-graph replays of `calls` calls, the median of reps: the autotuner's timing.
-    Why: do_bench's per-call events carry launch noise that for ~20 us kernels swapped the pick between
-    runs (BENCHMARKS.md). cold: an L2 flush before each call, the flushes' own replays
+    Why: do_bench's per-call events carry launch noise that for kernels of tens of microseconds swapped the
+    pick between runs. cold: an L2 flush before each call, the flushes' own replays
     subtracted (benchmarks: bytes from DRAM, as a 61-layer forward reads each cache). The autotuner times
     warm: the flush's time swamps small kernels (the demo's float32 MLA picked a 20% slower tile), and at
     long contexts warm and cold agree within 4%."""
@@ -206,7 +206,7 @@ def merge_splits(op: torch.Tensor, lp: torch.Tensor, out: torch.Tensor) -> None:
     ns, m, r = op.shape
     block_r = min(r, 128)
     # NOTE: tiles of <= 8192 partial values: one pass for the demo's ~100 splits of 64 (32-split tiles
-    # there took 5.5 us per merge instead of 2.5), bounded registers for K2.6's hundreds of 512
+    # there merged twice as slowly), bounded registers for K2.6's hundreds of 512
     block_s = min(triton.next_power_of_2(ns), max(2, 8192 // block_r))
     lse_merge_kernel[(m, r // block_r)](op, lp, out, m, ns, R=r, BLOCK_S=max(2, block_s), BLOCK_R=block_r)
 
@@ -293,8 +293,7 @@ def mla_attention_triton(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, ma
         kernel[grid](ql, qp, ckv, kpe, length, mask, op, lp, m, t, nh, ns, nt, scap, scale * 1.4426950408889634,
                      ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1), R=r, P=p,
                      RC=r // 4,
-                     # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (9.7 -> 14 us per call at
-                     # 33 tree rows of the demo, 3.4 -> 4.5 at one; BENCHMARKS.md)
+                     # NOTE: fp32 models keep IEEE dots: 3xTF32 measured slower here (the demo's 1-33 rows)
                      PREC=prec, **tile)
 
     if config is not None:

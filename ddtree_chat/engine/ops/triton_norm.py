@@ -1,6 +1,6 @@
 """RMSNorm (+ residual add) of wide rows in Triton: one program per row holds the whole row in registers
-(one read, one write). The CUDA kernel (csrc/small_ops.cu) stages the row in shared memory and took
-6.3-7.0 us for a [T, 7168] row at 1-256 rows on the H200 (BENCHMARKS.md); it keeps the narrow rows."""
+(one read, one write). The CUDA kernel (csrc/small_ops.cu) stages the row in shared memory and measured
+slower for K2.6's 7168-wide rows (BENCHMARKS.md history); it keeps the narrow rows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .layout import row_layout
 
-MIN_D = 1024  # narrower rows stay on the CUDA kernel (1.7-1.9 us per call at the demo's 256)
+MIN_D = 1024  # narrower rows stay on the CUDA kernel (faster there: the demo's 256)
 
 
 @triton.jit(do_not_specialize=["inner", "s_outer", "s_inner"])

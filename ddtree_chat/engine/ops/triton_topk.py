@@ -16,9 +16,8 @@ import triton
 import triton.language as tl
 
 MAX_CANDIDATES = 8192  # stage 2 holds chunks x K keys in one program's registers
-# NOTE: chunks past 2048 keys (K2.6's vocabulary at k >= 128) sort slower than torch's top-k: 7 x 163840
-# at k = 128 / 256 127 / 207 us vs 109 / 120 (k = 64, chunks of 2048: 80 vs 109; H200, kernels.py --only
-# small); those shapes stay on the reference
+# NOTE: chunks past 2048 keys (K2.6's vocabulary at k >= 128) sort slower than torch's top-k (kernels.py
+# --only small); those shapes stay on the reference
 MAX_CHUNK = 2048
 _LOW = tl.constexpr(0x7FFFFFFF)
 _NONE = tl.constexpr(-9187343239835811840)  # (-inf's ordered bits << 32) | 0: below every real key
