@@ -8,15 +8,11 @@ Messages larger than one buffer half go in pieces (an element's sum does not dep
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as dist
 from torch.multiprocessing.reductions import reduce_tensor
 
 from ..ops.triton_exchange import REGION_BYTES, exchange
-
-log = logging.getLogger(__name__)
 
 
 class OneShot:
