@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tree's list-based walk (an oracle)
 
 
 def features(target, ids: list[int], feature_layers) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +45,8 @@ POSITIONS = ((0, 8), (8, 32), (32, 64), (64, None))  # anchor offsets in the rep
 def tree_tau(top_logp: torch.Tensor, top_ids: torch.Tensor, labels: torch.Tensor, budget: int) -> int:
     """Tokens one round emits (accepted drafted tokens + the bonus) with the best-first `budget` tree over
     top_logp/top_ids [D, K] when the target's continuation is labels [D]."""
-    from ddtree_chat.engine.tree import build_tree, walk
+    from ddtree_chat.engine.tree import build_tree
+    from tree_oracle import walk
 
     tree = build_tree(0, top_logp, top_ids, budget)
     depth = tree.depth.clamp(max=labels.numel() - 1)

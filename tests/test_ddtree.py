@@ -9,10 +9,9 @@ from hypothesis import strategies as st
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.errors import ContextLengthError
-from ddtree_chat.engine.tree import walk
 
 from drafters import TargetDrafter, closure_mask
-from tree_oracle import build_tree_heap
+from tree_oracle import build_tree_heap, packed_mask, walk
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +191,7 @@ def test_tree_is_the_top_budget_prefixes(depth, k, budget, seed, start):
     assert sorted(scores[1:], reverse=True) == pytest.approx(best[:n], abs=1e-5)
     assert torch.equal(tree.mask(), _closure(tree))
     assert tree.positions(start).tolist() == [start + d for d in depths]
-    packed = tree.packed_mask()
+    packed = packed_mask(tree)
     unpacked = ((packed.unsqueeze(-1) >> torch.arange(64)) & 1).flatten(1)[:, : tree.size].bool()
     assert torch.equal(unpacked, tree.mask())
 

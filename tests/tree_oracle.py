@@ -1,5 +1,6 @@
-"""The draft tree's heap oracle: best-first search over the product of marginals, the definition that
-tree.build_tree (tensor ops) and its Triton kernel are tested against."""
+"""The draft tree's test oracles: the heap builder (best-first search over the product of marginals, the
+definition tree.build_tree and its Triton kernel are tested against), the list-based walk the tensor walk is
+checked with, and the bit-packed ancestor mask. Tests and benchmarks only (benchmarks/draft_tau.py)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,36 @@ def build_tree_heap(root_token: int, top_logp: torch.Tensor, top_ids: torch.Tens
             heapq.heappush(heap, (-(score + lp[d][0]), ranks + (0,)))
     return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths),
                      torch.tensor(logps, dtype=torch.float32))
+
+
+def children(tree: DraftTree) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in range(tree.size)]
+    for i, p in enumerate(tree.parents.tolist()):
+        if p >= 0:
+            kids[p].append(i)
+    return kids
+
+
+def walk(tree: DraftTree, choice: torch.Tensor) -> tuple[list[int], int]:
+    """Follow the target's choices from the root. Returns (accepted node path, root first; bonus token)."""
+    kids = children(tree)
+    toks = tree.tokens.tolist()
+    picks = choice.tolist()
+    cur, path = 0, [0]
+    while True:
+        nxt = next((c for c in kids[cur] if toks[c] == picks[cur]), None)
+        if nxt is None:
+            return path, picks[cur]
+        cur = nxt
+        path.append(cur)
+
+
+def packed_mask(tree: DraftTree) -> torch.Tensor:
+    """[N, ceil(N/64)] int64 bit form of tree.mask(): bit j % 64 of word j // 64."""
+    m = tree.mask()
+    n = tree.size
+    words = (n + 63) // 64
+    padded = torch.zeros(n, words * 64, dtype=torch.int64)
+    padded[:, :n] = m.to(torch.int64)
+    bits = padded.view(n, words, 64) << torch.arange(64, dtype=torch.int64)
+    return bits.sum(-1)  # wraps into the sign bit for j % 64 == 63, as int64 two's complement

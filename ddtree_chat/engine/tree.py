@@ -47,27 +47,10 @@ class DraftTree:
             anc = torch.where(ok, self.parents[anc.clamp(min=0)], anc)
         return m
 
-    def packed_mask(self) -> torch.Tensor:
-        """[N, ceil(N/64)] int64 bit form of mask(): bit j % 64 of word j // 64."""
-        m = self.mask()
-        n = self.size
-        words = (n + 63) // 64
-        padded = torch.zeros(n, words * 64, dtype=torch.int64)
-        padded[:, :n] = m.to(torch.int64)
-        bits = padded.view(n, words, 64) << torch.arange(64, dtype=torch.int64)
-        return bits.sum(-1)  # wraps into the sign bit for j % 64 == 63, as int64 two's complement
-
     def prefix(self, budget: int) -> "DraftTree":
         """The first `budget` drafted nodes: best-first order makes them the top-budget prefixes."""
         n = budget + 1
         return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logprobs[:n], self.max_depth)
-
-    def children(self) -> list[list[int]]:
-        kids: list[list[int]] = [[] for _ in range(self.size)]
-        for i, p in enumerate(self.parents.tolist()):
-            if p >= 0:
-                kids[p].append(i)
-        return kids
 
 
 def root_only(token: int, device=None) -> DraftTree:
@@ -125,7 +108,7 @@ def build_tree_ref(root_token: torch.Tensor | int, top_logp: torch.Tensor, top_i
 
 
 def walk_topk(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """walk() with tensor ops: (accepted mask [N], bonus token []) on the tree's device. A node is accepted
+    """The walk (tests/tree_oracle.walk) with tensor ops: (accepted mask [N], bonus token []) on the tree's device. A node is accepted
     iff its parent is and the target chose its token there; siblings hold distinct tokens, so at most one
     node per depth is accepted and the accepted nodes form the path."""
     return WALK.on(tree.parents, tree, choice)
@@ -185,20 +168,6 @@ def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
         sp = sp.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, si, sp)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # generator on the logits' device
-
-
-def walk(tree: DraftTree, choice: torch.Tensor) -> tuple[list[int], int]:
-    """Follow the target's choices from the root. Returns (accepted node path, root first; bonus token)."""
-    kids = tree.children()
-    toks = tree.tokens.tolist()
-    picks = choice.tolist()
-    cur, path = 0, [0]
-    while True:
-        nxt = next((c for c in kids[cur] if toks[c] == picks[cur]), None)
-        if nxt is None:
-            return path, picks[cur]
-        cur = nxt
-        path.append(cur)
 
 
 def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
