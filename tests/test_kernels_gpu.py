@@ -428,6 +428,56 @@ MLA_CASES = [(t, ctx, nh) for nh in (64, 8) for ctx in (1, 100, 4097) for t in (
 MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (256, 4097, 8)]
 
 
+CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]
+CUDA_MLA_CASES += [(t, 131071, nh) for nh in (8, 64) for t in (1, 17)] + [(256, 2100, 64), (1024, 300, 8)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,ctx,nh", CUDA_MLA_CASES)
+def test_cuda_mla_matches_reference(t, ctx, nh):
+    """csrc/mla_attention.cu against its twin: odd key counts, random trees, NaN-poisoned unused slots, the
+    cache's strided [S, 576] views, host and device (int32 / int64) prefix lengths, and the dispatched op."""
+    from ddtree_chat import knobs
+    from ddtree_chat.engine.ops.cuda_mla import mla_attention_cuda, supported
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(t * 1000 + ctx + nh)
+    cap = ctx + t + 37
+    ckv = torch.full((cap, 576), float("nan"), device=dev, dtype=torch.bfloat16)
+    ckv[: ctx + t] = torch.randn(ctx + t, 576, device=dev).to(torch.bfloat16)
+    latent, kpe = ckv[:, :512], ckv[:, 512:]
+    q_lat = (torch.randn(t, nh, 512, device=dev) * 0.5).to(torch.bfloat16)
+    q_pe = torch.randn(t, nh, 64, device=dev).to(torch.bfloat16)
+    mask = ancestor_mask(t, gen, dev)
+    assert supported(q_lat, q_pe, latent, kpe)
+    ref = mla_attention_ref(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE)
+    out = mla_attention_cuda(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE)
+    assert rel(out, ref) < 1e-2
+    for dt in (torch.int32, torch.int64):
+        plen = torch.tensor([ctx], dtype=dt, device=dev)
+        assert torch.equal(mla_attention_cuda(q_lat, q_pe, latent, kpe, plen, mask, K26_SCALE), out)
+    if knobs.mla_kernel() == "cuda":  # DDTREE_MLA=cuda: the dispatched op is this kernel
+        assert torch.equal(mla_attention(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE), out)
+
+
+@gpu
+@pytest.mark.gpu
+def test_cuda_mla_declines_what_it_cannot_serve():
+    from ddtree_chat.engine.ops.cuda_mla import supported
+
+    dev = torch.device("cuda")
+    cache = torch.zeros(64, 576, device=dev, dtype=torch.bfloat16)
+    q, qp = torch.zeros(2, 8, 512, device=dev, dtype=torch.bfloat16), torch.zeros(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    assert supported(q, qp, cache[:, :512], cache[:, 512:])
+    assert not supported(q.float(), qp.float(), cache[:, :512].float(), cache[:, 512:].float())  # float32: Triton
+    assert not supported(q[..., :256], qp, cache[:, :256], cache[:, 512:])  # another latent width
+    odd = torch.zeros(64, 580, device=dev, dtype=torch.bfloat16)[:, 2:578]
+    assert not supported(q, qp, odd[:, :512], odd[:, 512:])  # rows not 16-byte aligned
+    big = torch.zeros(1025, 8, 512, device=dev, dtype=torch.bfloat16)
+    assert not supported(big, torch.zeros(1025, 8, 64, device=dev, dtype=torch.bfloat16), cache[:, :512], cache[:, 512:])
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("t,ctx,nh", MLA_CASES)

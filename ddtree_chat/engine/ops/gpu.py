@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ... import knobs
 from . import registry
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ def fingerprint() -> str:
 
     h = hashlib.sha1(",".join(sorted(enabled_ops)).encode())
     h.update(b"exact" if registry.exact() else b"by-rows")
+    h.update(knobs.mla_kernel().encode())
     here = Path(__file__).resolve().parent
     for f in sorted(here.glob("*.py")) + sorted((here.parents[1] / "csrc").glob("*.cu")):
         h.update(f.read_bytes())
@@ -62,7 +64,7 @@ def register_all() -> list[str]:
     dtypes and `supports` predicates here (registry.Op)."""
     if enabled_ops or os.environ.get("DDTREE_KERNELS", "1") == "0" or not torch.cuda.is_available():
         return enabled_ops
-    from . import cuda_moe, cuda_small
+    from . import cuda_mla, cuda_moe, cuda_small
     from .build import KernelBuildError
     from .moe import _moe_reference
 
@@ -77,6 +79,10 @@ def register_all() -> list[str]:
             kernel_name="moe_experts_grouped")
     _enable("prepare_experts", cuda_moe.prepare_experts_fast, half, cuda_moe.can_pack_on_gpu, errors=built)
     _enable("route", cuda_small.route_kernel, supports=cuda_small.route_supported, errors=built)
+    # NOTE: row-invariant by construction: where chosen it serves every bf16 call at K2.6's latent shape, exact
+    # or not (a round and the AR step must take the same kernel)
+    if knobs.mla_kernel() == "cuda":
+        _enable("mla_attention", cuda_mla.mla_attention_cuda, (torch.bfloat16,), cuda_mla.supported, errors=built)
     _enable("rms_norm", cuda_small.rms_norm_fast, supports=cuda_small.norm_supported, errors=built)
     _enable("add_rms_norm", cuda_small.rms_norm_residual_fast, supports=cuda_small.add_norm_supported, errors=built)
     try:

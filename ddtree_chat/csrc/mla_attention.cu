@@ -1,0 +1,518 @@
+// MLA attention in the absorbed form over the 576-wide latent cache (512 value + 64 rope columns), bf16,
+// row-invariant: a query's output row is computed by the same floating-point operations whatever the other
+// rows of the launch are and however many there are (an AR step, a dflash block, a tree, a prefill chunk).
+//
+// Keys are walked in *logical position* order: the committed prefix 0..L-1 (cache slot = position), then
+// the query's own ancestors (position L + depth = cache slot L + its index in the round). Positions are cut
+// into fixed CHUNKs (256) and SUPERs (8 chunks); a chunk is one online softmax from scratch over 32-key
+// tiles, a super is its chunks folded left to right (fold()), the row's result is its supers folded left to
+// right, then normalised. Who computes what varies with the launch's shape, the arithmetic does not:
+//   - a CTA holds 16 query rows (one m16 MMA block; rows never mix inside an MMA) and 512/CS of the value
+//     columns (CS = 1, 2, 4 CTAs split the columns; each recomputes the same scores);
+//   - a CTA either computes one chunk and stores its state, or (F = 8) a whole super, folding its chunks in
+//     registers exactly as the merge would fold the stored chunk states;
+//   - "shared" CTAs take chunks below L for any 16 rows; "tail" CTAs take one round node's heads and the
+//     chunks from L's chunk on, reading positions >= L through the node's ancestors (its mask row).
+// The merge kernel folds a row's stored states in position order. L is read from device memory, so a CUDA
+// graph replays at any length up to the launch's bound.
+//
+// Per CTA: 4 warps. Scores: warp w takes the tile's 32 keys over columns 144*w..+143 of the 576 (its Q
+// fragments live in registers); the four partial score tiles are added in warp order through shared memory.
+// Values: warp w takes 128/CS value columns. Every warp computes the same softmax statistics.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
+constexpr int kChunk = 256, kSuper = 8;           // keys per chunk, chunks per super (fixed by position)
+constexpr int kBN = 32;                            // keys per tile
+constexpr int kRows = 16;                          // query rows per CTA
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
+constexpr int kTileBytes = kBN * kLd * 2;
+constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
+constexpr int kKSteps = 9;                         // 16-column k-steps per warp (576 / 4 / 16)
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing (unused or poisoned slots stay unread).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// The one fold of two unnormalised softmax states (running max m, sum l, accumulators), the second after
+// the first; an empty side (sum 0) leaves the other unchanged, bit for bit. Explicit roundings: the CTA's
+// register fold and the merge's fold of stored states are the same operations.
+struct Scales {
+  float a, b;
+};
+__device__ __forceinline__ Scales fold_stats(float& m, float& l, float ms, float ls) {
+  if (ls == 0.f) return {1.f, 0.f};
+  if (l == 0.f) {
+    m = ms;
+    l = ls;
+    return {0.f, 1.f};
+  }
+  const float mx = fmaxf(m, ms);
+  const float a = exp2f(__fsub_rn(m, mx)), b = exp2f(__fsub_rn(ms, mx));
+  m = mx;
+  l = __fmaf_rn(l, a, __fmul_rn(ls, b));
+  return {a, b};
+}
+__device__ __forceinline__ float fold_acc(float acc, float accs, Scales s) {
+  if (s.b == 0.f) return acc;
+  if (s.a == 0.f) return accs;
+  return __fmaf_rn(acc, s.a, __fmul_rn(accs, s.b));
+}
+
+// Round node `node`'s ancestors in index order (their rank = depth): anc[rank] = index; returns the count
+// (depth + 1). The mask row is [T] bytes; ancestors precede descendants in a round's numbering.
+__device__ int scan_ancestors(const uint8_t* __restrict__ mask_row, int T, int* anc, int* warp_count) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int running = 0;
+  for (int s0 = 0; s0 < T; s0 += blockDim.x) {
+    const int j = s0 + threadIdx.x;
+    const bool bit = j < T && mask_row[j] != 0;
+    const unsigned ballot = __ballot_sync(0xffffffffu, bit);
+    if (lane == 0) warp_count[wid] = __popc(ballot);
+    __syncthreads();
+    int before = running;
+    for (int w = 0; w < wid; ++w) before += warp_count[w];
+    if (bit && anc != nullptr) anc[before + __popc(ballot & ((1u << lane) - 1u))] = j;
+    for (int w = 0; w < nw; ++w) running += warp_count[w];
+    __syncthreads();
+  }
+  return running;
+}
+
+struct Args {
+  const __nv_bfloat16* q_lat;  // [T, NH, 512] (row strides sql_t, sql_h)
+  const __nv_bfloat16* q_pe;   // [T, NH, 64]
+  const __nv_bfloat16* ckv;    // [S, 512] row stride s_ckv
+  const __nv_bfloat16* kpe;    // [S, 64] row stride s_kpe
+  const void* plen;            // [1] int32 or int64: committed prefix length L
+  const uint8_t* mask;         // [T, Tm] this launch's rows of the round's ancestor mask (self included)
+  float* part_acc;             // [slots, M, 512] unnormalised states
+  float* part_ml;              // [2, slots, M] their running max, then their sum
+  int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
+  int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
+  int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
+  float scale_log2;
+};
+
+__device__ __forceinline__ int load_len(const void* p, int is64) {
+  return is64 ? (int)*(const int64_t*)p : *(const int*)p;
+}
+
+// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread):
+// thread i copies key i / 4, the 16-byte pieces i % 4 + 4 j of its 1024 value bytes and 128 rope bytes, so
+// one slot lookup serves its eighteen copies.
+template <class SlotOf>
+__device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int pos0, int hi, SlotOf slot_of) {
+  static_assert(kThreads == kBN * 4, "four threads per key");
+  const int key = threadIdx.x >> 2, col = (threadIdx.x & 3) * 8, pos = pos0 + key;
+  const bool ok = pos < hi;
+  const int64_t slot = ok ? slot_of(pos) : 0;
+  const int bytes = ok ? 16 : 0;
+  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + col;
+  __nv_bfloat16* d = dst + key * kLd + col;
+  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + col;
+#pragma unroll
+  for (int j = 0; j < kR / 32; ++j) cp_async16(d + 32 * j, v + 32 * j, bytes);
+#pragma unroll
+  for (int j = 0; j < kP / 32; ++j) cp_async16(d + kR + 32 * j, pe + 32 * j, bytes);
+}
+
+template <int CS, int STAGES>
+__global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
+  constexpr int kNT = 16 / CS;  // value n8-tiles per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* tiles = (__nv_bfloat16*)smem;                        // [STAGES][32][kLd]
+  float4* spart = (float4*)(smem + STAGES * kTileBytes);             // [4 warps][4 n8 tiles][32 lanes]
+  int* anc = (int*)(smem + STAGES * kTileBytes + kWarps * 4 * 32 * 16);  // [kMaxT]
+  __shared__ int warp_count[kWarps];
+
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int cs = blockIdx.x % CS, unit = blockIdx.x / CS;
+  const int L = load_len(a.plen, a.plen64);
+  const int nsf = L / (kChunk * kSuper), base = L / kChunk;
+
+  // ---- which rows, which chunks, which slot
+  int first, nchunks, slot, node = -1, row0 = 0;
+  int n_super_units = a.F == kSuper ? a.NSU * a.RB : 0;
+  int n_shared_units = a.F == kSuper ? (kSuper - 1) * a.RB : a.SH * a.RB;
+  if (unit < n_super_units) {
+    const int s = unit / a.RB;
+    if (s >= nsf) return;
+    row0 = (unit % a.RB) * kRows;
+    first = s * kSuper, nchunks = kSuper, slot = s;
+  } else if (unit < n_super_units + n_shared_units) {
+    const int u = unit - n_super_units, k = u / a.RB;
+    row0 = (u % a.RB) * kRows;
+    first = (a.F == kSuper ? nsf * kSuper : 0) + k, nchunks = 1;
+    slot = (a.F == kSuper ? a.NSU : 0) + k;
+    if (first >= base) return;
+  } else {
+    const int u = unit - n_super_units - n_shared_units;
+    node = u / (a.NTL * a.HB);
+    if (node >= a.T) return;
+    const int it = (u / a.HB) % a.NTL;
+    row0 = (u % a.HB) * kRows;
+    first = base + it, nchunks = 1, slot = a.SH + it;
+  }
+  int hi_all = L;  // keys visible to this CTA's rows end here (exclusive)
+  if (node >= 0) {
+    const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, anc, warp_count);
+    hi_all = L + count;
+    if (first * kChunk >= hi_all) return;
+  }
+  auto slot_of = [&](int pos) -> int64_t { return pos < L ? pos : L + anc[pos - L]; };
+
+  // ---- this lane's rows: g and g + 8 of the CTA's 16
+  int m_row[2];
+  bool row_ok[2];
+  for (int h = 0; h < 2; ++h) {
+    const int i = row0 + g + 8 * h;
+    if (node >= 0) {
+      row_ok[h] = i < a.NH;
+      m_row[h] = node * a.NH + i;
+    } else {
+      row_ok[h] = i < a.M;
+      m_row[h] = i;
+    }
+  }
+  // ---- Q fragments of the warp's 144 columns, from global (zeros for rows outside the launch)
+  const int kq = w;
+  uint32_t qf[kKSteps][4];
+  for (int s = 0; s < kKSteps; ++s) {
+    const int k0 = (kq * kKSteps + s) * 16;
+    for (int r = 0; r < 4; ++r) {
+      const int h = r & 1, col = k0 + 2 * c + 8 * (r >> 1);
+      uint32_t v = 0;
+      if (row_ok[h]) {
+        const int t = m_row[h] / a.NH, hd = m_row[h] % a.NH;
+        const __nv_bfloat16* p = col < kR ? a.q_lat + t * a.sql_t + hd * a.sql_h + col
+                                          : a.q_pe + t * a.sqp_t + hd * a.sqp_h + (col - kR);
+        v = *(const uint32_t*)p;
+      }
+      qf[s][r] = v;
+    }
+  }
+
+  // super state (F = 8 CTAs; its accumulators live in the CTA's own output slot) and chunk state, per row
+  // g / g + 8; value accumulators of kNT n8-tiles
+  float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
+  float cm[2], cl[2], acc[kNT][4];
+  const int col0 = cs * (kR / CS) + w * (128 / CS);  // the warp's first value column
+  const int slots = a.SH + a.NTL;
+  float* out_acc[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)slot * a.M + m_row[h]) * kR + col0 + 2 * c;
+
+  // The CTA's tiles in position order: chunk ch = g / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
+  // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
+  constexpr int kTilesPerChunk = kChunk / kBN;
+  const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
+  const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
+                                                      (nchunks - 1) * kChunk + kBN - 1) / kBN;
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < total) load_tile(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
+    cp_commit();
+  }
+  for (int gt = 0; gt < total; ++gt) {
+    if (gt % kTilesPerChunk == 0) {  // a chunk starts: its softmax from scratch
+      cm[0] = cm[1] = -INFINITY;
+      cl[0] = cl[1] = 0.f;
+#pragma unroll
+      for (int t = 0; t < kNT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+    }
+    cp_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int nx = gt + STAGES - 1;
+      if (nx < total) load_tile(a, tiles + (nx % STAGES) * kBN * kLd, lo + nx * kBN, hi, slot_of);
+      cp_commit();
+    }
+    const __nv_bfloat16* tile = tiles + (gt % STAGES) * kBN * kLd;
+    // scores: n8 tile i holds keys 8 i + (g), over the columns of k-quarter kq
+    float sc[4][4] = {};
+    {
+      const int mat = lane >> 3, r = lane & 7;
+      const __nv_bfloat16* bp = tile + (8 * (mat >> 1) + r) * kLd + 8 * (mat & 1);
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // keys 16 h .. 16 h + 15
+          uint32_t b[4];
+          ldsm_x4(b, bp + 16 * h * kLd + (kq * kKSteps + s) * 16);
+          mma16816(sc[2 * h], qf[s], b[0], b[1]);
+          mma16816(sc[2 * h + 1], qf[s], b[2], b[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) spart[(w * 4 + i) * 32 + lane] = make_float4(sc[i][0], sc[i][1], sc[i][2], sc[i][3]);
+    __syncthreads();
+    // full scores at this lane's fragment positions: [key half][n8 tile][e], partials added in warp order
+    float s2[2][2][4];
+    const int pos0 = lo + gt * kBN;
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float4 v = spart[(2 * q + j) * 32 + lane];
+#pragma unroll
+        for (int k = 1; k < 4; ++k) {
+          const float4 u = spart[(k * 4 + 2 * q + j) * 32 + lane];
+          v = make_float4(__fadd_rn(v.x, u.x), __fadd_rn(v.y, u.y), __fadd_rn(v.z, u.z), __fadd_rn(v.w, u.w));
+        }
+        const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = 16 * q + 8 * j + 2 * c + (e & 1);
+          const float x = pos0 + key < hi ? __fmul_rn(vv[e], a.scale_log2) : -INFINITY;
+          s2[q][j][e] = x;
+          tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+        }
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
+      tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
+      const float mn = fmaxf(cm[h], tmax[h]);
+      alpha[h] = exp2f(__fsub_rn(cm[h], mn));
+      cm[h] = mn;
+    }
+    float rsum[2] = {0.f, 0.f};
+    uint32_t pa[2][4];  // P as the A operand of the value product, per key half
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      float p[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s2[q][j][e];
+          p[j][e] = x == -INFINITY ? 0.f : exp2f(__fsub_rn(x, cm[e >> 1]));
+          rsum[e >> 1] = __fadd_rn(rsum[e >> 1], p[j][e]);
+        }
+      pa[q][0] = pack_bf16(p[0][0], p[0][1]);
+      pa[q][1] = pack_bf16(p[0][2], p[0][3]);
+      pa[q][2] = pack_bf16(p[1][0], p[1][1]);
+      pa[q][3] = pack_bf16(p[1][2], p[1][3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rsum[h] = __fadd_rn(rsum[h], __shfl_xor_sync(0xffffffffu, rsum[h], 1));
+      rsum[h] = __fadd_rn(rsum[h], __shfl_xor_sync(0xffffffffu, rsum[h], 2));
+      cl[h] = __fmaf_rn(cl[h], alpha[h], rsum[h]);
+    }
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) {
+      acc[t][0] = __fmul_rn(acc[t][0], alpha[0]);
+      acc[t][1] = __fmul_rn(acc[t][1], alpha[0]);
+      acc[t][2] = __fmul_rn(acc[t][2], alpha[1]);
+      acc[t][3] = __fmul_rn(acc[t][3], alpha[1]);
+    }
+    // values: keys of half q (k-step), the warp's columns; B fragments by transposed ldmatrix
+    {
+      const int mat = lane >> 3, r = lane & 7;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const __nv_bfloat16* vp = tile + (16 * q + 8 * (mat & 1) + r) * kLd + col0 + 8 * (mat >> 1);
+#pragma unroll
+        for (int t = 0; t < kNT; t += 2) {
+          uint32_t b[4];
+          ldsm_x4_t(b, vp + 8 * t);
+          mma16816(acc[t], pa[q], b[0], b[1]);
+          mma16816(acc[t + 1], pa[q], b[2], b[3]);
+        }
+      }
+    }
+    if (gt % kTilesPerChunk == kTilesPerChunk - 1 || gt == total - 1) {
+      // a chunk ends: fold it into the super state stored in the output slot (the first chunk folds into the
+      // empty state unchanged); each thread reads back only what it wrote
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool first_chunk = fl[h] == 0.f;
+        const Scales f = fold_stats(fm[h], fl[h], cm[h], cl[h]);
+        if (!row_ok[h]) continue;
+#pragma unroll
+        for (int t = 0; t < kNT; ++t) {
+          float2 o = make_float2(0.f, 0.f);
+          if (!first_chunk) o = *(const float2*)(out_acc[h] + 8 * t);
+          *(float2*)(out_acc[h] + 8 * t) =
+              make_float2(fold_acc(o.x, acc[t][2 * h], f), fold_acc(o.y, acc[t][2 * h + 1], f));
+        }
+      }
+    }
+  }
+  cp_wait<0>();
+  // ---- the state's max and sum (its accumulators are stored)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!row_ok[h]) continue;
+    const int64_t r = (int64_t)slot * a.M + m_row[h];
+    if (cs == 0 && w == 0 && c == 0) {
+      a.part_ml[r] = fm[h];
+      a.part_ml[(int64_t)slots * a.M + r] = fl[h];
+    }
+  }
+}
+
+// Row m's stored states folded in position order (chunks into supers, supers into the row), normalised.
+// Block: 128 threads x 4 columns of one row. The states are read 8 at a time ahead of their folds (the
+// loads of a batch overlap; the folds stay in order).
+__global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
+  constexpr int kBatch = 8;
+  __shared__ int warp_count[4];
+  const int m = blockIdx.x, node = m / a.NH, col = threadIdx.x * 4;
+  const int L = load_len(a.plen, a.plen64);
+  const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, nullptr, warp_count);
+  const int nch = (L + count - 1) / kChunk + 1, base = L / kChunk, nsf = L / (kChunk * kSuper);
+  const int slots = a.SH + a.NTL;
+  // the row's states in order: with F = 8 one per full super, then the chunks from the first partial super on
+  const int stored = a.F == kSuper ? nsf : 0, n_states = stored + nch - stored * kSuper;
+  float tm = -INFINITY, tl = 0.f, tacc[4] = {0.f, 0.f, 0.f, 0.f};
+  float sm = -INFINITY, sl = 0.f, sacc[4] = {0.f, 0.f, 0.f, 0.f};
+  int super_of_state = 0;
+  for (int k0 = 0; k0 < n_states; k0 += kBatch) {
+    float4 v[kBatch];
+    float ms[kBatch], ls[kBatch];
+    int sup[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int k = k0 + b;
+      int slot = 0;
+      if (k < stored) {
+        slot = k, sup[b] = k;
+      } else {
+        const int ch = stored * kSuper + (k - stored);
+        sup[b] = ch / kSuper;
+        slot = ch < base ? (a.F == kSuper ? a.NSU + (ch - nsf * kSuper) : ch) : a.SH + (ch - base);
+      }
+      const int64_t r = (int64_t)slot * a.M + m;
+      if (k < n_states) {
+        v[b] = *(const float4*)(a.part_acc + r * kR + col);
+        ms[b] = a.part_ml[r];
+        ls[b] = a.part_ml[(int64_t)slots * a.M + r];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (k0 + b >= n_states) break;
+      if (sup[b] != super_of_state) {  // a super is complete: into the row's state
+        const Scales f = fold_stats(tm, tl, sm, sl);
+        for (int e = 0; e < 4; ++e) tacc[e] = fold_acc(tacc[e], sacc[e], f);
+        sm = -INFINITY, sl = 0.f;
+        for (int e = 0; e < 4; ++e) sacc[e] = 0.f;
+        super_of_state = sup[b];
+      }
+      const Scales f = fold_stats(sm, sl, ms[b], ls[b]);
+      sacc[0] = fold_acc(sacc[0], v[b].x, f);
+      sacc[1] = fold_acc(sacc[1], v[b].y, f);
+      sacc[2] = fold_acc(sacc[2], v[b].z, f);
+      sacc[3] = fold_acc(sacc[3], v[b].w, f);
+    }
+  }
+  const Scales f = fold_stats(tm, tl, sm, sl);
+  for (int e = 0; e < 4; ++e) tacc[e] = fold_acc(tacc[e], sacc[e], f);
+  const int t = m / a.NH, hd = m % a.NH;
+  __nv_bfloat16* o = out + ((int64_t)t * a.NH + hd) * kR + col;
+  for (int e = 0; e < 4; ++e) o[e] = __float2bfloat16_rn(__fdiv_rn(tacc[e], tl));
+}
+
+template <int CS, int STAGES>
+int launch_chunks(const Args& a, int grid, cudaStream_t stream) {
+  const int smem = STAGES * kTileBytes + kWarps * 4 * 32 * 16 + kMaxT * 4;
+  static bool opted_in = false;  // NOTE: once per kernel, so no attribute call falls inside a graph capture
+  if (!opted_in) {
+    cudaError_t e =
+        cudaFuncSetAttribute(mla_chunks_kernel<CS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return (int)e;
+    opted_in = true;
+  }
+  mla_chunks_kernel<CS, STAGES><<<grid * CS, kThreads, smem, stream>>>(a);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+// Shared memory one chunk CTA needs at `stages` pipeline stages (the launcher checks it against the GPU).
+extern "C" {
+
+int ddt_mla_smem_bytes(int stages) { return stages * kTileBytes + kWarps * 4 * 32 * 16 + kMaxT * 4; }
+
+// The shared memory a block may opt into on `device` (0 if the query fails).
+int ddt_mla_smem_optin(int device) {
+  int v = 0;
+  return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? v : 0;
+}
+
+// q_lat [T, NH, 512], q_pe [T, NH, 64] (bf16, unit column stride), ckv/kpe rows of the cache, plen [1] (int32
+// or int64), mask [T, Tm] uint8 (this launch's rows of a round of Tm nodes, which may come in several launches),
+// part_acc [(SH + NTL) * M * 512] and part_ml [2 * (SH + NTL) * M] float32 scratch (M = T * NH), out [T, NH, 512]
+// bf16. F: 1 or 8 chunks per super CTA; cs: 1, 2 or 4 CTAs per column set; stages: 2 or 4.
+int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, const void* kpe, const void* plen,
+                      int plen64, const void* mask, void* part_acc, void* part_ml, void* out, int64_t sql_t,
+                      int64_t sql_h, int64_t sqp_t, int64_t sqp_h, int64_t s_ckv, int64_t s_kpe, int T, int Tm, int NH,
+                      int F, int NSU, int SH, int NTL, int cs, int stages, float scale_log2, void* stream_) {
+  if (T < 1 || Tm < T || Tm > kMaxT || (F != 1 && F != kSuper) || (cs != 1 && cs != 2 && cs != 4) ||
+      (stages != 2 && stages != 4))
+    return (int)cudaErrorInvalidValue;
+  cudaStream_t stream = (cudaStream_t)stream_;
+  Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,
+         plen, (const uint8_t*)mask, (float*)part_acc, (float*)part_ml, sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe,
+         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, scale_log2};
+  a.RB = (a.M + kRows - 1) / kRows;
+  a.HB = (NH + kRows - 1) / kRows;
+  const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : SH * a.RB) + T * NTL * a.HB;
+  int rc;
+  if (stages == 2)
+    rc = cs == 1 ? launch_chunks<1, 2>(a, units, stream) : cs == 2 ? launch_chunks<2, 2>(a, units, stream)
+                                                                   : launch_chunks<4, 2>(a, units, stream);
+  else
+    rc = cs == 1 ? launch_chunks<1, 4>(a, units, stream) : cs == 2 ? launch_chunks<2, 4>(a, units, stream)
+                                                                   : launch_chunks<4, 4>(a, units, stream);
+  if (rc != 0) return rc;
+  mla_merge_kernel<<<a.M, 128, 0, stream>>>(a, (__nv_bfloat16*)out);
+  return (int)cudaGetLastError();
+}
+
+}  // extern "C"

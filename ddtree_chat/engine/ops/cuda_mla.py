@@ -1,0 +1,104 @@
+"""Launcher for csrc/mla_attention.cu: row-invariant MLA attention over K2.6's latent cache (512 + 64 columns,
+bf16). Its twin is ops.mla_attention_ref; the row invariance (a node's row equals the AR step's row at the same
+position, bit for bit) is what tests/test_kernels_gpu.py checks against it.
+
+The launch plan (how many CTAs fold a super, how many split the value columns, pipeline depth, nodes per
+launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's header says why)."""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK, SUPER = 256, 8  # keys per chunk, chunks per super: fixed by position in the kernel
+ROWS = 16  # query rows per CTA
+MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
+SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
+FORCE: dict = {}  # plan overrides {"F", "cs", "stages"} (benchmarks, tests)
+
+_SMEM_OPTIN: dict[int, int] = {}
+_SMS: dict[int, int] = {}
+
+
+def supported(q_lat, q_pe, ckv, kpe, prefix_len=None, tree_mask=None, scale=None) -> bool:
+    """K2.6's latent shape in bf16, rows 16-byte aligned (cp.async), at most MAX_NODES round nodes."""
+    if q_lat.dim() != 3 or q_pe.dim() != 3 or q_lat.shape[-1] != 512 or q_pe.shape[-1] != 64:
+        return False
+    if any(x.dtype != torch.bfloat16 for x in (q_lat, q_pe, ckv, kpe)) or not q_lat.is_cuda:
+        return False
+    if q_lat.shape[0] > MAX_NODES or ckv.shape[-1] != 512 or kpe.shape[-1] != 64 or ckv.dim() != 2 or kpe.dim() != 2:
+        return False
+    return all(x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 for x in (ckv, kpe))
+
+
+def _device_facts(dev: torch.device) -> tuple[int, int]:
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        from .build import library
+
+        _SMEM_OPTIN[idx] = library().ddt_mla_smem_optin(idx)
+    return _SMS[idx], _SMEM_OPTIN[idx]
+
+
+def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None) -> dict:
+    """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
+    (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
+    columns), stages, shared slots (NSU of supers, SH in all), tail slots per row NTL, nodes per launch.
+    Rule: two stages (two CTAs per SM); supers per CTA when they alone fill a wave (and always when the nodes
+    come in several launches: the fewest partial states), else chunks; split the columns as far as the CTAs
+    still fit in one wave. deep (the GPU's shared memory takes four stages) is for FORCE'd comparisons."""
+    nodes = nodes or t
+    stages = FORCE.get("stages") or 2
+    wave = sms * (2 if stages == 2 else 1)  # CTAs resident at once (shared memory allows two at two stages)
+    rb = -(-nodes * nh // ROWS)
+    ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
+    nsu = max(bound, 0) // (CHUNK * SUPER)
+    f = FORCE.get("F") or (SUPER if nsu * rb >= wave or nodes < t else 1)
+    units = (nsu * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // ROWS)
+    cs = FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
+    sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
+    p = {"F": f, "cs": cs, "stages": stages if deep else 2, "NSU": nsu if f == SUPER else 0, "SH": sh, "NTL": ntl,
+         "nodes": nodes}
+    if nodes == t > 1 and (sh + ntl) * t * nh * (512 + 2) * 4 > SCRATCH_BYTES:
+        per_node = (nsu + SUPER - 1 + ntl) * nh * (512 + 2) * 4
+        return plan(t, nh, bound, sms, deep, max(1, min(t - 1, SCRATCH_BYTES // per_node)))
+    return p
+
+
+def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
+    """ops.mla_attention_ref's contract for supported() shapes: q_lat [T, h, 512], q_pe [T, h, 64], ckv [S, 512],
+    kpe [S, 64], prefix_len an int or a device tensor [1] (then max_prefix, or S - T, bounds it), tree_mask
+    [T, T] bool (ancestors before descendants) -> [T, h, 512] bf16."""
+    from .build import check, library
+
+    lib = library()
+    t, nh, _ = q_lat.shape
+    dev = q_lat.device
+    if torch.is_tensor(prefix_len):
+        plen = prefix_len.reshape(1)
+        if plen.device != dev or plen.dtype not in (torch.int32, torch.int64):
+            plen = plen.to(device=dev, dtype=torch.int32)
+        bound = max_prefix if max_prefix is not None else ckv.shape[0] - t
+    else:
+        plen = torch.full((1,), int(prefix_len), dtype=torch.int32, device=dev)
+        bound = int(prefix_len)
+    ql = q_lat if q_lat.stride(-1) == 1 and q_lat.stride(0) % 2 == 0 and q_lat.stride(1) % 2 == 0 \
+        else q_lat.contiguous()
+    qp = q_pe if q_pe.stride(-1) == 1 and q_pe.stride(0) % 2 == 0 and q_pe.stride(1) % 2 == 0 else q_pe.contiguous()
+    mask = tree_mask.to(device=dev)
+    mask = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)).contiguous()
+    sms, optin = _device_facts(dev)
+    p = plan(t, nh, bound, sms, lib.ddt_mla_smem_bytes(4) <= optin)
+    slots, batch = p["SH"] + p["NTL"], p["nodes"]
+    out = torch.empty(t, nh, 512, dtype=torch.bfloat16, device=dev)
+    acc = torch.empty(slots * batch * nh * 512, dtype=torch.float32, device=dev)
+    ml = torch.empty(2 * slots * batch * nh, dtype=torch.float32, device=dev)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    for n0 in range(0, t, batch):  # NOTE: one launch unless the partial states outgrow SCRATCH_BYTES
+        rc = lib.ddt_mla_attention(ql[n0].data_ptr(), qp[n0].data_ptr(), ckv.data_ptr(), kpe.data_ptr(), plen.data_ptr(),
+                                   int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(), ml.data_ptr(),
+                                   out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1),
+                                   ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"], p["NSU"], p["SH"],
+                                   p["NTL"], p["cs"], p["stages"], float(scale * 1.4426950408889634), stream)
+        check(rc, "ddt_mla_attention")
+    return out
