@@ -468,14 +468,15 @@ def test_cuda_mla_declines_what_it_cannot_serve():
 
     dev = torch.device("cuda")
     cache = torch.zeros(64, 576, device=dev, dtype=torch.bfloat16)
-    q, qp = torch.zeros(2, 8, 512, device=dev, dtype=torch.bfloat16), torch.zeros(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    bf = torch.bfloat16
+    q, qp = torch.zeros(2, 8, 512, device=dev, dtype=bf), torch.zeros(2, 8, 64, device=dev, dtype=bf)
     assert supported(q, qp, cache[:, :512], cache[:, 512:])
     assert not supported(q.float(), qp.float(), cache[:, :512].float(), cache[:, 512:].float())  # float32: Triton
     assert not supported(q[..., :256], qp, cache[:, :256], cache[:, 512:])  # another latent width
     odd = torch.zeros(64, 580, device=dev, dtype=torch.bfloat16)[:, 2:578]
     assert not supported(q, qp, odd[:, :512], odd[:, 512:])  # rows not 16-byte aligned
-    big = torch.zeros(1025, 8, 512, device=dev, dtype=torch.bfloat16)
-    assert not supported(big, torch.zeros(1025, 8, 64, device=dev, dtype=torch.bfloat16), cache[:, :512], cache[:, 512:])
+    big, big_pe = torch.zeros(1025, 8, 512, device=dev, dtype=bf), torch.zeros(1025, 8, 64, device=dev, dtype=bf)
+    assert not supported(big, big_pe, cache[:, :512], cache[:, 512:])  # more round nodes than the kernel holds
 
 
 @gpu

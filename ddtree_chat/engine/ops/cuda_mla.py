@@ -44,17 +44,19 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
     (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
     columns), stages, shared slots (NSU of supers, SH in all), tail slots per row NTL, nodes per launch.
-    Rule: two stages (two CTAs per SM); supers per CTA when they alone fill a wave (and always when the nodes
-    come in several launches: the fewest partial states), else chunks; split the columns as far as the CTAs
-    still fit in one wave. deep (the GPU's shared memory takes four stages) is for FORCE'd comparisons."""
+    Rule (measured, `benchmarks/kernels.py --only cuda_mla`): two stages (two CTAs per SM); a CTA per super
+    from 32 supers of context on (the merge's fold of one state per chunk costs more there), or from 8 when
+    the super CTAs alone fill a wave, and always when the nodes come in several launches (the fewest partial
+    states); else a CTA per chunk; the value columns split as far as the CTAs still fit in one wave. deep
+    (the GPU's shared memory takes four stages) only lets FORCE ask for four."""
     nodes = nodes or t
     stages = FORCE.get("stages") or 2
     wave = sms * (2 if stages == 2 else 1)  # CTAs resident at once (shared memory allows two at two stages)
     rb = -(-nodes * nh // ROWS)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
-    f = FORCE.get("F") or (SUPER if nsu * rb >= wave or nodes < t else 1)
-    units = (nsu * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // ROWS)
+    f = FORCE.get("F") or (SUPER if nsu >= 32 or (nsu >= 8 and nsu * rb >= wave) or nodes < t else 1)
+    units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // ROWS)
     cs = FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
     p = {"F": f, "cs": cs, "stages": stages if deep else 2, "NSU": nsu if f == SUPER else 0, "SH": sh, "NTL": ntl,
@@ -95,9 +97,9 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
     ml = torch.empty(2 * slots * batch * nh, dtype=torch.float32, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream
     for n0 in range(0, t, batch):  # NOTE: one launch unless the partial states outgrow SCRATCH_BYTES
-        rc = lib.ddt_mla_attention(ql[n0].data_ptr(), qp[n0].data_ptr(), ckv.data_ptr(), kpe.data_ptr(), plen.data_ptr(),
-                                   int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(), ml.data_ptr(),
-                                   out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1),
+        rc = lib.ddt_mla_attention(ql[n0].data_ptr(), qp[n0].data_ptr(), ckv.data_ptr(), kpe.data_ptr(),
+                                   plen.data_ptr(), int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(),
+                                   ml.data_ptr(), out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0), qp.stride(1),
                                    ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"], p["NSU"], p["SH"],
                                    p["NTL"], p["cs"], p["stages"], float(scale * 1.4426950408889634), stream)
         check(rc, "ddt_mla_attention")
