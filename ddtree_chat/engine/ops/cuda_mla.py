@@ -100,7 +100,8 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
         rc = lib.ddt_mla_attention(ql[n0].data_ptr(), qp[n0].data_ptr(), ckv.data_ptr(), kpe.data_ptr(),
                                    plen.data_ptr(), int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(),
                                    ml.data_ptr(), out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0),
-                                   qp.stride(1), ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"], p["NSU"], p["SH"],
-                                   p["NTL"], p["cs"], p["stages"], float(scale * 1.4426950408889634), stream)
+                                   qp.stride(1), ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"],
+                                   p["NSU"], p["SH"], p["NTL"], p["cs"], p["stages"],
+                                   float(scale * 1.4426950408889634), stream)
         check(rc, "ddt_mla_attention")
     return out
