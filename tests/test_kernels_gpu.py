@@ -428,6 +428,28 @@ MLA_CASES = [(t, ctx, nh) for nh in (64, 8) for ctx in (1, 100, 4097) for t in (
 MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (256, 4097, 8)]
 
 
+def test_cuda_mla_plan_cpu(monkeypatch):
+    """The CUDA MLA launch plan (pure arithmetic, CPU): a CTA per super from 32 supers of context, or from 8
+    when those CTAs fill a wave; the column split stays within one wave; tail slots reach the deepest node;
+    a round whose partial states outgrow the scratch budget goes in several launches of the same plan."""
+    from ddtree_chat.engine.ops import cuda_mla
+
+    p = cuda_mla.plan(1, 8, 8192, 132, True)
+    assert (p["F"], p["cs"], p["stages"], p["SH"], p["NTL"], p["nodes"]) == (1, 4, 2, 32, 1, 1)
+    p = cuda_mla.plan(1, 8, 131072, 132, True)  # 64 supers: 64 + 7 partial-super CTAs + 1 tail, x2 fits 264
+    assert (p["F"], p["cs"], p["NSU"], p["SH"]) == (8, 2, 64, 71)
+    assert cuda_mla.plan(17, 8, 32768, 132, True)["F"] == 1  # 16 supers x 9 row blocks: fewer than a wave
+    assert cuda_mla.plan(65, 8, 32768, 132, True)["F"] == 8  # 16 supers x 33 row blocks fill it
+    assert cuda_mla.plan(300, 8, 1000, 132, True)["NTL"] == 3  # depths up to 299 past a chunk's 255th key
+    p = cuda_mla.plan(65, 64, 131072, 132, True)
+    assert p["F"] == 8 and 1 <= p["nodes"] < 65
+    assert (p["SH"] + p["NTL"]) * p["nodes"] * 64 * 514 * 4 <= cuda_mla.SCRATCH_BYTES
+    monkeypatch.setattr(cuda_mla, "FORCE", {"F": 1, "cs": 4, "stages": 4})
+    p = cuda_mla.plan(1, 8, 131072, 132, True)
+    assert (p["F"], p["cs"], p["stages"]) == (1, 4, 4)
+    assert cuda_mla.plan(1, 8, 131072, 132, False)["stages"] == 2  # four stages only where shared memory allows
+
+
 CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]
 CUDA_MLA_CASES += [(t, 131071, nh) for nh in (8, 64) for t in (1, 17)] + [(256, 2100, 64), (1024, 300, 8)]
 
