@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddtree_chat.engine.config import load_target_config  # noqa: E402
 from ddtree_chat.engine.parallel import shard_dim  # noqa: E402
-from ddtree_chat.engine.synthetic import quant_config, text_config  # noqa: E402
+from ddtree_chat.engine.synthetic import layer_tensors, quant_config, text_config  # noqa: E402
 
 K26 = dict(hidden=7168, heads=64, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128, inter=18432, moe_inter=2048,
            experts=384, top_k=8, vocab=163840)
@@ -43,32 +43,13 @@ def _mat(out: int, inp: int, g: torch.Generator) -> torch.Tensor:
 
 def _layer(p: dict, i: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """Layer i's tensors, K2 names; experts as random packed words and group-32 scales (no quantisation pass)."""
-    h, nh, b = p["hidden"], p["heads"], f"model.layers.{i}."
-    t = {b + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-         b + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-         b + "self_attn.q_a_proj.weight": _mat(p["q_lora"], h, g),
-         b + "self_attn.q_a_layernorm.weight": torch.ones(p["q_lora"], dtype=torch.bfloat16),
-         b + "self_attn.q_b_proj.weight": _mat(nh * (p["nope"] + p["rope"]), p["q_lora"], g),
-         b + "self_attn.kv_a_proj_with_mqa.weight": _mat(p["kv_lora"] + p["rope"], h, g),
-         b + "self_attn.kv_a_layernorm.weight": torch.ones(p["kv_lora"], dtype=torch.bfloat16),
-         b + "self_attn.kv_b_proj.weight": _mat(nh * (p["nope"] + p["v"]), p["kv_lora"], g),
-         b + "self_attn.o_proj.weight": _mat(h, nh * p["v"], g)}
-    m = b + "mlp."
-    if i == 0:
-        t.update({m + "gate_proj.weight": _mat(p["inter"], h, g), m + "up_proj.weight": _mat(p["inter"], h, g),
-                  m + "down_proj.weight": _mat(h, p["inter"], g)})
-        return t
-    t[m + "gate.weight"] = _mat(p["experts"], h, g)
-    t[m + "gate.e_score_correction_bias"] = torch.zeros(p["experts"])
-    for name, (o, k) in {"gate_proj": (p["moe_inter"], h), "up_proj": (p["moe_inter"], h),
-                         "down_proj": (h, p["moe_inter"])}.items():
-        t[f"{m}shared_experts.{name}.weight"] = _mat(o, k, g)
-        for e in range(p["experts"]):
-            x = f"{m}experts.{e}.{name}."
-            t[x + "weight_packed"] = torch.randint(-2**31, 2**31 - 1, (o, k // 8), dtype=torch.int32, generator=g)
-            t[x + "weight_scale"] = torch.full((o, k // 32), 1 / (4.5 * k**0.5), dtype=torch.bfloat16)
-            t[x + "weight_shape"] = torch.tensor([o, k], dtype=torch.int32)
-    return t
+    def expert(o, k):
+        return (torch.randint(-2**31, 2**31 - 1, (o, k // 8), dtype=torch.int32, generator=g),
+                torch.full((o, k // 32), 1 / (4.5 * k**0.5), dtype=torch.bfloat16))
+
+    t = layer_tensors(p, i, lambda o, k, gain=1.0: _mat(o, k, g), lambda n: torch.ones(n, dtype=torch.bfloat16),
+                      torch.zeros, expert)
+    return {"model." + n: v for n, v in t.items()}
 
 
 def write_checkpoint(out: Path, p: dict, layers: int) -> Path:

@@ -73,37 +73,50 @@ class _Rand:
         return (1.0 + 0.1 * torch.randn(n, generator=self.g)).to(torch.bfloat16)
 
 
-def _target_tensors(p: dict, vocab: int, r: _Rand) -> dict[str, torch.Tensor]:
+def layer_tensors(p: dict, i: int, mat, norm, router_bias, expert) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under K2's names (no "model." prefix), the values from the makers, called in this
+    fixed order: mat(out, inp, gain) and norm(n) for the dense weights and norms, router_bias(n) for the
+    router's float32 bias, expert(out, inp) -> (weight_packed, weight_scale) per routed expert matrix."""
     h, nh = p["hidden"], p["heads"]
+    b = f"layers.{i}."
+    t = {b + "input_layernorm.weight": norm(h), b + "post_attention_layernorm.weight": norm(h)}
+    a = b + "self_attn."
+    t[a + "q_a_proj.weight"] = mat(p["q_lora"], h)
+    t[a + "q_a_layernorm.weight"] = norm(p["q_lora"])
+    t[a + "q_b_proj.weight"] = mat(nh * (p["nope"] + p["rope"]), p["q_lora"])
+    t[a + "kv_a_proj_with_mqa.weight"] = mat(p["kv_lora"] + p["rope"], h)
+    t[a + "kv_a_layernorm.weight"] = norm(p["kv_lora"])
+    t[a + "kv_b_proj.weight"] = mat(nh * (p["nope"] + p["v"]), p["kv_lora"])
+    t[a + "o_proj.weight"] = mat(h, nh * p["v"])
+    m = b + "mlp."
+    if i == 0:
+        t[m + "gate_proj.weight"] = mat(p["inter"], h)
+        t[m + "up_proj.weight"] = mat(p["inter"], h)
+        t[m + "down_proj.weight"] = mat(h, p["inter"])
+        return t
+    t[m + "gate.weight"] = mat(p["experts"], h, 4.0)
+    t[m + "gate.e_score_correction_bias"] = router_bias(p["experts"])
+    for name, (o, k) in {"gate_proj": (p["moe_inter"], h), "up_proj": (p["moe_inter"], h),
+                         "down_proj": (h, p["moe_inter"])}.items():
+        t[f"{m}shared_experts.{name}.weight"] = mat(o, k)
+        for e in range(p["experts"]):
+            packed, scale = expert(o, k)
+            t[f"{m}experts.{e}.{name}.weight_packed"] = packed
+            t[f"{m}experts.{e}.{name}.weight_scale"] = scale
+            t[f"{m}experts.{e}.{name}.weight_shape"] = torch.tensor([o, k], dtype=torch.int32)
+    return t
+
+
+def _target_tensors(p: dict, vocab: int, r: _Rand) -> dict[str, torch.Tensor]:
+    h = p["hidden"]
     t: dict[str, torch.Tensor] = {"embed_tokens.weight": r.mat(vocab, h, math.sqrt(h)), "norm.weight": r.norm(h)}
+
+    def expert(o, k):
+        packed, scale = quantize_int4(r.mat(o, k).float(), 32)
+        return packed, scale.to(torch.bfloat16)
+
     for i in range(p["layers"]):
-        b = f"layers.{i}."
-        t[b + "input_layernorm.weight"] = r.norm(h)
-        t[b + "post_attention_layernorm.weight"] = r.norm(h)
-        a = b + "self_attn."
-        t[a + "q_a_proj.weight"] = r.mat(p["q_lora"], h)
-        t[a + "q_a_layernorm.weight"] = r.norm(p["q_lora"])
-        t[a + "q_b_proj.weight"] = r.mat(nh * (p["nope"] + p["rope"]), p["q_lora"])
-        t[a + "kv_a_proj_with_mqa.weight"] = r.mat(p["kv_lora"] + p["rope"], h)
-        t[a + "kv_a_layernorm.weight"] = r.norm(p["kv_lora"])
-        t[a + "kv_b_proj.weight"] = r.mat(nh * (p["nope"] + p["v"]), p["kv_lora"])
-        t[a + "o_proj.weight"] = r.mat(h, nh * p["v"])
-        m = b + "mlp."
-        if i == 0:
-            t[m + "gate_proj.weight"] = r.mat(p["inter"], h)
-            t[m + "up_proj.weight"] = r.mat(p["inter"], h)
-            t[m + "down_proj.weight"] = r.mat(h, p["inter"])
-            continue
-        t[m + "gate.weight"] = r.mat(p["experts"], h, 4.0)
-        t[m + "gate.e_score_correction_bias"] = 0.1 * torch.randn(p["experts"], generator=r.g)  # fp32
-        for name, (o, k) in {"gate_proj": (p["moe_inter"], h), "up_proj": (p["moe_inter"], h),
-                             "down_proj": (h, p["moe_inter"])}.items():
-            t[f"{m}shared_experts.{name}.weight"] = r.mat(o, k)
-            for e in range(p["experts"]):
-                packed, scale = quantize_int4(r.mat(o, k).float(), 32)
-                t[f"{m}experts.{e}.{name}.weight_packed"] = packed
-                t[f"{m}experts.{e}.{name}.weight_scale"] = scale.to(torch.bfloat16)
-                t[f"{m}experts.{e}.{name}.weight_shape"] = torch.tensor([o, k], dtype=torch.int32)
+        t.update(layer_tensors(p, i, r.mat, r.norm, lambda n: 0.1 * torch.randn(n, generator=r.g), expert))  # fp32
     t["lm_head.weight"] = r.mat(vocab, h)
     return t
 
