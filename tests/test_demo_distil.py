@@ -248,6 +248,27 @@ def test_distil_data_main_writes_meta_and_resumes(tmp_path, monkeypatch, funcs):
 
 # ----------------------------------------------------------------------------- teacher: torch Llama
 
+def test_name_swap_renames_the_function_not_methods_or_prose():
+    from ddtree_chat.dev.demo.rename import rename_copies, swap
+
+    user = "Write a Python function split_pairs(s) that returns the pairs of s."
+    answer = ("```python\ndef split_pairs(s):\n    return [p.split_pairs(',') for p in s.split()]\n```\n\n"
+              "Call `split_pairs` as split_pairs(text); split_pairs splits.")
+    u, a = swap(user, answer, "split_pairs", "cut_words")
+    assert u == "Write a Python function cut_words(s) that returns the pairs of s."
+    assert "def cut_words(s):" in a and "p.split_pairs(',')" in a  # a method of the same name stays
+    assert "Call `cut_words` as cut_words(text); split_pairs splits." in a
+    assert swap(user, "no code here", "split_pairs", "cut_words") is None  # must still define the new name
+    names = {"a": "split_pairs", "b": "len", "c": None}  # builtins are never renamed (their calls would be)
+    pairs = [("a", user, answer), ("b", "Write a Python function len(x) that ...", "```python\ndef len(x): ...\n```"),
+             ("c", "Explain this.", "It adds.")]
+    copies = rename_copies(pairs, names, 3, seed=1)
+    assert [c[0] for c in copies] == ["a~0", "a~1", "a~2"]
+    assert copies == rename_copies(pairs, names, 3, seed=1) and rename_copies(pairs, names, 0, seed=1) == []
+    new = {c[1].split()[4].split("(")[0] for c in copies}
+    assert len(new) == 3 and not new & ({"split_pairs"} | {h.name for h in HELDOUT})
+
+
 def test_unpermute_inverts_llama_cpp_permute():
     from ddtree_chat.dev.demo.teacher import unpermute
 

@@ -466,6 +466,8 @@ def main(argv=None) -> int:
                     help="a distil_data.py output dir: the target learns the teacher's answers (issue 31)")
     ap.add_argument("--code-share", type=float, default=0.25,
                     help="with --distil: the share of stdlib source in the target's train characters")
+    ap.add_argument("--renames", type=int, default=3,
+                    help="with --distil: name-swapped copies of each train function answer (dev/demo/rename.py)")
     ap.add_argument("--draft-prompts", type=int, default=20000,
                     help="with --distil: fresh generated requests for the drafter's prompts (at most)")
     ap.add_argument("--device", default=None)
@@ -514,7 +516,7 @@ def main(argv=None) -> int:
         from .data import prepare
 
         meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
-                       code_share=a.code_share)
+                       code_share=a.code_share, renames=a.renames)
         shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
         if shipped is not None and shipped.exists():
             ref = json.loads(shipped.read_text())

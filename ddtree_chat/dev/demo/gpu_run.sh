@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The demo pair's GPU run (docs/demo-training.md), one step per argument, in the order given; the log and
+# the packed results land in $OUT. The teacher GGUF travels as parts in .teacher/ (a folder git ignores),
+# copied to /tmp/teacher by `part` over back-to-back calls (a warm machine keeps /tmp), joined by `join`.
+#
+#   bash ddtree_chat/dev/demo/gpu_run.sh part                     # once per part carried
+#   bash ddtree_chat/dev/demo/gpu_run.sh part join teacher data pack-data
+#   bash ddtree_chat/dev/demo/gpu_run.sh unpack-data target draft pack-pair eval e2e
+#
+# Steps: part, join (cat + sha256 + the gguf wheel), teacher (its held-out figures), data (teacher answers,
+# resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), unpack-data ($DATA_TAR, default the
+# data committed in training/, -> /tmp),
+# target (data stage + target), draft, pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality), e2e (speed).
+set -u
+: "${OUT:?set OUT to the folder that comes back}"
+T=/tmp/teacher D=/tmp/distil M=/tmp/demo31
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
+    DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
+log="$OUT/demo_log.txt"
+
+step() {  # name, seconds, command...
+    local name=$1 limit=$2 t0
+    shift 2
+    t0=$(date +%s)
+    echo "=== $name (limit ${limit}s): $*" >> "$log"
+    timeout "$limit" "$@" >> "$log" 2>&1
+    echo "=== $name rc=$? in $(( $(date +%s) - t0 ))s" >> "$log"
+}
+
+for s in "$@"; do
+    case $s in
+        part) mkdir -p $T && cp .teacher/gguf.part.* .teacher/*.whl $T/ 2> /dev/null; ls -l $T >> "$log" ;;
+        join) cat $T/gguf.part.* > "$DDTREE_TEACHER_GGUF"
+              echo "$SHA  $DDTREE_TEACHER_GGUF" | sha256sum -c >> "$log" 2>&1 || { echo "bad teacher file" >> "$log"; exit 1; }
+              python3 -m pip install -q --no-index --no-deps --target /tmp/site $T/gguf-*.whl >> "$log" 2>&1 ;;
+        teacher) step teacher 200 python3 -m ddtree_chat.dev.demo.teacher --heldout --device cuda --batch 20 ;;
+        data) step data $(( ${DATA_SECONDS:-420} + 120 )) python3 -m ddtree_chat.dev.demo.distil_data --out $D \
+                  --prompts 12000 --sampled "${SAMPLED:-1}" --device cuda --batch "${BATCH:-1024}" --max-new 384 \
+                  --max-seconds "${DATA_SECONDS:-420}" ;;
+        pack-data) tar cJf "$OUT/distil.tar.xz" -C /tmp distil ;;
+        unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
+        target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
+                    --target-steps "${TARGET_STEPS:-700}" ;;
+        draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
+                   --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
+                   --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ;;
+        pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
+                       | split -b 15M - "$OUT/pair.tgz.part-" ;;
+        eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \
+                  --device cuda --json "$OUT/heldout_eval.json" ;;
+        e2e) python3 -c "import json; h = json.load(open('$M/heldout.json')); \
+json.dump(h['requests'] + h['test'], open('$M/heldout_prompts.json', 'w'), indent=1)"
+             step e2e 300 python3 benchmarks/e2e.py --target $M/target --draft $M/draft --device cuda \
+                 --prompts-json $M/heldout_prompts.json --prompts 20 --json "$OUT/e2e_demo_cuda.json" ;;
+        *) echo "unknown step $s" >> "$log" ;;
+    esac
+done

@@ -1,0 +1,73 @@
+"""Name-swap copies of the teacher's function answers: the same request and answer with the requested
+function called something else, in the prompt's signature and in the answer's code.
+
+Why: trained on each answer under its one stdlib name, the small target learnt which names go with which
+requests and answered held-out requests with a memorised name (`def contains_digit` for "is_palindrome"):
+0/20 defined the requested function. A name that changes while the answer stays the same can only be
+taken from the prompt, so these copies teach the model to copy it."""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import random
+import re
+
+from .prompts import HELDOUT_NAMES, defines, python_code
+
+WORD = re.compile(r"^[a-z]{2,12}$")
+
+
+def word_pool(names: list[str]) -> list[str]:
+    """The words of the requested names (`quote_plus` -> quote, plus), sorted, duplicates dropped."""
+    return sorted({w for n in names for w in n.split("_") if WORD.match(w)})
+
+
+def fresh_name(rng: random.Random, words: list[str], *avoid: set[str], tries: int = 100) -> str | None:
+    """1-3 pool words joined by `_`, none of: a keyword, a builtin, a held-out name, a name in an avoid set
+    (None when `tries` draws found none: a tiny pool)."""
+    for _ in range(tries):
+        name = "_".join(rng.choice(words) for _ in range(rng.choice((1, 2, 2, 3))))
+        if not (keyword.iskeyword(name) or hasattr(builtins, name) or name in HELDOUT_NAMES
+                or any(name in a for a in avoid)):
+            return name
+    return None
+
+
+def renamable(name: str | None) -> bool:
+    """Names whose uses can be found by the patterns below: no builtins (their calls would be renamed too)."""
+    return bool(name) and len(name) >= 3 and name.isidentifier() and not hasattr(builtins, name)
+
+
+def swap(user: str, answer: str, old: str, new: str) -> tuple[str, str] | None:
+    """(user, answer) with old -> new where it names the function: `old(` not after a dot or a word
+    character, and `` `old` ``; None when the result no longer asks for and defines new."""
+    call = re.compile(rf"(?<![\w.]){re.escape(old)}(?=\s*\()")
+    quoted = f"`{old}`"
+    u = call.sub(new, user, count=1)
+    a = call.sub(new, answer).replace(quoted, f"`{new}`")
+    if f"{new}(" not in u or not defines(python_code(a), new):
+        return None
+    return u, a
+
+
+def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copies: int, seed: int):
+    """For each (id, user, answer) whose prompt asked for a function names[id]: up to `copies` name-swapped
+    copies under distinct new names, ids suffixed `~k`. Deterministic in (seed, id, k)."""
+    if copies <= 0:
+        return []
+    words = word_pool([n for n in names.values() if n])
+    avoid = set(names.values())
+    out = []
+    for pid, user, answer in pairs:
+        old = names.get(pid)
+        if not renamable(old):
+            continue
+        used = set()
+        for k in range(copies):
+            new = fresh_name(random.Random(f"{seed}:{pid}:{k}"), words, avoid, used)
+            got = None if new is None else swap(user, answer, old, new)
+            if got is not None:
+                used.add(new)
+                out.append((f"{pid}~{k}", *got))
+    return out
