@@ -168,9 +168,13 @@ class Block(nn.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         ck, cv = kv
         ck[:, :, start : start + t], cv[:, :, start : start + t] = k, v
-        o = F.scaled_dot_product_attention(q, ck[:, :, : start + t], cv[:, :, : start + t], attn_mask=mask,
-                                           enable_gqa=True)
-        x = x + self.o(o.transpose(1, 2).reshape(b, t, -1))
+        # The query heads sharing a kv head become rows of one head ([B, kv, g*t, hd]): the same dot products
+        # as enable_gqa=True, which in float32 on CUDA only the unfused math kernel serves (it expands K/V).
+        g = c.heads // c.kv_heads
+        qg = q.reshape(b, c.kv_heads, g * t, hd)
+        mg = mask if mask.shape[-2] == 1 else mask.repeat(1, 1, g, 1)
+        o = F.scaled_dot_product_attention(qg, ck[:, :, : start + t], cv[:, :, : start + t], attn_mask=mg)
+        x = x + self.o(o.reshape(b, c.heads, t, hd).transpose(1, 2).reshape(b, t, -1))
         h = self.ffn_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 

@@ -130,7 +130,7 @@ def train_target(out: Path, a, device) -> dict:
             else:
                 per = (time.time() - t10) / 20
                 total = max(40, 30 + int((a.target_seconds - (time.time() - t_start)) / per))
-            log(f"target: {per * 1000:.0f} ms/step -> {total} steps (reproduce with --target-steps {total})")
+                log(f"target: {per * 1000:.0f} ms/step -> {total} steps (reproduce with --target-steps {total})")
         if qat_from is None and step >= int(total * (1 - a.qat_frac)):
             qat_from = step
             tt.set_qat(True)
