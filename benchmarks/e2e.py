@@ -2,9 +2,11 @@
 
     python benchmarks/e2e.py [--target DIR --draft DIR] [--device cpu|cuda] [--prompts N] [--max-new 128]
                              [--budgets 8 16 32 64 auto] [--eager] [--idle] [--json OUT] [--prompts-json FILE]
+                             [--temperature 0.7 --top-p 0.95]
 
 Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's ids are checked against
-ar's in the same run. Prints one markdown table: mean accepted length (tokens per target forward),
+ar's in the same run; at T > 0 each mode samples its own reply (prompt i with seed i in every mode: the
+speculative modes keep the target's distribution, not its draws), so replies differ and only rates compare. Prints one markdown table: mean accepted length (tokens per target forward),
 tokens/s (whole reply, prefill included: every reply starts from a cache that shares no prefix with its
 prompt, so each mode prefills the whole prompt) and decode tokens/s (after the first token: the rounds only),
 speedup vs ar for each, and the round time split into drafter / target. On CUDA rounds run as CUDA
@@ -87,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--budgets", type=_budget, nargs="+", default=[8, 16, 32, 64, "auto"])
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     ap.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: the engine's choice)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
@@ -119,7 +123,8 @@ def main(argv=None) -> int:
     ar_ids = []
     for i, p in enumerate(prompts):
         for mode, b in runs:
-            cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new)
+            cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new, temperature=a.temperature,
+                                   top_p=a.top_p, seed=i)
             r = res[f"{mode}-{b}"]
             forget_prompt(eng, p["prompt_ids"])
             if eng.device.type == "cuda":
@@ -140,7 +145,7 @@ def main(argv=None) -> int:
             r["target_s"] += ev["target_s"]
             if mode == "ar":
                 ar_ids.append(ev["token_ids"])
-            elif ev["token_ids"] != ar_ids[i]:
+            elif ev["token_ids"] != ar_ids[i] and a.temperature <= 0:
                 r["mismatch"] += 1
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     if a.idle and eng.device.type == "cuda":
@@ -153,6 +158,7 @@ def main(argv=None) -> int:
     lines = ["| mode | budget | mean accepted length | tokens/s | speedup vs ar | decode tokens/s | decode speedup "
              "| first token ms | draft / target s | ids == ar |" + (" GPU idle (reply / decode) |" if idle else ""),
              "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
+    same = "yes" if a.temperature <= 0 else "n/a (T > 0)"
     for mode, b in runs:
         r = res[f"{mode}-{b}"]
         r["mean_accepted_length"] = r["tokens"] / r["forwards"]
@@ -168,16 +174,17 @@ def main(argv=None) -> int:
         lines.append(f"| {mode} | {shown} | {r['mean_accepted_length']:.2f} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f}x | {r['decode_tokens_per_second']:.1f} | {r['decode_speedup']:.2f}x | "
                      f"{r['first_token_ms']:.1f} | {r['draft_s']:.2f} / {r['target_s']:.2f} | "
-                     f"{'yes' if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
+                     f"{same if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
                      + (f" {100 * r['gpu_idle']:.0f}% / {100 * r['decode_idle']:.0f}% |" if idle else ""))
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     info = eng.info
-    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T=0, {where}, {eng.decoder.dtype}, "
+    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T={a.temperature:g}, top-p {a.top_p:g}, {where}, {eng.decoder.dtype}, "
           f"CUDA graphs: {info['cuda_graphs']} recorded in {info['graph_capture_s']:.2f} s (load {t_load:.1f} s)")
     print("\n".join(lines))
     if a.json:
         a.json.write_text(json.dumps({"prompts": len(prompts), "max_new": a.max_new, "device": where,
+                                      "temperature": a.temperature, "top_p": a.top_p,
                                       "results": res}, indent=1, default=str))
     return 0 if all(r["mismatch"] == 0 for r in res.values()) else 1
 
