@@ -15,7 +15,7 @@ import traceback
 
 from . import __version__, knobs, logs
 from . import settings as settings_mod
-from .modes import MAX_BUDGET, MODES
+from .modes import BUDGETS, MAX_BUDGET, MODES
 
 KEYS_HELP = """\
 keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, Up/Down earlier messages,
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one-shot: do not save the exchange as a conversation")
     ap.add_argument("--mode", choices=MODES, help="decoding mode (default: ddtree with a drafter, else ar)")
     ap.add_argument("--budget", type=_setting("budget"), metavar="N|auto",
-                    help=f"draft tree nodes per round, root excluded, 0-{MAX_BUDGET} "
+                    help=f"draft tree nodes per round, root excluded, {BUDGETS.start}-{MAX_BUDGET} "
                          "(default auto: measured verify cost vs acceptance)")
     ap.add_argument("--temperature", type=_setting("temperature"), metavar="T",
                     help="sampling temperature, 0-5 (0 = greedy; default 0)")

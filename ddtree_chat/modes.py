@@ -21,4 +21,6 @@ class Mode(str, Enum):
 
 MODES = tuple(m.value for m in Mode)
 MAX_BUDGET = 1023  # tree nodes past the root a round may draft (the rope table reserves these positions)
-BUDGETS = range(0, MAX_BUDGET + 1)  # the fixed budgets --budget and /budget accept (besides "auto")
+# The fixed budgets --budget and /budget accept (besides "auto"). NOTE: not 0: a ddtree round that drafts nothing
+# verifies a root token no draft wrote (plain decoding is --mode ar).
+BUDGETS = range(1, MAX_BUDGET + 1)

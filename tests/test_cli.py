@@ -73,6 +73,7 @@ def test_same_ids_across_modes(model_args, tmp_path):
     (["--model", "/nonexistent/model", "--prompt", "hi"], "/nonexistent/model"),
     (["--model", "/nonexistent/model", "--prompt", "hi", "--json"], "/nonexistent/model"),
     (["--prompt", "hi", "--budget", "-3"], "'-3'"),
+    (["--prompt", "hi", "--budget", "0"], "--budget: budget must be between 1 and 1023, not '0'"),
     (["--prompt", "hi", "--context", "0"], "--context: context must be between 1 and"),
     (["--prompt", "hi", "--context", "-5"], "'-5'"),
     (["--prompt", "hi", "--temperature", "nan"], "--temperature: temperature must be between 0.0 and 5.0, not 'nan'"),

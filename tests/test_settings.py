@@ -42,7 +42,7 @@ def test_bad_values_are_dropped_with_warning():
     "name,value,expected",
     [("temperature", "0.5", 0.5), ("top_p", "1", 1.0), ("max_new_tokens", "12", 12), ("mode", "AR", "ar"),
      ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256), ("budget", "auto", "auto"),
-     ("budget", "0", 0), ("context", "8192", 8192), ("context", None, None), ("device", "cuda", "cuda"),
+     ("budget", "1", 1), ("context", "8192", 8192), ("context", None, None), ("device", "cuda", "cuda"),
      ("model", "/models/kimi", "/models/kimi")],
 )
 def test_validate_accepts(name, value, expected):
@@ -53,7 +53,7 @@ def test_validate_accepts(name, value, expected):
     "name,value",
     [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("max_new_tokens", "0"),
      ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("budget", "1024"),
-     ("budget", "-1"), ("context", "0"), ("context", "-5"), ("context", "4k"), ("device", "tpu"), ("model", ""),
+     ("budget", "-1"), ("budget", "0"), ("context", "0"), ("context", "-5"), ("context", "4k"), ("device", "tpu"), ("model", ""),
      ("draft", 3), ("nope", 1)],
 )
 def test_validate_rejects(name, value):

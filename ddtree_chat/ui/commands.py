@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ddtree_chat.modes import MAX_BUDGET, MODES
+from ddtree_chat.modes import BUDGETS, MAX_BUDGET, MODES
 from ddtree_chat.settings import SettingsError
 
 # (command, argument, what it does) — /help prints this table
@@ -20,7 +20,7 @@ COMMANDS = [
     ("/top_p", "X", "nucleus sampling threshold, 0 < X ≤ 1"),
     ("/max", "N", "max new tokens per reply"),
     ("/mode", "ddtree|dflash|ar", "decoding mode"),
-    ("/budget", "N|auto", f"DDTree node budget (0-{MAX_BUDGET}, or auto)"),
+    ("/budget", "N|auto", f"DDTree node budget ({BUDGETS.start}-{MAX_BUDGET}, or auto)"),
     ("/seed", "N", "sampling seed"),
     ("/think", "on|off", "let the model think before answering"),
     ("/retry", "", "write the last reply again (replaces it)"),
