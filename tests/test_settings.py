@@ -80,7 +80,7 @@ def test_cli_bad_value_is_a_warning_and_others_still_apply():
 
 
 def test_settings_know_the_engine_limits():
-    """What the CLI and the TUI accept (settings.validate) is exactly what the engine accepts."""
+    """What the CLI and the TUI accept (settings.validate) the engine accepts, up to the same largest budget."""
     from ddtree_chat.engine import GenerationConfig
     from ddtree_chat.modes import MAX_BUDGET, MODES
 
