@@ -6,7 +6,8 @@
 
 Defaults to the shipped demo pair and its held-out prompts. At T=0 every mode's ids are checked against
 ar's in the same run; at T > 0 each mode samples its own reply (prompt i with seed i in every mode: the
-speculative modes keep the target's distribution, not its draws), so replies differ and only rates compare. Prints one markdown table: mean accepted length (tokens per target forward),
+speculative modes keep the target's distribution, not its draws), so replies differ and only rates compare.
+Prints one markdown table: mean accepted length (tokens per target forward),
 tokens/s (whole reply, prefill included: every reply starts from a cache that shares no prefix with its
 prompt, so each mode prefills the whole prompt) and decode tokens/s (after the first token: the rounds only),
 speedup vs ar for each, and the round time split into drafter / target. On CUDA rounds run as CUDA
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     info = eng.info
-    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T={a.temperature:g}, top-p {a.top_p:g}, {where}, {eng.decoder.dtype}, "
+    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T={a.temperature:g}, top-p {a.top_p:g}, "
+          f"{where}, {eng.decoder.dtype}, "
           f"CUDA graphs: {info['cuda_graphs']} recorded in {info['graph_capture_s']:.2f} s (load {t_load:.1f} s)")
     print("\n".join(lines))
     if a.json:

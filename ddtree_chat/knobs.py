@@ -45,9 +45,8 @@ KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COL
 
 def invalid(environ=None) -> list[str]:
     """One line per knob set to a value outside its choices (an empty value counts as unset)."""
-    env = os.environ if environ is None else environ
-    return [f"{k.name}={env[k.name]!r} is not one of {', '.join(k.choices)}" for k in KNOBS
-            if k.choices and env.get(k.name) and env[k.name] not in k.choices]
+    bad = [(k, get(k, environ)) for k in KNOBS if k.choices]  # NOTE: every default is one of its choices
+    return [f"{k.name}={v!r} is not one of {', '.join(k.choices)}" for k, v in bad if v is not None and v not in k.choices]
 
 
 def get(knob: Knob, environ=None) -> str | None:

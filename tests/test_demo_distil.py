@@ -327,6 +327,20 @@ def test_incremental_logits_match_full_forward():
     torch.testing.assert_close(torch.cat([first, step], 1), full[:, :5], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("t", [1, 5])
+def test_grouped_attention_equals_sdpa_with_gqa(t):
+    import torch.nn.functional as F
+
+    from ddtree_chat.dev.demo.teacher import grouped_attention
+
+    g = torch.Generator().manual_seed(t)
+    q, k, v = torch.randn(2, 6, t, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g)
+    mask = torch.rand(2, 1, t, 9, generator=g) > 0.3
+    mask[..., 0] = True  # every row sees a key
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q, k, v, mask), want, rtol=1e-6, atol=1e-6)
+
+
 def test_pick_top_p_keeps_the_nucleus_only():
     from ddtree_chat.dev.demo.teacher import pick
 

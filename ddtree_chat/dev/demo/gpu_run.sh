@@ -10,7 +10,7 @@
 # Steps: part, join (cat + sha256 + the gguf wheel), teacher (its held-out figures), data (teacher answers,
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), unpack-data ($DATA_TAR, default the
 # data committed in training/, -> /tmp),
-# target (data stage + target), draft, pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality), e2e (speed).
+# target (data stage + target; TARGET_STEPS, RENAMES), draft (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality), e2e (speed).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil M=/tmp/demo31
@@ -41,10 +41,10 @@ for s in "$@"; do
         pack-data) tar cJf "$OUT/distil.tar.xz" -C /tmp distil ;;
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
-                    --target-steps "${TARGET_STEPS:-700}" ;;
+                    --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" ;;
         draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
-                   --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ;;
+                   --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
         eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \

@@ -144,6 +144,17 @@ def _rotate_half(x):
     return torch.cat((-b, a), -1)
 
 
+def grouped_attention(q, k, v, mask):
+    """q [B, H, T, hd], k/v [B, KV, S, hd], mask [B, 1, T or 1, S] -> [B, H, T, hd]; twin: scaled_dot_product_attention
+    with enable_gqa=True, which in float32 on CUDA only the unfused math kernel serves (it expands K/V). The query
+    heads sharing a kv head become rows of one head ([B, KV, g*T, hd]): the same dot products, a fused kernel."""
+    b, h, t, hd = q.shape
+    g = h // k.shape[1]
+    mg = mask if mask.shape[-2] == 1 else mask.repeat(1, 1, g, 1)
+    o = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], g * t, hd), k, v, attn_mask=mg)
+    return o.reshape(b, h, t, hd)
+
+
 class Block(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
@@ -168,13 +179,8 @@ class Block(nn.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         ck, cv = kv
         ck[:, :, start : start + t], cv[:, :, start : start + t] = k, v
-        # The query heads sharing a kv head become rows of one head ([B, kv, g*t, hd]): the same dot products
-        # as enable_gqa=True, which in float32 on CUDA only the unfused math kernel serves (it expands K/V).
-        g = c.heads // c.kv_heads
-        qg = q.reshape(b, c.kv_heads, g * t, hd)
-        mg = mask if mask.shape[-2] == 1 else mask.repeat(1, 1, g, 1)
-        o = F.scaled_dot_product_attention(qg, ck[:, :, : start + t], cv[:, :, : start + t], attn_mask=mg)
-        x = x + self.o(o.reshape(b, c.heads, t, hd).transpose(1, 2).reshape(b, t, -1))
+        o = grouped_attention(q, ck[:, :, : start + t], cv[:, :, : start + t], mask)
+        x = x + self.o(o.transpose(1, 2).reshape(b, t, -1))
         h = self.ffn_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
