@@ -9,8 +9,9 @@
 #
 # Steps: part, join (cat + sha256 + the gguf wheel), teacher (its held-out figures), data (teacher answers,
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), unpack-data ($DATA_TAR, default the
-# data committed in training/, -> /tmp),
-# target (data stage + target; TARGET_STEPS, RENAMES), draft (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality), e2e (speed).
+# data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES), eval-target
+# (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
+# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil M=/tmp/demo31
@@ -47,6 +48,8 @@ for s in "$@"; do
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
+        eval-target) step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
+                         --device cuda --mode ar --json "$OUT/heldout_target.json" ;;
         eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \
                   --device cuda --json "$OUT/heldout_eval.json" ;;
         e2e) python3 -c "import json; h = json.load(open('$M/heldout.json')); \
