@@ -317,8 +317,11 @@ def _closure(tree):
     return closure_mask(tree.parents.tolist())
 
 
-@pytest.mark.parametrize("budget", [-1, 1024, 2.5, "big"])
+@pytest.mark.parametrize("budget", [-1, 0, 1024, 2.5, "big"])
 def test_a_budget_outside_what_a_round_can_hold_is_refused(budget):
-    with pytest.raises(ValueError, match="budget must be a number from 0 to 1023"):
+    """0 too: a ddtree round that drafts nothing is refused here as in the CLI and TUI (ar and dflash ignore
+    the budget and report 0)."""
+    with pytest.raises(ValueError, match="budget must be a number from 1 to 1023"):
         GenerationConfig(mode="ddtree", budget=budget)
-    assert GenerationConfig(budget=1023).budget == 1023
+    assert GenerationConfig(budget=1023).budget == 1023 and GenerationConfig(budget=1).budget == 1
+    assert GenerationConfig(mode="ar", budget=0).budget == GenerationConfig(mode="dflash", budget=0).budget == 0

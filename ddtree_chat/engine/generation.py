@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..modes import MAX_BUDGET, MODES, Mode
+from ..modes import BUDGETS, MAX_BUDGET, MODES, Mode
 
 AUTO_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)  # the tree sizes --budget auto chooses among
 
@@ -25,8 +25,10 @@ class GenerationConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         object.__setattr__(self, "mode", Mode(self.mode))
-        if self.budget != "auto" and (not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET):
-            raise ValueError(f"budget must be a number from 0 to {MAX_BUDGET} or 'auto', not {self.budget!r}")
+        # NOTE: ar and dflash rounds ignore the budget (their events report 0); a ddtree round needs >= 1 node
+        low = BUDGETS.start if self.mode is Mode.DDTREE else 0
+        if self.budget != "auto" and (not isinstance(self.budget, int) or not low <= self.budget <= MAX_BUDGET):
+            raise ValueError(f"budget must be a number from {low} to {MAX_BUDGET} or 'auto', not {self.budget!r}")
         if not self.temperature >= 0:  # NOTE: written so that NaN fails too
             raise ValueError(f"temperature must be >= 0, not {self.temperature!r}")
         if not 0 < self.top_p <= 1:
