@@ -3,13 +3,16 @@ triton.compile for an explicit target with Triton's bundled ptxas, one compile p
 engine uses (tree build per auto candidate budget, each small-M product tile height with and without
 the GLU epilogue, every MLA autotune config, rope, drafter attention, ancestor mask, walk). A lower bound on the first
 start's compile work: one argument specialisation each (the engine may meet a few per kernel).
+--workers N compiles them N at a time (--pool process or thread) and reports the wall time: what a
+parallel first start could gain on this machine.
 
-    python benchmarks/compile_time.py [--arch 90] [--json OUT]
+    python benchmarks/compile_time.py [--arch 90] [--workers N --pool process|thread] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -74,28 +77,54 @@ def jobs(block: int = 8, r: int = 64, p: int = 16):
     yield "walk", triton_tree._walk_kernel, WALK_SIGNATURE, {"DEPTH": block - 1, "BLOCK": triton_tree._block(257)}
 
 
+@functools.cache
+def _jobs() -> list:
+    return list(jobs())
+
+
+def compile_one(i: int, arch: int) -> float:
+    """Compile job i for sm_<arch>; its seconds (a worker process rebuilds the job list once)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    _, fn, sig, cx = _jobs()[i]
+    t0 = time.perf_counter()
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32))
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     import os
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--pool", choices=("process", "thread"), default="process")
     a = ap.parse_args(argv)
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # NOTE: cold, as a first start
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # NOTE: cold, as a first start (workers inherit it)
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
-    rows = []
+    names = [job[0] for job in _jobs()]
+    t0 = time.perf_counter()
+    if a.workers > 1:
+        pool = ProcessPoolExecutor if a.pool == "process" else ThreadPoolExecutor
+        with pool(a.workers) as ex:
+            seconds = list(ex.map(compile_one, range(len(names)), [a.arch] * len(names)))
+    else:
+        seconds = [compile_one(i, a.arch) for i in range(len(names))]
+    wall = time.perf_counter() - t0
+    rows = [{"kernel": n, "seconds": sec} for n, sec in zip(names, seconds)]
     print("| kernel | compile s |\n|---|---|")
-    for name, fn, sig, cx in jobs():
-        t0 = time.perf_counter()
-        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", a.arch, 32))
-        rows.append({"kernel": name, "seconds": time.perf_counter() - t0})
-        print(f"| {name} | {rows[-1]['seconds']:.2f} |", flush=True)
-    print(f"total {sum(r['seconds'] for r in rows):.1f} s for {len(rows)} compiles (sm_{a.arch}, one process)")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['seconds']:.2f} |")
+    how = f"{a.workers} {a.pool}es" if a.pool == "process" else f"{a.workers} threads"
+    print(f"total {sum(seconds):.1f} s for {len(rows)} compiles, wall {wall:.1f} s (sm_{a.arch}, "
+          f"{how if a.workers > 1 else 'one process'})")
     if a.json:
-        a.json.write_text(json.dumps({"arch": a.arch, "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"arch": a.arch, "workers": a.workers, "pool": a.pool, "wall_s": wall,
+                                      "rows": rows}, indent=1))
     return 0
 
 

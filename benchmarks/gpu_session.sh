@@ -4,13 +4,13 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone alonepar reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels e2ebf16
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels e2ebf16
 #                                               smoke e2e
 #                                               programs k26 layer kernels
 #                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
-#                                               alone: each GPU test file in a process of its own (alonepar: the
-#                                               same, the files at once, then the TP file); reversed: all
+#                                               alone: each GPU test file in a process and home of its own, the
+#                                               files side by side, then the TP file alone; reversed: all
 #                                               of them, last file first; tp: tensor parallelism on one GPU; tprank: rank 0
 #                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; allreduce: one-shot vs NCCL by size (several GPUs); smoke: the one-shot CLI in every mode, fresh
 #                                               homes, text compared; ncu: Nsight Compute counters of the MoE and
@@ -59,14 +59,10 @@ for s in "$@"; do
                    -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise or topk \
                    or rms_norm or latent" ;;
         gputests) step gputests 420 python -m pytest -q --durations=10 tests/test_kernels_gpu.py tests/test_graphs.py ;;
-        alone) gpu_files=($(grep -l "mark.gpu" tests/test_*.py))
-               for f in "${gpu_files[@]}"; do  # NOTE: a fresh process and home per file: no test order hides a fault
-                   DDTREE_CHAT_HOME=$(fresh_home) step "alone-$(basename "$f" .py)" 420 python -m pytest -q -m gpu "$f"
-               done ;;
-        alonepar) gpu_files=($(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu))
+        alone) gpu_files=($(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu))
                   homes=()
                   for f in "${gpu_files[@]}"; do homes+=("$(fresh_home)"); done  # NOTE: the first builds the CUDA library, once
-                  for i in "${!gpu_files[@]}"; do  # NOTE: as `alone`, a process and home per file, the files side by side
+                  for i in "${!gpu_files[@]}"; do  # NOTE: a process and home per file (no test order hides a fault), side by side
                       (log="$cache_root/alone-$i.txt"; : > "$log"
                        DDTREE_CHAT_HOME=${homes[$i]} step "alone-$(basename "${gpu_files[$i]}" .py)" 420 \
                            python -m pytest -q -m gpu "${gpu_files[$i]}") &
