@@ -407,3 +407,48 @@ def test_gguf_teacher_logits_equal_transformers():
         with torch.no_grad():
             torch.testing.assert_close(t.model.logits(torch.tensor([ids])), hf(torch.tensor([ids])).logits,
                                        rtol=1e-4, atol=1e-4)
+
+
+def _prefix_sum_model(v: int):
+    """A causal stand-in for the target: the next token after position t is (sum of tokens 0..t) mod v,
+    so a read at the wrong position (a pad, another row's length) changes the answer."""
+    def logits_fn(x):
+        return torch.nn.functional.one_hot(x.cumsum(1) % v, v).float()
+    return logits_fn
+
+
+def test_copy_probe_batched_greedy_matches_one_row_at_a_time():
+    from ddtree_chat.dev.demo.copy_probe import greedy
+
+    fn, prompts = _prefix_sum_model(11), [[3], [1, 4, 1, 5], [9, 2, 6]]
+    batched = greedy(fn, prompts, 6, pad=7, device="cpu")
+    for p, got in zip(prompts, batched):
+        seq = list(p)
+        for _ in range(6):
+            seq.append(sum(seq) % 11)
+        assert got == seq[len(p):] == greedy(fn, [p], 6, pad=0, device="cpu")[0]
+
+
+def test_copy_probe_counts_answers_that_define_the_requested_name_before_a_stop():
+    from ddtree_chat.dev.demo.copy_probe import copy_rate, function_requests
+
+    words = ["<stop>", "def ", "is_even", "is_odd", "(n):", "\n", "<pad>", "x"]
+    scripts = {5: [1, 2, 4, 5, 0], 6: [1, 3, 4, 0, 0], 7: [0, 1, 2, 4, 0]}  # a prompt's first token picks its answer
+
+    def logits_fn(x):  # [B, T] -> [B, T, V]: position t of a row predicts its script's token t - prompt length + 1
+        plen = {5: 2, 6: 3, 7: 2}
+        nxt = torch.tensor([[scripts[int(r[0])][min(max(t - plen[int(r[0])] + 1, 0), 4)] for t in range(x.shape[1])]
+                            for r in x])
+        return torch.nn.functional.one_hot(nxt, len(words)).float()
+
+    asks = [("a", "Write a Python function is_even(n) that checks n.", "", [5, 7]),
+            ("b", "Explain this code.", "", [6, 7, 7]),
+            ("c", "Can you write a Python function is_even(n) that works?", "", [6, 7, 7]),
+            ("d", "I need a Python function is_even(n) that is short.", "", [7, 7])]
+    requests = function_requests(asks, 8, [])
+    assert [name for _, name in requests] == ["is_even", "is_even", "is_even"]  # "b" asks for no function
+    decode = lambda ids: "".join(words[i] for i in ids)  # noqa: E731
+    # a: "def is_even(n):" (copied); c: "def is_odd(n):" (another name); d: a stop before its def line
+    assert copy_rate(logits_fn, requests, decode, (0,), 6, "cpu", new=5) == 1
+    assert copy_rate(logits_fn, requests[:1], decode, (0,), 6, "cpu", new=5) == 1
+    assert copy_rate(logits_fn, requests[1:], decode, (0,), 6, "cpu", new=5) == 0

@@ -86,6 +86,8 @@ def train_target(out: Path, a, device) -> dict:
     from ddtree_chat.engine.loader import load_target
     from ddtree_chat.engine.model import causal_mask
 
+    from .copy_probe import copy_rate, function_requests
+    from .data import Encoder
     from .export import export_target
     from .qmoe import TrainTarget, enable_sdpa_training
 
@@ -116,6 +118,13 @@ def train_target(out: Path, a, device) -> dict:
     def fwd_logits(x):
         with amp:
             return tt.model.logits(tt(x))
+
+    enc = Encoder(out / "tokenizer")
+    requests = function_requests(data["val_prompts"], a.copy_probe, [enc.sp["</think>"]])
+
+    def copies() -> int:  # validation requests answered with a `def NAME(` line (copy_probe.py)
+        return copy_rate(fwd_logits, requests, enc.tok.decode, (enc.sp["[EOS]"], enc.sp["<|im_end|>"]),
+                         enc.sp["[EOS]"], device)
 
     total = a.target_steps or 10**9
     step, t_start, hist = 0, time.time(), []
@@ -150,12 +159,13 @@ def train_target(out: Path, a, device) -> dict:
         if step % 100 == 0 or step == total - 1:
             tt.eval()
             vl = val_loss(fwd_logits, val, a.seq, 48, a.batch, device, m_val)
+            copied = copies()
             tt.train()
-            hist.append((step, loss.item(), vl))
+            hist.append((step, loss.item(), vl, copied))
             if vl < best[0]:
                 best = (vl, step, {k: v.detach().clone() for k, v in tt.state_dict().items()})
             log(f"target: step {step}/{total} loss {loss.item():.3f} val {vl:.3f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"max-load/mean {max(imb):.2f}")
+                f"max-load/mean {max(imb):.2f} copy {copied}/{len(requests)}")
         step += 1
     train_s = time.time() - t_start
     log(f"target: keeping the weights of step {best[1]} (best val {best[0]:.4f})")
@@ -166,7 +176,9 @@ def train_target(out: Path, a, device) -> dict:
     loss_fp = val_loss(fwd_logits, val, a.seq, vn, a.batch, device, m_val)
     tt.set_qat(True)
     loss_qat = val_loss(fwd_logits, val, a.seq, vn, a.batch, device, m_val)
-    log(f"target: val loss bf16-experts {loss_fp:.4f}, fake-INT4 experts {loss_qat:.4f} ({train_s:.0f}s training)")
+    copied = copies()
+    log(f"target: val loss bf16-experts {loss_fp:.4f}, fake-INT4 experts {loss_qat:.4f} ({train_s:.0f}s training); "
+        f"copy {copied}/{len(requests)}")
     export_target(tt, out / "tokenizer", out / "target", vocab, n_ranks)
     enable_sdpa_training(False) if cuda else None
     # The real check: load the exported checkpoint with the engine's loader (float32, experts dequantised
@@ -185,6 +197,7 @@ def train_target(out: Path, a, device) -> dict:
     res = {"params": n_params, "steps": total, "kept_step": best[1], "qat_from_step": qat_from, "train_seconds": round(train_s, 1),
            "batch": a.batch, "seq": a.seq, "lr": a.target_lr, "val_loss_bf16": loss_fp,
            "val_loss_fakeint4": loss_qat, "val_loss_int4_export_fp32": loss_int4, "loss_curve": hist,
+           "copy": {"requests": len(requests), "named": copied},
            "tokens_seen": total * a.batch * a.seq}
     (out / "target_train.json").write_text(json.dumps(res, indent=1))
     return res
@@ -480,6 +493,8 @@ def main(argv=None) -> int:
     ap.add_argument("--qat-frac", type=float, default=0.12)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
     ap.add_argument("--val-windows", type=int, default=192)
+    ap.add_argument("--copy-probe", type=int, default=32,
+                    help="validation function requests whose greedy answers are checked for `def NAME(` (copy_probe.py)")
     ap.add_argument("--draft-arch", nargs="+", default=[f"{DRAFT['layers']}x{DRAFT['inter']}"],
                     help="drafter variants LAYERSxINTERMEDIATE, trained side by side on the same batches; "
                          "the first is also written to OUT/draft")
@@ -502,7 +517,7 @@ def main(argv=None) -> int:
     if a.toy:
         a.limit_files = a.limit_files or 150
         a.target_steps = a.target_steps or 30
-        a.batch, a.seq, a.val_windows = 4, 128, 8
+        a.batch, a.seq, a.val_windows, a.copy_probe = 4, 128, 8, min(a.copy_probe, 4)
         a.draft_steps, a.draft_gen_batches = a.draft_steps or 20, a.draft_gen_batches or 1
         a.gen_batch, a.gen_len, a.gen_pool_batches, a.draft_batch, a.anchors = 8, 24, 2, 4, 4
     stages = (a.stages or ("data,draft" if a.target_from else "data,target,draft")).split(",")
