@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -452,3 +453,19 @@ def test_copy_probe_counts_answers_that_define_the_requested_name_before_a_stop(
     assert copy_rate(logits_fn, requests, decode, (0,), 6, "cpu", new=5) == 1
     assert copy_rate(logits_fn, requests[:1], decode, (0,), 6, "cpu", new=5) == 1
     assert copy_rate(logits_fn, requests[1:], decode, (0,), 6, "cpu", new=5) == 0
+
+
+def test_name_weight_marks_the_requested_name_on_the_def_line_only():
+    from ddtree_chat.dev.demo.data import Encoder
+
+    enc = Encoder(Path(__file__).resolve().parents[1] / "ddtree_chat" / "assets" / "demo" / "target")
+    pair = ("p1", "Write a Python function is_even(n) that tells whether n is even.",
+            "```python\ndef is_even(n):\n    return n % 2 == 0\n```\nCall is_even(4).")
+    seqs, _, plain = enc.encode_split([], [pair], with_masks=True)
+    seqs_w, _, heavy = enc.encode_split([], [pair], with_masks=True, name_weight=4)
+    assert seqs == seqs_w and set(plain[0]) == {0, 1}  # the weight changes the mask only
+    marked = [t for t, w in zip(seqs_w[0], heavy[0]) if w == 4]
+    assert enc.tok.decode(marked).strip() == "is_even"  # the def line's name, not the later call
+    assert [min(w, 1) for w in heavy[0]] == plain[0]
+    other = ("p2", "Explain what is_even(n) does.", "```python\ndef is_even(n): ...\n```")  # asks for no function
+    assert set(enc.encode_split([], [other], with_masks=True, name_weight=4)[2][0]) == {0, 1}

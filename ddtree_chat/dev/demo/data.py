@@ -4,7 +4,8 @@ a byte-level BPE trained on the train split with Kimi's special tokens by name.
 
 With a distilled dataset (distil_data.py, issue 31) the chat pairs are the teacher's kept answers instead
 (split by prompt id), the docstring->code pairs are left out, the stdlib source is cut to a share of the
-train tokens, and a loss mask per token (0 on the user's turn) rides along each token stream."""
+train tokens, and a loss mask per token (0 on the user's turn) rides along each token stream; the
+requested function's name on the answer's `def` line can weigh more there (name_weight)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import ast
 import hashlib
 import json
 import random
+import re
 import shutil
 import sys
 import sysconfig
@@ -155,21 +157,28 @@ class Encoder:
         return ([s["<|im_user|>"]] + role_ids["user"] + [s["<|im_middle|>"]] + user_ids + [s["<|im_end|>"],
                 s["<|im_assistant|>"]] + role_ids["assistant"] + [s["<|im_middle|>"], s["<think>"]])
 
-    def encode_split(self, docs: list[str], pairs: list[tuple[str, str, str]], with_masks: bool = False):
-        """(sequences, prompts) or, with_masks, (sequences, prompts, masks): a mask is 1 on the tokens whose
-        prediction is trained (source files whole; a chat's reply, from </think> on, not its prompt)."""
+    def encode_split(self, docs: list[str], pairs: list[tuple[str, str, str]], with_masks: bool = False,
+                     name_weight: int = 1):
+        """(sequences, prompts) or, with_masks, (sequences, prompts, masks): a mask is the weight of each
+        token's prediction (source files whole; a chat's reply, from </think> on, not its prompt): 1, or
+        name_weight on the tokens of the requested function's name where the answer defines it."""
+        from .copy_probe import REQUESTED
+
         s = self.sp
         role_ids = {r: self.plain([r])[0] for r in ("user", "assistant")}
         seqs = [ids + [s["[EOS]"]] for ids in self.plain(docs)]
         masks = [[1] * len(q) for q in seqs]
         users = self.plain([u for _, u, _ in pairs])
-        codes = self.plain([a for _, _, a in pairs])
+        codes = self.tok.encode_batch([a for _, _, a in pairs], add_special_tokens=False)
         prompts = []
-        for (rel, u, a), ui, ci in zip(pairs, users, codes):
+        for (rel, u, a), ui, code in zip(pairs, users, codes):
             prompt = self.chat_prompt(ui, role_ids)
-            reply = [s["</think>"]] + ci + [s["<|im_end|>"]]
+            reply = [s["</think>"]] + code.ids + [s["<|im_end|>"]]
             seqs.append(prompt + reply)
-            masks.append([0] * len(prompt) + [1] * len(reply))
+            asked = REQUESTED.search(u) if name_weight != 1 else None
+            spans = [m.span(1) for m in re.finditer(rf"\bdef\s+({re.escape(asked.group(1))})\s*\(", a)] if asked else []
+            weights = [name_weight if any(b < e and c > st for st, e in spans) else 1 for b, c in code.offsets]
+            masks.append([0] * len(prompt) + [1] + weights + [1])
             prompts.append((rel, u, a, prompt))
         return (seqs, prompts, masks) if with_masks else (seqs, prompts)
 
@@ -221,11 +230,12 @@ def distil_sources(src: dict, distil: Path, code_share: float, log=print, rename
 
 
 def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None,
-            distil: Path | None = None, code_share: float = 0.25, renames: int = 0) -> dict:
+            distil: Path | None = None, code_share: float = 0.25, renames: int = 0, name_weight: int = 1) -> dict:
     """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata).
     tokenizer_from: a model dir whose tokenizer is reused (drafter-only retraining against an existing
     target); otherwise a BPE is trained on the train split. distil: a distil_data.py output dir whose kept
-    answers are the chat pairs (see the module docstring)."""
+    answers are the chat pairs (see the module docstring). name_weight: the train split's weight of the
+    requested name's tokens on a `def` line (validation stays unweighted, comparable across runs)."""
     src = read_sources(limit)
     log(f"data: {json.dumps(src['meta'])}")
     if distil is not None:
@@ -240,16 +250,20 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
     rng = random.Random(SEED)
     streams, masks, prompts = {}, {}, {}
     for split in ("train", "val", "test"):
-        seqs, pr, ms = enc.encode_split(src["docs"][split], src["pairs"][split], with_masks=True)
+        seqs, pr, ms = enc.encode_split(src["docs"][split], src["pairs"][split], with_masks=True,
+                                        name_weight=name_weight if split == "train" else 1)
         order = list(range(len(seqs)))
         rng.shuffle(order)
         streams[split] = torch.tensor([t for i in order for t in seqs[i]],
                                       dtype=torch.int16 if enc.vocab < 32768 else torch.int32)
-        masks[split] = torch.tensor([m for i in order for m in ms[i]], dtype=torch.bool)
+        masks[split] = torch.tensor([m for i in order for m in ms[i]], dtype=torch.uint8)
         prompts[split] = pr
-        trained = f" ({int(masks[split].sum())} in the loss)" if distil is not None else ""
+        heavy = int((masks[split] > 1).sum())
+        weighted = f", {heavy} weighted {name_weight}x" if heavy else ""
+        trained = f" ({int((masks[split] > 0).sum())} in the loss{weighted})" if distil is not None else ""
         log(f"data: {split}: {len(seqs)} sequences, {streams[split].numel()} tokens{trained}, {len(pr)} chat prompts")
-    meta = dict(src["meta"], n_ranks=enc.n_ranks, vocab=enc.vocab, tokens={k: v.numel() for k, v in streams.items()})
+    meta = dict(src["meta"], n_ranks=enc.n_ranks, vocab=enc.vocab, tokens={k: v.numel() for k, v in streams.items()},
+                name_weight=name_weight)
     if tokenizer_from is not None:
         meta["tokenizer_from"] = str(tokenizer_from)
     # The train-split chat prompts are kept for the drafter's data (ids, and the pairs' text for the

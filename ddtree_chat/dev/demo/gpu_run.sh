@@ -9,7 +9,7 @@
 #
 # Steps: part, join (cat + sha256 + the gguf wheel), teacher (its held-out figures), data (teacher answers,
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), unpack-data ($DATA_TAR, default the
-# data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES), eval-target
+# data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT), eval-target
 # (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
 # ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed).
 set -u
@@ -42,7 +42,7 @@ for s in "$@"; do
         pack-data) tar cJf "$OUT/distil.tar.xz" -C /tmp distil ;;
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
-                    --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" ;;
+                    --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" ;;
         draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;

@@ -107,7 +107,7 @@ def train_target(out: Path, a, device) -> dict:
     masks = data.get("masks") or {}
     m_train, m_val = masks.get("train"), masks.get("val")
     if m_train is not None:
-        log(f"target: loss on {int(m_train.sum())} of {m_train.numel()} train tokens (user turns left out)")
+        log(f"target: loss on {int((m_train > 0).sum())} of {m_train.numel()} train tokens (user turns left out)")
     decay = [p for n, p in tt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in tt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -481,6 +481,8 @@ def main(argv=None) -> int:
                     help="with --distil: the share of stdlib source in the target's train characters")
     ap.add_argument("--renames", type=int, default=3,
                     help="with --distil: name-swapped copies of each train function answer (dev/demo/rename.py)")
+    ap.add_argument("--name-weight", type=int, default=1,
+                    help="with --distil: the train loss weight of the requested name's tokens on a def line")
     ap.add_argument("--draft-prompts", type=int, default=20000,
                     help="with --distil: fresh generated requests for the drafter's prompts (at most)")
     ap.add_argument("--device", default=None)
@@ -531,7 +533,7 @@ def main(argv=None) -> int:
         from .data import prepare
 
         meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
-                       code_share=a.code_share, renames=a.renames)
+                       code_share=a.code_share, renames=a.renames, name_weight=a.name_weight)
         shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
         if shipped is not None and shipped.exists():
             ref = json.loads(shipped.read_text())
