@@ -373,22 +373,51 @@ async def test_keys_typed_right_after_enter_start_a_new_input():
         assert app.settings.temperature == 0.5 and box.text == "hi"
 
 
-async def test_a_message_sent_while_loading_stays_in_the_input():
+def _slow_loading(app):
+    """app whose engine factory waits for the returned event (the first start's kernel compiles)."""
     import threading
 
     gate = threading.Event()
-    app = fake_app()
     factory = app.engine_factory
     app.engine_factory = lambda progress: (gate.wait(10), factory(progress))[1]
+    return gate
+
+
+async def test_a_message_sent_while_loading_is_sent_once_the_model_is_ready():
+    app = fake_app()
+    gate = _slow_loading(app)
     async with app.run_test(size=SIZE) as pilot:
         box = app.query_one("#input")
         box.focus()
         box.text = "early"
         await pilot.press("enter", "!")
         await pilot.pause()
-        assert box.text == "early!" and app.session.messages == []
+        assert box.text == "!" and app.session.messages == []  # waiting, and the next keys start a new input
+        assert any("sent as soon as it is ready" in n for n in notes(app))
+        box.text = "second"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert box.text == "second" and app._queued == "early"  # one waits at a time; the other stays
         gate.set()
         await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) >= 2 and not app.generating)
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert app.session.messages[0].content == "early" and box.text == "second"
+
+
+async def test_escape_takes_a_waiting_message_back_into_the_input():
+    app = fake_app()
+    gate = _slow_loading(app)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "early")
+        assert app.query_one("#input").text == ""
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.query_one("#input").text == "early" and any("back in the input" in n for n in notes(app))
+        gate.set()
+        await loaded(pilot)
+        await pilot.pause()
+        assert app.session.messages == []  # taken back: nothing sent
 
 
 async def test_new_chat_clears_the_tree_panel_and_stats():

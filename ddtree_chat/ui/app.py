@@ -86,6 +86,7 @@ class DDTreeChatApp(App):
         self._prompt_tokens = 0
         self._meter = ""
         self._editing = False
+        self._queued: str | None = None  # a message sent while the model loads: sent once it is ready
         self._tree_shown = {False: True, True: False}  # by narrow layout: shown beside a wide chat, hidden under a narrow one
         self.exit_code = 0
         self.update_interval = UPDATE_INTERVAL
@@ -162,6 +163,13 @@ class DDTreeChatApp(App):
         self._show_context()
         if self._resume is not None:
             self.call_after_refresh(self._resume_conversation)
+        if self._queued is not None:
+            self.call_after_refresh(self._send_queued)
+
+    async def _send_queued(self) -> None:
+        text, self._queued = self._queued, None
+        if text is not None:  # NOTE: Esc may have taken it back meanwhile
+            await self.send(text)
 
     async def _resume_conversation(self) -> None:
         """-c / --conversation ID: the chat opens where that conversation ended."""
@@ -178,6 +186,7 @@ class DDTreeChatApp(App):
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.exit_code = 1
+        self._take_back_queued()
         self.push_screen(ErrorScreen("Could not load the model", msg.message))
 
     def _usable(self, s: Settings) -> Settings:
@@ -224,8 +233,12 @@ class DDTreeChatApp(App):
             commands.run_command(self, msg.text)
             return
         if self.engine is None:
-            box.give_back(msg.text)
-            self.notify("The model is still loading; your message is kept in the input.", severity="warning")
+            if self._queued is not None:
+                box.give_back(msg.text)
+                self.notify("A message is already waiting for the model; Esc takes it back.", severity="warning")
+                return
+            self._queued = msg.text.strip("\n")
+            self.note("The model is still loading: your message is sent as soon as it is ready (Esc takes it back).")
             return
         if self.generating:
             box.give_back(msg.text)
@@ -350,10 +363,18 @@ class DDTreeChatApp(App):
     def action_stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+        elif self._queued is not None:
+            self._take_back_queued()
+            self.note("Not sent: your message is back in the input.")
         elif self._editing:
             self._editing = False
             self.query_one(ChatInput).clear()
             self.note("Edit cancelled.")
+
+    def _take_back_queued(self) -> None:
+        if self._queued is not None:
+            self.query_one(ChatInput).give_back(self._queued)
+            self._queued = None
 
     async def action_quit(self) -> None:
         if self._reply is not None and self._stop is not None:
