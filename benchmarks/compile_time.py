@@ -4,9 +4,12 @@ engine uses (tree build per auto candidate budget, each small-M product tile hei
 the GLU epilogue, every MLA autotune config, rope, drafter attention, ancestor mask, walk). A lower bound on the first
 start's compile work: one argument specialisation each (the engine may meet a few per kernel).
 --workers N compiles them N at a time (--pool process or thread) and reports the wall time: what a
-parallel first start could gain on this machine.
+parallel first start could gain on this machine. --cuda times the other first-start build instead: the CUDA
+library (ddtree_chat/csrc, the engine's own nvcc command), each source alone, all at once, and all with
+nvcc --threads 2.
 
     python benchmarks/compile_time.py [--arch 90] [--workers N --pool process|thread] [--json OUT]
+    python benchmarks/compile_time.py --cuda
 """
 
 from __future__ import annotations
@@ -94,6 +97,31 @@ def compile_one(i: int, arch: int) -> float:
     return time.perf_counter() - t0
 
 
+def cuda_build() -> list[dict]:
+    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with --threads 2."""
+    import subprocess
+
+    from ddtree_chat.engine.ops import build
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        raise SystemExit("nvcc not found (pip install nvidia-cuda-nvcc, or set DDTREE_NVCC)")
+    lib = Path(nvcc).resolve().parents[1] / "lib"  # NOTE: the pip wheel keeps cudart_static here
+    extra = ["-L", str(lib)] if (lib / "libcudart_static.a").is_file() else []
+    out, rows = Path(tempfile.mkdtemp()), []
+    runs = [(p.name, [p], []) for p in build.sources()] + [("all", build.sources(), []),
+                                                            ("all, --threads 2", build.sources(), ["--threads", "2"])]
+    for name, srcs, flags in runs:
+        cmd = build.nvcc_command(nvcc, srcs, out / "lib.so", extra + flags)
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            raise SystemExit(f"nvcc failed on {name}: {res.stderr[-2000:]}")
+        rows.append({"build": name, "seconds": time.perf_counter() - t0})
+        print(f"| {name} | {rows[-1]['seconds']:.1f} |", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     import os
 
@@ -102,7 +130,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--pool", choices=("process", "thread"), default="process")
+    ap.add_argument("--cuda", action="store_true", help="time the CUDA library's build instead")
     a = ap.parse_args(argv)
+    if a.cuda:
+        print("| CUDA library build (sm_90a + sm_120a + compute_120a PTX) | s |\n|---|---|")
+        rows = cuda_build()
+        if a.json:
+            a.json.write_text(json.dumps({"cuda_build": rows}, indent=1))
+        return 0
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # NOTE: cold, as a first start (workers inherit it)
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
