@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
 import tempfile
 import time
@@ -98,28 +99,37 @@ def compile_one(i: int, arch: int) -> float:
 
 
 def cuda_build() -> list[dict]:
-    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with --threads 2."""
-    import subprocess
+    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with --threads 2
+    (the nvcc and its invocation of tests/test_csrc_compile.py: the system's, else the pip wheel's)."""
+    from test_csrc_compile import NVCC, run_nvcc, wheel_link_flags
 
     from ddtree_chat.engine.ops import build
 
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        raise SystemExit("nvcc not found (pip install nvidia-cuda-nvcc, or set DDTREE_NVCC)")
-    lib = Path(nvcc).resolve().parents[1] / "lib"  # NOTE: the pip wheel keeps cudart_static here
-    extra = ["-L", str(lib)] if (lib / "libcudart_static.a").is_file() else []
+    if NVCC is None:
+        raise SystemExit("nvcc not found (pip install -e '.[test]' brings one, or set DDTREE_NVCC)")
     out, rows = Path(tempfile.mkdtemp()), []
     runs = [(p.name, [p], []) for p in build.sources()] + [("all", build.sources(), []),
                                                             ("all, --threads 2", build.sources(), ["--threads", "2"])]
     for name, srcs, flags in runs:
-        cmd = build.nvcc_command(nvcc, srcs, out / "lib.so", extra + flags)
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = run_nvcc(build.nvcc_command(NVCC, srcs, out / "lib.so", wheel_link_flags() + flags))
         if res.returncode:
             raise SystemExit(f"nvcc failed on {name}: {res.stderr[-2000:]}")
         rows.append({"build": name, "seconds": time.perf_counter() - t0})
         print(f"| {name} | {rows[-1]['seconds']:.1f} |", flush=True)
     return rows
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Compile seconds by kernel (the first word of a job's name), and the auto candidates of 64-256 nodes
+    (their tree build and top-k): where a first start's time goes."""
+    groups: dict[str, float] = {}
+    for r in rows:
+        groups[r["kernel"].split()[0]] = groups.get(r["kernel"].split()[0], 0.0) + r["seconds"]
+    large = sum(r["seconds"] for r in rows if re.search(r"\b[bK]=(64|128|256)\b", r["kernel"]))
+    total = sum(groups.values())
+    return ["by kernel: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])),
+            f"auto candidates of 64-256 nodes (tree + top-k): {large:.1f} s ({large / total:.0%})"]
 
 
 def main(argv=None) -> int:
@@ -157,6 +167,7 @@ def main(argv=None) -> int:
     how = f"{a.workers} {a.pool}es" if a.pool == "process" else f"{a.workers} threads"
     print(f"total {sum(seconds):.1f} s for {len(rows)} compiles, wall {wall:.1f} s (sm_{a.arch}, "
           f"{how if a.workers > 1 else 'one process'})")
+    print("\n".join(summary(rows)))
     if a.json:
         a.json.write_text(json.dumps({"arch": a.arch, "workers": a.workers, "pool": a.pool, "wall_s": wall,
                                       "rows": rows}, indent=1))

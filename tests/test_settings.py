@@ -53,8 +53,8 @@ def test_validate_accepts(name, value, expected):
     "name,value",
     [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("max_new_tokens", "0"),
      ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("budget", "1024"),
-     ("budget", "-1"), ("budget", "0"), ("context", "0"), ("context", "-5"), ("context", "4k"), ("device", "tpu"), ("model", ""),
-     ("draft", 3), ("nope", 1)],
+     ("budget", "-1"), ("budget", "0"), ("context", "0"), ("context", "-5"), ("context", "4k"), ("device", "tpu"),
+     ("model", ""), ("draft", 3), ("nope", 1)],
 )
 def test_validate_rejects(name, value):
     with pytest.raises(st.SettingsError):
@@ -80,9 +80,10 @@ def test_cli_bad_value_is_a_warning_and_others_still_apply():
 
 
 def test_settings_know_the_engine_limits():
-    """What the CLI and the TUI accept (settings.validate) the engine accepts, up to the same largest budget."""
+    """What the CLI and the TUI accept (settings.validate) is what the engine accepts for a ddtree round: the
+    same modes and the same budget range at both ends."""
     from ddtree_chat.engine import GenerationConfig
-    from ddtree_chat.modes import MAX_BUDGET, MODES
+    from ddtree_chat.modes import BUDGETS, MAX_BUDGET, MODES
 
     for mode in MODES:
         assert st.validate("mode", mode) == mode and GenerationConfig(mode=mode).mode == mode
@@ -91,6 +92,12 @@ def test_settings_know_the_engine_limits():
         st.validate("budget", MAX_BUDGET + 1)
     with pytest.raises(ValueError):
         GenerationConfig(budget=MAX_BUDGET + 1)
+    low = BUDGETS.start
+    assert st.validate("budget", low) == GenerationConfig(mode="ddtree", budget=low).budget == low
+    with pytest.raises(st.SettingsError):
+        st.validate("budget", low - 1)
+    with pytest.raises(ValueError):
+        GenerationConfig(mode="ddtree", budget=low - 1)
 
 
 @pytest.mark.parametrize("name,value", [("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("context", "0")])

@@ -22,8 +22,9 @@ def function_requests(prompts: list[tuple], limit: int, suffix: list[int]) -> li
     ask for a function by name."""
     out = []
     for _, user, _, ids in prompts:
-        m = REQUESTED.search(user)
-        if m and len(out) < limit:
+        if len(out) == limit:
+            break
+        if m := REQUESTED.search(user):
             out.append((list(ids) + suffix, m.group(1)))
     return out
 

@@ -176,8 +176,10 @@ class Encoder:
             reply = [s["</think>"]] + code.ids + [s["<|im_end|>"]]
             seqs.append(prompt + reply)
             asked = REQUESTED.search(u) if name_weight != 1 else None
-            spans = [m.span(1) for m in re.finditer(rf"\bdef\s+({re.escape(asked.group(1))})\s*\(", a)] if asked else []
-            weights = [name_weight if any(b < e and c > st for st, e in spans) else 1 for b, c in code.offsets]
+            names = [m.span(1) for m in re.finditer(rf"\bdef\s+({re.escape(asked.group(1))})\s*\(", a)] if asked else []
+            # a token weighs name_weight where its characters [lo, hi) overlap a defined name's [start, end)
+            weights = [name_weight if any(lo < end and hi > start for start, end in names) else 1
+                       for lo, hi in code.offsets]
             masks.append([0] * len(prompt) + [1] + weights + [1])
             prompts.append((rel, u, a, prompt))
         return (seqs, prompts, masks) if with_masks else (seqs, prompts)
