@@ -6,7 +6,7 @@ start's compile work: one argument specialisation each (the engine may meet a fe
 --workers N compiles them N at a time (--pool process or thread) and reports the wall time: what a
 parallel first start could gain on this machine. --cuda times the other first-start build instead: the CUDA
 library (ddtree_chat/csrc, the engine's own nvcc command), each source alone, all at once, and all with
-nvcc --threads 2.
+every MoE variant (the benchmark sweep's build).
 
     python benchmarks/compile_time.py [--arch 90] [--workers N --pool process|thread] [--json OUT]
     python benchmarks/compile_time.py --cuda
@@ -99,7 +99,7 @@ def compile_one(i: int, arch: int) -> float:
 
 
 def cuda_build() -> list[dict]:
-    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with --threads 2
+    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with every MoE variant
     (the nvcc and its invocation of tests/test_csrc_compile.py: the system's, else the pip wheel's)."""
     from test_csrc_compile import NVCC, run_nvcc, wheel_link_flags
 
@@ -109,7 +109,7 @@ def cuda_build() -> list[dict]:
         raise SystemExit("nvcc not found (pip install -e '.[test]' brings one, or set DDTREE_NVCC)")
     out, rows = Path(tempfile.mkdtemp()), []
     runs = [(p.name, [p], []) for p in build.sources()] + [("all", build.sources(), []),
-                                                            ("all, --threads 2", build.sources(), ["--threads", "2"])]
+                                                            ("all, every MoE variant", build.sources(), ["-DDDT_MOE_SWEEP"])]
     for name, srcs, flags in runs:
         t0 = time.perf_counter()
         res = run_nvcc(build.nvcc_command(NVCC, srcs, out / "lib.so", wheel_link_flags() + flags))

@@ -92,7 +92,7 @@ for s in "$@"; do
                      --budgets 16 32 64 --json "$OUT/e2e_bf16.json" ;;
         smoke) step smoke 420 python benchmarks/cli_smoke.py --device cuda --max-new 64 \
                    --kernels "$DDTREE_CHAT_HOME/cache/kernels" ;;
-        moemla) step moemla 300 python benchmarks/kernels.py --only moe,mla,linear --json "$OUT/moemla.json" ;;
+        moemla) DDTREE_MOE_SWEEP=1 step moemla 300 python benchmarks/kernels.py --only moe,mla,linear --json "$OUT/moemla.json" ;;
         e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 8 16 32 64 128 auto \
                  --idle --json "$OUT/e2e.json" ;;
         programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
@@ -110,7 +110,7 @@ for s in "$@"; do
              grep -q moe_gemm "$OUT/ncu.csv" 2> /dev/null || step ncu-moe 200 "$ncu_bin" --clock-control none \
                  --kernel-name regex:moe_gemm "${sections[@]}" --csv --page details --log-file "$OUT/ncu.csv" \
                  python benchmarks/kernels.py --only ncu --json /dev/null ;;
-        kernels) step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
+        kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;
         fma) step fma 240 python benchmarks/kernels.py --only fma --json "$OUT/fma.json" ;;

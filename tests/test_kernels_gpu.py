@@ -45,15 +45,18 @@ def test_repack_roundtrip_cpu():
 # ----------------------------------------------------------------------------------------------- MoE
 def test_moe_default_variant_is_a_kernel_variant(monkeypatch):
     """The MoE kernel's tile variant by token count is one the library has (the GPU tests check every one
-    against the reference); DDTREE_MOE_VARIANT (read at import) forces one for benchmarks."""
+    built against the reference; the default build has PICKED only); DDTREE_MOE_VARIANT (read at import)
+    forces one for benchmarks."""
     from ddtree_chat.engine.ops import cuda_moe
 
     monkeypatch.setattr(cuda_moe, "_FORCED", None)
+    monkeypatch.delenv("DDTREE_MOE_SWEEP", raising=False)
+    assert cuda_moe.built_variants() == cuda_moe.PICKED
     picks = {cuda_moe.default_variant(t) for t in range(1, 257)}
     # row-invariant: 14 and 10 share every tile (docs/exactness.md); else the pipelined tiles first
     assert picks == {14, 10}
     monkeypatch.setenv("DDTREE_EXACT", "0")
-    assert {cuda_moe.default_variant(t) for t in range(1, 257)} == {16, 14, 10}
+    assert {cuda_moe.default_variant(t) for t in range(1, 257)} == {16, 14, 10} == set(cuda_moe.PICKED)
     monkeypatch.setattr(cuda_moe, "_FORCED", "6")
     assert cuda_moe.default_variant(1) == cuda_moe.default_variant(64) == 6
 
@@ -76,7 +79,7 @@ def random_experts(e, h, i, device, seed=0):
 @pytest.mark.parametrize("tokens", [1, 3, 17, 63])
 @pytest.mark.parametrize("skew", [False, True])
 def test_moe_matches_reference(tokens, inter, skew):
-    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
+    from ddtree_chat.engine.ops.cuda_moe import built_variants, moe_forward, pack_experts
 
     dev = torch.device("cuda")
     e, h, k = 16, 7168, 8
@@ -89,7 +92,7 @@ def test_moe_matches_reference(tokens, inter, skew):
         ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k, device=dev)
     ref = moe_experts_ref(x, ids, w, ex)
-    for variant in range(N_VARIANTS):  # every tile/unroll variant of moe_int4.cu
+    for variant in built_variants():  # every tile/unroll variant built (all: DDTREE_MOE_SWEEP=1)
         out = moe_forward(x, ids, w, pe, variant=variant)
         assert out.shape == ref.shape and out.dtype == ref.dtype
         assert rel(out, ref) < 1e-2, variant
@@ -100,7 +103,7 @@ def test_moe_matches_reference(tokens, inter, skew):
 def test_moe_experts_of_other_ranks_and_repeats():
     """ids of -1 (experts another rank holds) add nothing, a token with none here gets a zero row, and
     repeated calls give the same bits (no state left between launches)."""
-    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
+    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, built_variants, moe_forward, pack_experts
 
     dev = torch.device("cuda")
     e, h, inter, k, tokens = 16, 1024, 256, 8, 9
@@ -113,13 +116,15 @@ def test_moe_experts_of_other_ranks_and_repeats():
     w = torch.rand(tokens, k, device=dev)
     ref = moe_experts_ref(x, ids, w, ex)
     assert ref[4].abs().max() == 0
-    for variant in range(N_VARIANTS):
+    for variant in built_variants():
         out = torch.stack([moe_forward(x, ids, w, pe, variant=variant) for _ in range(3)])
         assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2]), variant
         assert out[0, 4].abs().max() == 0, variant
         assert rel(out[0], ref) < 1e-2, variant
-    with pytest.raises(RuntimeError, match="ddt_moe_forward"):  # N_VARIANTS is the library's count
-        moe_forward(x, ids, w, pe, variant=N_VARIANTS)
+    unbuilt = [N_VARIANTS] + [v for v in range(N_VARIANTS) if v not in built_variants()][:1]
+    for variant in unbuilt:  # past the library's count, or one only the sweep builds: refused, not run
+        with pytest.raises(RuntimeError, match="ddt_moe_forward"):
+            moe_forward(x, ids, w, pe, variant=variant)
 
 
 @gpu
@@ -128,7 +133,7 @@ def test_moe_variants_replay_in_a_cuda_graph():
     """Every variant (those with programmatic dependent launch too) captured in a graph: each replay runs on
     new inputs and gives the bits of an eager call on them (a PDL kernel that read its predecessor's buffer
     before that finished would see the previous replay's values)."""
-    from ddtree_chat.engine.ops.cuda_moe import N_VARIANTS, moe_forward, pack_experts
+    from ddtree_chat.engine.ops.cuda_moe import built_variants, moe_forward, pack_experts
 
     dev = torch.device("cuda")
     e, h, inter, k, tokens = 32, 1024, 256, 8, 5
@@ -136,7 +141,7 @@ def test_moe_variants_replay_in_a_cuda_graph():
     x = torch.randn(tokens, h, device=dev).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k, device=dev)
-    for variant in range(N_VARIANTS):
+    for variant in built_variants():
         moe_forward(x, ids, w, pe, variant=variant)  # warm (library load) outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

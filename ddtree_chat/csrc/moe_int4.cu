@@ -378,22 +378,46 @@ void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, cons
 using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
                        const __nv_bfloat16*, int, __nv_bfloat16*, float*);
 
+// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 8 GEMM kernels
+// instead of all 24): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
+constexpr bool picked(int i) { return i == 10 || i == 14 || i == 16; }
+constexpr bool picked_tiles_match() {
+  return kVariants[10].gu_warps == 4 && kVariants[10].gu_unroll == 4 && kVariants[10].dn_two && kVariants[10].dn_warps == 2 &&
+         kVariants[10].dn_unroll == 8 && !kVariants[10].pipe && !kVariants[10].checked &&
+         kVariants[14].gu_warps == 4 && kVariants[14].gu_unroll == 4 && kVariants[14].dn_two && kVariants[14].dn_warps == 2 &&
+         kVariants[14].dn_unroll == 8 && !kVariants[14].pipe && !kVariants[14].checked && kVariants[16].pipe;
+}
+static_assert(picked_tiles_match(), "variants 10 and 14 must keep the tiles the default build instantiates");
+#ifdef DDT_MOE_SWEEP
+constexpr bool kAllVariants = true;
+#else
+constexpr bool kAllVariants = false;
+#endif
+
 void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const uint4* wu, const uint32_t* sg,
                    const uint32_t* su, const __nv_bfloat16* x, int topk, int NT, int KT, __nv_bfloat16* h) {
+#ifdef DDT_MOE_SWEEP
   GemmFn f = gemm<kGateUp, 2, 8>;
   if (v.pipe) f = gemm<kGateUp, 4, 2, true>;
   else if (v.gu_warps == 4) f = v.gu_unroll == 8 ? gemm<kGateUp, 4, 8> : gemm<kGateUp, 4, 4>;
   else if (v.gu_unroll == 4) f = gemm<kGateUp, 2, 4>;
+#else
+  GemmFn f = v.pipe ? gemm<kGateUp, 4, 2, true> : gemm<kGateUp, 4, 4>;  // 16 | 10, 14
+#endif
   f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
 }
 
 // NT: row tiles of H (even: H % 64 == 0), so kDown2's tile pairs cover it.
 void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uint32_t* sd, const __nv_bfloat16* h,
                  int NT, int KT, float* y) {
+#ifdef DDT_MOE_SWEEP
   GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
   if (v.pipe) f = gemm<kDown2, 2, 2, true>;  // the kPipe variants pair it with kDown2
   else if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
   else if (v.dn_unroll == 4) f = v.dn_two ? gemm<kDown2, 2, 4> : gemm<kDown, 2, 4>;
+#else
+  GemmFn f = v.pipe ? gemm<kDown2, 2, 2, true> : gemm<kDown2, 2, 8>;  // 16 | 10, 14
+#endif
   f(v.checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
 }
 
@@ -407,7 +431,7 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
                     const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
                     int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, int variant, void* stream) {
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  if (variant < 0 || variant >= kNumVariants) return (int)cudaErrorInvalidValue;
+  if (variant < 0 || variant >= kNumVariants || !(kAllVariants || picked(variant))) return (int)cudaErrorInvalidValue;
   const int n_pairs = T * topk;
   int* block_expert = ws_int;
   int* block_pairs = ws_int + max_blocks;

@@ -25,7 +25,15 @@ GENCODE = [
     "-gencode", "arch=compute_120a,code=sm_120a",
     "-gencode", "arch=compute_120a,code=compute_120a",
 ]
-FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "--expt-relaxed-constexpr"]
+# --threads 0: the three targets compile side by side (a first start waits for this build)
+FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "--expt-relaxed-constexpr", "--threads", "0"]
+
+
+def flags() -> list[str]:
+    """FLAGS, and DDT_MOE_SWEEP (every MoE variant) when DDTREE_MOE_SWEEP=1."""
+    from ... import knobs
+
+    return FLAGS + (["-DDDT_MOE_SWEEP"] if knobs.moe_sweep() else [])
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -54,7 +62,7 @@ def _key(nvcc: str) -> str:
     for p in sorted(CSRC.glob("*.cu")) + sorted(CSRC.glob("*.cuh")) + sorted(CSRC.glob("*.h")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join(GENCODE + FLAGS).encode())
+    h.update(" ".join(GENCODE + flags()).encode())
     try:
         import torch
         h.update(f"{torch.__version__}|{torch.version.cuda}".encode())
@@ -65,7 +73,7 @@ def _key(nvcc: str) -> str:
 
 
 def nvcc_command(nvcc: str, srcs: list[Path], out: Path, extra: list[str] | None = None) -> list[str]:
-    return [nvcc, *FLAGS, *GENCODE, *(extra or []), *map(str, srcs), "-o", str(out)]
+    return [nvcc, *flags(), *GENCODE, *(extra or []), *map(str, srcs), "-o", str(out)]
 
 
 def _build() -> ctypes.CDLL:

@@ -94,6 +94,14 @@ def pack_experts(experts: ExpertWeights, chunk: int = 8) -> PackedExperts:
 _FORCED = __import__("os").environ.get("DDTREE_MOE_VARIANT")  # a fixed variant (benchmarks), else by token count
 # moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL, 16-17 kPipe
 N_VARIANTS = 18
+PICKED = (10, 14, 16)  # what default_variant returns; the only ones built unless DDTREE_MOE_SWEEP=1
+
+
+def built_variants() -> tuple[int, ...]:
+    """The variants the kernel library has (moe_int4.cu builds the others only for the sweep)."""
+    from ... import knobs
+
+    return tuple(range(N_VARIANTS)) if knobs.moe_sweep() else PICKED
 
 
 def default_variant(tokens: int) -> int:
