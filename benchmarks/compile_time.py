@@ -101,7 +101,7 @@ def compile_one(i: int, arch: int) -> float:
 def cuda_build() -> list[dict]:
     """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with every MoE variant
     (the nvcc and its invocation of tests/test_csrc_compile.py: the system's, else the pip wheel's)."""
-    from test_csrc_compile import NVCC, run_nvcc, wheel_link_flags
+    from test_csrc_compile import NVCC, run_nvcc
 
     from ddtree_chat.engine.ops import build
 
@@ -112,7 +112,7 @@ def cuda_build() -> list[dict]:
                                                             ("all, every MoE variant", build.sources(), ["-DDDT_MOE_SWEEP"])]
     for name, srcs, flags in runs:
         t0 = time.perf_counter()
-        res = run_nvcc(build.nvcc_command(NVCC, srcs, out / "lib.so", wheel_link_flags() + flags))
+        res = run_nvcc(build.nvcc_command(NVCC, srcs, out / "lib.so", flags))
         if res.returncode:
             raise SystemExit(f"nvcc failed on {name}: {res.stderr[-2000:]}")
         rows.append({"build": name, "seconds": time.perf_counter() - t0})

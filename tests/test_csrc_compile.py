@@ -37,17 +37,8 @@ NVCC = build.find_nvcc() or _wheel_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed (pip install -e '.[test]' brings one)")
 
 
-def wheel_link_flags() -> list[str]:
-    """-L to the nvcc wheel's lib/ (it keeps cudart_static there, not in nvcc.profile's lib64); none for a
-    system nvcc."""
-    lib = Path(NVCC).resolve().parents[1] / "lib"
-    return ["-L", str(lib)] if (lib / "libcudart_static.a").is_file() else []
-
-
 def run_nvcc(cmd: list[str]) -> subprocess.CompletedProcess:
-    # NOTE: nvcc's own directory first on PATH, so it runs its own ptxas (an older one rejects newer PTX)
-    env = dict(os.environ, PATH=os.path.dirname(NVCC) + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return build.run_nvcc(NVCC, cmd)
 
 
 def test_sources_exist():
@@ -96,7 +87,7 @@ def test_compiles_within_an_sm120_block(src, defines, arch, tmp_path):
 @needs_nvcc
 def test_shared_library_links(tmp_path):
     """The exact command the JIT build uses (both archs + PTX) links into one .so."""
-    res = run_nvcc(build.nvcc_command(NVCC, SOURCES, tmp_path / "lib.so", wheel_link_flags()))
+    res = run_nvcc(build.nvcc_command(NVCC, SOURCES, tmp_path / "lib.so"))
     assert res.returncode == 0, res.stderr[-4000:]
     # the MLA kernel's dynamic shared memory (host arithmetic, no GPU): two stages fit an sm_120 block, the
     # launcher takes four only where the GPU opts into more (the H200's 227 KB)

@@ -72,8 +72,21 @@ def _key(nvcc: str) -> str:
     return h.hexdigest()[:16]
 
 
+def link_flags(nvcc: str) -> list[str]:
+    """-L to a pip nvcc wheel's lib/ (it keeps cudart_static there, not in nvcc.profile's lib64); none for a
+    system nvcc."""
+    lib = Path(nvcc).resolve().parents[1] / "lib"
+    return ["-L", str(lib)] if (lib / "libcudart_static.a").is_file() else []
+
+
 def nvcc_command(nvcc: str, srcs: list[Path], out: Path, extra: list[str] | None = None) -> list[str]:
-    return [nvcc, *flags(), *GENCODE, *(extra or []), *map(str, srcs), "-o", str(out)]
+    return [nvcc, *flags(), *GENCODE, *link_flags(nvcc), *(extra or []), *map(str, srcs), "-o", str(out)]
+
+
+def run_nvcc(nvcc: str, cmd: list[str]) -> subprocess.CompletedProcess:
+    # NOTE: nvcc's own directory first on PATH, so it runs its own ptxas (an older one rejects newer PTX)
+    env = dict(os.environ, PATH=os.path.dirname(nvcc) + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 def _build() -> ctypes.CDLL:
@@ -89,7 +102,7 @@ def _build() -> ctypes.CDLL:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f"tmp-{os.getpid()}.so"
         t0 = time.perf_counter()
-        res = subprocess.run(nvcc_command(nvcc, sources(), tmp), capture_output=True, text=True)
+        res = run_nvcc(nvcc, nvcc_command(nvcc, sources(), tmp))
         if res.returncode != 0:
             raise KernelBuildError(f"nvcc failed building the CUDA kernels:\n{res.stderr[-4000:]}")
         os.replace(tmp, lib)
