@@ -469,3 +469,19 @@ def test_name_weight_marks_the_requested_name_on_the_def_line_only():
     assert [min(w, 1) for w in heavy[0]] == plain[0]
     other = ("p2", "Explain what is_even(n) does.", "```python\ndef is_even(n): ...\n```")  # asks for no function
     assert set(enc.encode_split([], [other], with_masks=True, name_weight=4)[2][0]) == {0, 1}
+
+
+def test_a_wider_target_reaches_its_config_and_its_drafter(monkeypatch):
+    """--target-arch: the sizes land in the target's config, the drafter reads the target's width, and a
+    wrong key or value is refused (before any data or training runs)."""
+    from ddtree_chat.dev.demo import common, train
+
+    monkeypatch.setattr(common, "TARGET", dict(common.TARGET))
+    assert common.set_target("hidden=384,inter=1152")["hidden"] == 384
+    assert common.target_text_config(1000, 4)["hidden_size"] == 384
+    assert common.draft_config(1000, 4, 512)["hidden_size"] == 512  # the trained target's, not TARGET's
+    for bad in ("hiden=384", "hidden=wide", "hidden"):
+        with pytest.raises(ValueError, match="key=integer"):
+            common.set_target(bad)
+    with pytest.raises(SystemExit):
+        train.main(["--out", "/nonexistent/never-made", "--target-arch", "layers=six"])

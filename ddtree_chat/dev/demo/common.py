@@ -22,6 +22,18 @@ CHAT_TEMPLATE = (
 # Target: K2 architecture at small size.
 TARGET = dict(hidden=256, layers=6, heads=4, q_lora=128, kv_lora=64, nope=32, rope=16, v=32, inter=768,
               moe_inter=128, experts=16, top_k=4, shards=4)
+
+
+def set_target(spec: str) -> dict:
+    """Override TARGET's sizes in place from "key=int,key=int" (a larger target: every module holds this dict)."""
+    pairs = [p.split("=", 1) for p in spec.split(",") if p]
+    bad = [p[0] for p in pairs if len(p) != 2 or p[0] not in TARGET or not p[1].isdigit()]
+    if bad:
+        raise ValueError(f"target settings must be key=integer with keys from {sorted(TARGET)}: {bad}")
+    TARGET.update({k: int(v) for k, v in pairs})
+    return TARGET
+
+
 # Drafter: DFlash, block 8, reading target layers 1, 3 and 5 (the last: a 6-layer target is shallow).
 # The shipped shape (3 x 1536; the first drafter was 2 x 1024): see ddtree_chat/assets/README.md.
 DRAFT = dict(layers=3, heads=4, kv_heads=2, head_dim=64, inter=1536, block=8, target_layer_ids=[1, 3, 5])
@@ -43,12 +55,13 @@ def target_config(vocab: int, n_ranks: int) -> dict:
             "demo": "ddtree-chat demo coder (issue 7); see assets/README.md"}
 
 
-def draft_config(vocab: int, n_ranks: int, **overrides) -> dict:
-    """The drafter's config.json; overrides replace DRAFT entries (e.g. layers=3, inter=2048)."""
+def draft_config(vocab: int, n_ranks: int, target_hidden: int | None = None, **overrides) -> dict:
+    """The drafter's config.json; overrides replace DRAFT entries (e.g. layers=3, inter=2048); target_hidden:
+    the target's width (default TARGET's)."""
     unknown = set(overrides) - set(DRAFT)
     if unknown:
         raise ValueError(f"unknown drafter settings {sorted(unknown)}")
-    d, h = dict(DRAFT, **overrides), TARGET["hidden"]
+    d, h = dict(DRAFT, **overrides), target_hidden or TARGET["hidden"]
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": h,
         "num_hidden_layers": d["layers"], "num_attention_heads": d["heads"], "num_key_value_heads": d["kv_heads"],

@@ -11,7 +11,9 @@
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), unpack-data ($DATA_TAR, default the
 # data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT), eval-target
 # (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
-# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed).
+# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed), sweep (several targets side by
+# side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH] ...", each with its eval-target), pick ($PICK: the
+# sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil M=/tmp/demo31
@@ -48,6 +50,17 @@ for s in "$@"; do
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
+        sweep) for cfg in ${TARGETS:-8:4:2000 8:8:2000 8:4:2000:hidden=384,inter=1152}; do  # targets side by side on the
+                   IFS=: read -r r w n arch <<< "$cfg"  # one GPU (RENAMES:NAME_WEIGHT:STEPS[:ARCH]), each evaluated held out
+                   name=$(echo "$cfg" | tr ':=,' '-__')
+                   (log="$OUT/sweep-$name.txt"
+                    step target 420 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
+                        --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" ${arch:+--target-arch "$arch"}
+                    step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
+                        --device cuda --mode ar --json "$OUT/heldout-$name.json") &
+               done
+               wait ;;
+        pick) rm -rf $M && cp -r "/tmp/sweep/$(echo "$PICK" | tr ':=,' '-__')" $M ;;  # that sweep target is the pair's
         eval-target) step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
                          --device cuda --mode ar --json "$OUT/heldout_target.json" ;;
         eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \

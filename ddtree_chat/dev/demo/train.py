@@ -6,6 +6,7 @@
     python -m ddtree_chat.dev.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA        # chat distilled from a teacher (issue 31)
     python -m ddtree_chat.dev.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
+    python -m ddtree_chat.dev.demo.train --out DIR --distil DATA --target-arch hidden=384,inter=1152  # a wider target
 
 Stages: data (stdlib -> splits, tokenizer, token streams), target (train, QAT, INT4 export to DIR/target),
 draft (target greedy continuations + hidden states -> DFlash drafter, export to DIR/draft).
@@ -308,7 +309,7 @@ def train_draft(out: Path, a, device) -> dict:
     log(f"draft: target {target_dir}")
     torch.backends.cuda.matmul.allow_tf32 = False  # greedy continuations as the float32 CPU engine makes them
     archs = [parse_arch(s) for s in a.draft_arch]
-    cfg_jsons = [draft_config(vocab, n_ranks, block=a.draft_block, **arch) for arch in archs]
+    cfg_jsons = [draft_config(vocab, n_ranks, tcfg.hidden_size, block=a.draft_block, **arch) for arch in archs]
     dcfgs = [DraftConfig.from_json(c) for c in cfg_jsons]
     feature_layers, B, mask_id = tuple(dcfgs[0].target_layer_ids), dcfgs[0].block_size, dcfgs[0].mask_token_id
     enc = Encoder(out / "tokenizer")
@@ -489,6 +490,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit-files", type=int, default=None)
     ap.add_argument("--target-seconds", type=float, default=40)
     ap.add_argument("--target-steps", type=int, default=None)
+    ap.add_argument("--target-arch", default=None,
+                    help="key=int,... over the target's sizes (common.TARGET), e.g. hidden=384,inter=1152")
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=1024)
@@ -522,6 +525,13 @@ def main(argv=None) -> int:
         a.batch, a.seq, a.val_windows, a.copy_probe = 4, 128, 8, min(a.copy_probe, 4)
         a.draft_steps, a.draft_gen_batches = a.draft_steps or 20, a.draft_gen_batches or 1
         a.gen_batch, a.gen_len, a.gen_pool_batches, a.draft_batch, a.anchors = 8, 24, 2, 4, 4
+    if a.target_arch:
+        from .common import set_target
+
+        try:
+            log(f"target sizes: {set_target(a.target_arch)}")
+        except ValueError as e:
+            ap.error(str(e))
     stages = (a.stages or ("data,draft" if a.target_from else "data,target,draft")).split(",")
     if a.target_from and "target" in stages:
         ap.error("--target-from keeps the given target: leave the target stage out")
