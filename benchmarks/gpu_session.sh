@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels e2ebf16
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels e2ebf16 structure
 #                                               smoke e2e
 #                                               programs k26 layer kernels
 #                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
@@ -116,6 +116,13 @@ for s in "$@"; do
         fma) step fma 240 python benchmarks/kernels.py --only fma --json "$OUT/fma.json" ;;
         mlatiles) step mlatiles 420 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
+        structure) pair=(--target "$PWD/ddtree_chat/assets/demo/target" --draft "$PWD/ddtree_chat/assets/demo/draft")
+                   for r in 1 2; do for t in old new; do  # e2e in the tree before the one-round change and in this one, twice,
+                       # same call and pair (.old: `git archive 319f177^ | tar x -C .old --exclude=assets --exclude=training`,
+                       # carried); kernels by row count in both (DDTREE_EXACT=0: the old tree has no row-invariant kernels)
+                       (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-$t-$r" 300 \
+                            python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto --json "$OUT/structure_${t}_$r.json")
+                   done; done ;;
         cache) tar czf - "${ir[@]}" -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-" ;;
         *) echo "unknown step $s" >> "$log" ;;
     esac
