@@ -63,12 +63,12 @@ for s in "$@"; do
                   homes=()
                   for f in "${gpu_files[@]}"; do homes+=("$(fresh_home)"); done  # NOTE: the first builds the CUDA library, once
                   for i in "${!gpu_files[@]}"; do  # NOTE: a process and home per file (no test order hides a fault), side by side
-                      (log="$cache_root/alone-$i.txt"; : > "$log"
+                      (log="$OUT/alone-$i.txt"; : > "$log"  # NOTE: in $OUT: a call cut short still returns them
                        DDTREE_CHAT_HOME=${homes[$i]} step "alone-$(basename "${gpu_files[$i]}" .py)" 420 \
                            python -m pytest -q -m gpu "${gpu_files[$i]}") &
                   done
                   wait  # NOTE: the TP file's ranks spin on one another's flags: it runs alone, after the others
-                  for i in "${!gpu_files[@]}"; do cat "$cache_root/alone-$i.txt" >> "$log"; done
+                  for i in "${!gpu_files[@]}"; do cat "$OUT/alone-$i.txt" >> "$log" && rm "$OUT/alone-$i.txt"; done
                   DDTREE_CHAT_HOME=$(fresh_home) step alone-test_tp_gpu 420 python -m pytest -q -m gpu tests/test_tp_gpu.py ;;
         reversed) reversed=($(grep -l "mark.gpu" tests/test_*.py | tac))  # the whole GPU suite, last file first
                   DDTREE_CHAT_HOME=$(fresh_home) step reversed 480 python -m pytest -q -m gpu "${reversed[@]}" ;;
