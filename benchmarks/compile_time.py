@@ -109,7 +109,9 @@ def cuda_build() -> list[dict]:
         raise SystemExit("nvcc not found (pip install -e '.[test]' brings one, or set DDTREE_NVCC)")
     out, rows = Path(tempfile.mkdtemp()), []
     runs = [(p.name, [p], []) for p in build.sources()] + [("all", build.sources(), []),
-                                                            ("all, every MoE variant", build.sources(), ["-DDDT_MOE_SWEEP"])]
+                                                            ("all, every MoE variant", build.sources(), ["-DDDT_MOE_SWEEP"]),
+                                                            ("all, every MoE variant, one target at a time",  # the build
+                                                             build.sources(), ["-DDDT_MOE_SWEEP", "--threads", "1"])]  # before 8befb90
     for name, srcs, flags in runs:
         t0 = time.perf_counter()
         res = run_nvcc(build.nvcc_command(NVCC, srcs, out / "lib.so", flags))
