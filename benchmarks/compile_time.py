@@ -99,8 +99,9 @@ def compile_one(i: int, arch: int) -> float:
 
 
 def cuda_build() -> list[dict]:
-    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, and for all with every MoE variant
-    (the nvcc and its invocation of tests/test_csrc_compile.py: the system's, else the pip wheel's)."""
+    """Seconds of the engine's nvcc command (ops/build.py) per source, for all, for all with every MoE variant, and
+    for that one target at a time (the build before the picked-variant build) (the nvcc of
+    tests/test_csrc_compile.py: the system's, else the pip wheel's)."""
     from test_csrc_compile import NVCC, run_nvcc
 
     from ddtree_chat.engine.ops import build
@@ -108,10 +109,10 @@ def cuda_build() -> list[dict]:
     if NVCC is None:
         raise SystemExit("nvcc not found (pip install -e '.[test]' brings one, or set DDTREE_NVCC)")
     out, rows = Path(tempfile.mkdtemp()), []
-    runs = [(p.name, [p], []) for p in build.sources()] + [("all", build.sources(), []),
-                                                            ("all, every MoE variant", build.sources(), ["-DDDT_MOE_SWEEP"]),
-                                                            ("all, every MoE variant, one target at a time",  # the build
-                                                             build.sources(), ["-DDDT_MOE_SWEEP", "--threads", "1"])]  # before 8befb90
+    every = build.sources(), ["-DDDT_MOE_SWEEP"]
+    runs = [(p.name, [p], []) for p in build.sources()] + [
+        ("all", build.sources(), []), ("all, every MoE variant", *every),
+        ("all, every MoE variant, one target at a time", every[0], every[1] + ["--threads", "1"])]  # the last wins
     for name, srcs, flags in runs:
         t0 = time.perf_counter()
         res = run_nvcc(build.nvcc_command(NVCC, srcs, out / "lib.so", flags))
@@ -127,7 +128,8 @@ def summary(rows: list[dict]) -> list[str]:
     (their tree build and top-k): where a first start's time goes."""
     groups: dict[str, float] = {}
     for r in rows:
-        groups[r["kernel"].split()[0]] = groups.get(r["kernel"].split()[0], 0.0) + r["seconds"]
+        kernel = r["kernel"].split()[0]
+        groups[kernel] = groups.get(kernel, 0.0) + r["seconds"]
     large = sum(r["seconds"] for r in rows if re.search(r"\b[bK]=(64|128|256)\b", r["kernel"]))
     total = sum(groups.values())
     return ["by kernel: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])),

@@ -45,6 +45,17 @@ def test_sources_exist():
     assert SOURCES, "ddtree_chat/csrc has no .cu sources"
 
 
+def test_the_default_build_has_the_variants_the_dispatcher_picks():
+    """moe_int4.cu's picked() (what the default build instantiates) and cuda_moe.PICKED (what the dispatcher
+    returns) name the same variants: they are written in two languages."""
+    from ddtree_chat.engine.ops import cuda_moe
+
+    src = (Path(build.__file__).parents[2] / "csrc" / "moe_int4.cu").read_text()
+    body = re.search(r"constexpr bool picked\(int i\) \{ return ([^;]*); \}", src)
+    assert body, "picked() not found in moe_int4.cu"
+    assert tuple(sorted(int(v) for v in re.findall(r"i == (\d+)", body[1]))) == cuda_moe.PICKED
+
+
 # every source as the engine builds it, and the MoE source as the benchmark sweep builds it (every variant)
 BUILDS = [(src, []) for src in SOURCES] + [(src, ["-DDDT_MOE_SWEEP"]) for src in SOURCES if src.name == "moe_int4.cu"]
 
