@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels e2ebf16 structure
 #                                               smoke e2e
 #                                               programs k26 layer kernels
-#                                               moemla small tiles fma mlatiles compile ncu cache (tests: a quick
+#                                               moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
 #                                               alone: each GPU test file in a process and home of its own, the
 #                                               files side by side, then the TP file alone; reversed: all
@@ -123,6 +123,13 @@ for s in "$@"; do
                        (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-$t-$r" 300 \
                             python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto --json "$OUT/structure_${t}_$r.json")
                    done; done ;;
+        firststart) for p in 1 0; do  # a cold first start of the demo pair (empty Triton cache), parallel compile on / off
+                        TRITON_CACHE_DIR=$(mktemp -d) DDTREE_PRECOMPILE=$p DDTREE_CHAT_HOME=$(fresh_home) \
+                            step "firststart-precompile=$p" 400 python -c "import time; t = time.time(); \
+from ddtree_chat.engine import Engine; from ddtree_chat.engine.default_model import resolve_model_dirs; \
+e = Engine.load(*resolve_model_dirs(None, None), device='cuda'); \
+print(f'load {time.time() - t:.1f} s, graphs {e.info[\"cuda_graphs\"]}, recording {e.info[\"graph_capture_s\"]} s')"
+                    done ;;
         cache) tar czf - "${ir[@]}" -C "$cache_root" . 2>> "$log" | split -b 15m - "$OUT/cache.tgz.part-" ;;
         *) echo "unknown step $s" >> "$log" ;;
     esac

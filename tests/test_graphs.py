@@ -352,6 +352,46 @@ print("ok")
 
 
 @pytest.mark.gpu
+def test_a_cold_first_start_compiles_its_kernels_before_recording(synthetic_pair, tmp_path):
+    """An empty Triton cache (a first start): the programs' kernels are found and compiled side by side
+    before the recording (ops/precompile.py), so the recording compiles none itself, and the replies are
+    still plain decoding's. Fresh process, home and Triton cache."""
+    code = f"""
+import logging, os, re, sys, tempfile
+os.environ["DDTREE_CHAT_HOME"] = tempfile.mkdtemp()
+from triton import knobs
+compiled = []
+knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["fn"].name) or None
+from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.ops import precompile
+counts = []
+real = precompile.compile_all
+precompile.compile_all = lambda found, *a: counts.append((len(found), real(found, *a))) or counts[-1][1]
+eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda")
+(found, done), = counts
+assert found >= 10 and done == found, counts
+ids = eng.tokenizer.encode("def f(x):")
+ar = list(eng.generate(ids, GenerationConfig(mode="ar", max_new_tokens=24, stop_token_ids=())))[-1]["token_ids"]
+for mode, budget in (("ddtree", 16), ("ddtree", "auto"), ("dflash", 7)):
+    got = list(eng.generate(ids, GenerationConfig(mode=mode, budget=budget, max_new_tokens=24, stop_token_ids=())))
+    assert got[-1]["token_ids"] == ar, (mode, budget)
+print("ok", found, len(compiled))
+"""
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "DDTREE_CHAT_HOME"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+    _, found, compiled = out.stdout.split()[-3:]
+    assert int(compiled) == int(found)  # every compile was a precompile: the recording compiled nothing
+
+
+@pytest.mark.gpu
 def test_cuda_graph_prefill_equals_the_eager_prefill(synthetic_pair):
     """The prefill chunks are recorded at load and replayed: the eager forward's caches and logits."""
     eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)

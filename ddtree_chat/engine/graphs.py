@@ -24,6 +24,7 @@ from typing import NamedTuple, Union
 
 import torch
 
+from .. import knobs
 from ..modes import MAX_BUDGET, Mode
 from .generation import AUTO_BUDGETS, RoundShape
 from .model import causal_mask
@@ -258,6 +259,9 @@ class StaticRound:
         todo = [m for m in modes if self.fits(m[0], m[1])]
         variants = [False] + ([True] if self.dec.dcache is not None else [])
         total = len(todo) + len(variants)
+        keys = [k for mode, budget, choosing in todo
+                for k in self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing)]
+        self._precompile(keys + [PrefillKey("prefill", n, d) for d in variants for n in self.prefill_sizes(d)])
         for i, (mode, budget, choosing) in enumerate(todo):
             self.prepare(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
             if progress:
@@ -267,6 +271,37 @@ class StaticRound:
             if progress:
                 progress(len(todo) + i + 1, total, Stage.RECORDING)
         return self.capture_s - before
+
+    def _precompile(self, keys) -> None:
+        """Before recording (the first start): run each program once with its new Triton kernels recorded
+        instead of compiled (their ops served by the reference), then compile those side by side
+        (ops/precompile.py); the recording then finds them compiled. Leaves the device state as it was."""
+        keys = [k for k in dict.fromkeys(map(graph_key, keys)) if k not in self.graphs and self.recordable(k)]
+        if not keys or self.dec.device.type != "cuda" or knobs.get(knobs.PRECOMPILE) == "0":
+            return
+        from .ops import precompile
+
+        t0, outputs = time.perf_counter(), dict(self.outputs)
+        try:
+            with precompile.discovery() as found:
+                for key in keys:
+                    saved = self._save_for_warm_up(0 if key.program == "draft" else key[1])
+                    try:
+                        self.outputs[key] = self._program(key)()  # NOTE: an accept reads its verify's outputs
+                    except Exception as e:  # noqa: BLE001 - e.g. a new kernel outside the registry
+                        log.debug("precompile: %s stopped early (%s): the recording compiles the rest", key, e)
+                    finally:
+                        self._restore(saved)
+        except (ImportError, AttributeError) as e:  # NOTE: a Triton without the compile hook: one by one, as before
+            log.info("no parallel precompile (%s)", e)
+            return
+        finally:
+            torch.cuda.synchronize(self.dec.device)
+            self.outputs.clear()
+            self.outputs.update(outputs)
+        n = precompile.compile_all(found, self.dec.device)
+        self.capture_s += time.perf_counter() - t0
+        log.info("precompiled %d of %d Triton kernels in %.1f s", n, len(found), time.perf_counter() - t0)
 
     def _record(self, key: GraphKey):
         t0 = time.perf_counter()

@@ -1,0 +1,83 @@
+"""The first start's parallel Triton compile (engine/ops/precompile.py), on the CPU: the registry serves a
+skipped kernel's op by its reference, discovery records and restores, compile_all compiles side by side.
+The GPU half (Triton's hook inside real launches, a cold start's time) runs in tests/test_graphs.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from ddtree_chat.engine.ops import precompile, registry
+
+
+class _OnGpu:
+    """Stands for a CUDA tensor in the dispatch (only is_cuda and dtype are read)."""
+    is_cuda, dtype = True, torch.float32
+
+
+def test_a_kernel_skipped_in_discovery_is_served_by_the_reference():
+    op = registry.Op("test_precompile_op", lambda x: "reference")
+    calls = []
+
+    def kernel(x):
+        calls.append(x)
+        raise precompile.Skipped("new kernel")
+
+    op.register(kernel)
+    try:
+        assert op(_OnGpu()) == "reference" and len(calls) == 1
+        assert op.kernels[0].broken is None  # a skipped launch is not a broken kernel
+    finally:
+        registry.OPS.pop("test_precompile_op", None)
+
+
+def test_discovery_records_each_compile_once_and_puts_everything_back():
+    from triton import knobs
+    from triton.runtime.jit import JitFunctionInfo
+
+    from ddtree_chat.engine.ops import triton_mla, triton_rope
+
+    tuner, jf = triton_mla._mla_split_kernel, triton_rope._rope_kernel
+    bench, results, cache = tuner.do_bench, tuner.cache_results, dict(tuner.cache)
+    with precompile.discovery() as found:
+        hook = knobs.runtime.jit_cache_hook
+        for _ in range(2):
+            with pytest.raises(precompile.Skipped):
+                hook(key="k", repr="r", fn=JitFunctionInfo(jf.__module__, "_rope_kernel", jf),
+                     compile={"key": "k", "specialization_data": '{"name": "_rope_kernel"}'}, is_manual_warmup=False,
+                     already_compiled=False)
+        # the autotuner times nothing and sees each config's call (a new kernel's Skipped swallowed)
+        seen = []
+
+        def new_config():
+            seen.append("called")
+            raise precompile.Skipped("new kernel")
+
+        assert tuner.do_bench(new_config) == [0.0, 0.0, 0.0] and seen == ["called"] and not tuner.cache_results
+        tuner.cache[("made in discovery",)] = tuner.configs[0]
+    assert list(found.values()) == [(jf, '{"name": "_rope_kernel"}')]
+    assert knobs.runtime.jit_cache_hook is None and tuner.do_bench is bench and tuner.cache_results == results
+    assert tuner.cache == cache
+
+
+def test_compile_all_preloads_side_by_side_and_leaves_failures_to_the_recording(caplog):
+    seen, gate = [], threading.Barrier(2, timeout=10)
+
+    class Kernel:
+        __name__ = "k"
+
+        def __init__(self, fail):
+            self.fail = fail
+
+        def preload(self, spec):
+            gate.wait()  # NOTE: both must be in flight at once: two threads
+            seen.append(spec)
+            if self.fail:
+                raise RuntimeError("no such target")
+
+    found = {("a",): (Kernel(False), "spec-a"), ("b",): (Kernel(True), "spec-b")}
+    assert precompile.compile_all(found, workers=2) == 1
+    assert sorted(seen) == ["spec-a", "spec-b"] and "it compiles when recorded" in caplog.text
+    assert precompile.compile_all({}) == 0
