@@ -123,9 +123,10 @@ for s in "$@"; do
                        (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-$t-$r" 300 \
                             python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto --json "$OUT/structure_${t}_$r.json")
                    done; done ;;
-        firststart) for p in 1 0; do  # a cold first start of the demo pair (empty Triton cache), parallel compile on / off
+        firststart) for p in ${FIRSTSTART:-1 0}; do  # a cold first start of the demo pair (empty Triton cache), parallel compile on / off
                         TRITON_CACHE_DIR=$(mktemp -d) DDTREE_PRECOMPILE=$p DDTREE_CHAT_HOME=$(fresh_home) \
-                            step "firststart-precompile=$p" 400 python -c "import time; t = time.time(); \
+                            step "firststart-precompile=$p" 400 python -c "import logging, time; t = time.time(); \
+logging.basicConfig(level=logging.INFO, format='%(relativeCreated)7.0f ms %(name)s: %(message)s'); \
 from ddtree_chat.engine import Engine; from ddtree_chat.engine.default_model import resolve_model_dirs; \
 e = Engine.load(*resolve_model_dirs(None, None), device='cuda'); \
 print(f'load {time.time() - t:.1f} s, graphs {e.info[\"cuda_graphs\"]}, recording {e.info[\"graph_capture_s\"]} s')"
