@@ -364,16 +364,19 @@ compiled = []
 knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["fn"].name) or None
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.ops import precompile
-counts = []
+counts, stages = [], []
 real = precompile.compile_all
-def counted(found, *a):
-    counts.append((len(found), real(found, *a), len(compiled)))
+def counted(found, *a, **kw):
+    counts.append((len(found), real(found, *a, **kw), len(compiled)))
     return counts[-1][1]
 precompile.compile_all = counted
-eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda")
-(found, done, at), = counts
+eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda",
+                  progress=lambda done, total, what: stages.append(what))
+found, done, at = sum(c[0] for c in counts), sum(c[1] for c in counts), counts[-1][2]
 assert found >= 10 and done == found, counts
 assert not compiled[at:], f"compiled while recording: {{compiled[at:]}}"
+assert stages.count("compiling GPU kernels") == found and stages[-1] == "recording CUDA graphs", stages
+print("passes", counts)
 ids = eng.tokenizer.encode("def f(x):")
 ar = list(eng.generate(ids, GenerationConfig(mode="ar", max_new_tokens=24, stop_token_ids=())))[-1]["token_ids"]
 for mode, budget in (("ddtree", 16), ("ddtree", "auto"), ("dflash", 7)):

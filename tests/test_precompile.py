@@ -78,6 +78,8 @@ def test_compile_all_preloads_side_by_side_and_leaves_failures_to_the_recording(
                 raise RuntimeError("no such target")
 
     found = {("a",): (Kernel(False), "spec-a"), ("b",): (Kernel(True), "spec-b")}
-    assert precompile.compile_all(found, workers=2) == 1
+    reports = []
+    assert precompile.compile_all(found, workers=2, report=lambda *a: reports.append(a)) == 1
     assert sorted(seen) == ["spec-a", "spec-b"] and "it compiles when recorded" in caplog.text
+    assert reports == [(1, 2), (2, 2)]  # one per kernel, a failure included
     assert precompile.compile_all({}) == 0

@@ -152,8 +152,10 @@ def test_loading_label_names_the_step():
     from ddtree_chat.ui.loading import EngineProgress, loading_label
 
     assert loading_label(EngineProgress(3, 10, "layers.0.mlp.gate.weight")) == "Loading the model… 3/10 tensors"
-    label = loading_label(EngineProgress(2, 18, "recording CUDA graphs", recording=True))
-    assert label.startswith("Recording CUDA graphs… 2/18") and "compiles GPU kernels" in label
+    assert loading_label(EngineProgress(2, 18, "recording CUDA graphs", recording=True)).startswith(
+        "Recording CUDA graphs… 2/18")
+    label = loading_label(EngineProgress(5, 40, "compiling GPU kernels", compiling=True))
+    assert label.startswith("Compiling GPU kernels… 5/40") and "first start only" in label
 
 
 def test_code_blocks_of_a_reply():

@@ -37,6 +37,7 @@ MAX_NODES = MAX_BUDGET + 1  # tree nodes a round may have (root included)
 MAX_RECORDED = 257  # tree sizes recorded as graphs (budget <= 256); larger trees run directly
 MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
 PREFILL_SIZES = (16, 64, 256)  # prompt chunk rows recorded; a chunk's rows past its tokens are scratch
+PRECOMPILE_PASSES = 4  # discovery rounds of a first start (an op's n-th kernel shows in the n-th)
 
 
 # One key per program and shape: a recorded graph, or a program run directly, is looked up by it. Each
@@ -253,7 +254,8 @@ class StaticRound:
 
     def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
         """Record every program of these (mode, budget, choosing) rounds and the prefill chunks now; returns
-        the seconds spent. progress(done, total, Stage.RECORDING) after each round's programs and each prefill
+        the seconds spent. progress(done, total, Stage.COMPILING) per kernel a first start compiles, then
+        progress(done, total, Stage.RECORDING) after each round's programs and each prefill
         variant's (the first start compiles kernels here)."""
         before = self.capture_s
         todo = [m for m in modes if self.fits(m[0], m[1])]
@@ -261,7 +263,7 @@ class StaticRound:
         total = len(todo) + len(variants)
         keys = [k for mode, budget, choosing in todo
                 for k in self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing)]
-        self._precompile(keys + [PrefillKey("prefill", n, d) for d in variants for n in self.prefill_sizes(d)])
+        self._precompile(keys + [PrefillKey("prefill", n, d) for d in variants for n in self.prefill_sizes(d)], progress)
         for i, (mode, budget, choosing) in enumerate(todo):
             self.prepare(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
             if progress:
@@ -272,16 +274,31 @@ class StaticRound:
                 progress(len(todo) + i + 1, total, Stage.RECORDING)
         return self.capture_s - before
 
-    def _precompile(self, keys) -> None:
+    def _precompile(self, keys, progress=None) -> None:
         """Before recording (the first start): run each program once with its new Triton kernels recorded
         instead of compiled (their ops served by the reference), then compile those side by side
-        (ops/precompile.py); the recording then finds them compiled. Leaves the device state as it was."""
+        (ops/precompile.py); the recording then finds them compiled. An op launching kernels one after another
+        shows its later ones only once its first are compiled (the first skipped launch hands the op to its
+        reference), so discovery repeats until it finds nothing new. Leaves the device state as it was."""
         keys = [k for k in dict.fromkeys(map(graph_key, keys)) if k not in self.graphs and self.recordable(k)]
         if not keys or self.dec.device.type != "cuda" or knobs.get(knobs.PRECOMPILE) == "0":
             return
         from .ops import precompile
 
-        t0, outputs = time.perf_counter(), dict(self.outputs)
+        t0, tried, n = time.perf_counter(), set(), 0
+        for _ in range(PRECOMPILE_PASSES):
+            found = {k: v for k, v in self._discover(keys, precompile).items() if k not in tried}
+            if not found:
+                break
+            tried |= found.keys()
+            report = (lambda done, total: progress(done, total, Stage.COMPILING)) if progress else None
+            n += precompile.compile_all(found, self.dec.device, report=report)
+        self.capture_s += time.perf_counter() - t0
+        log.info("precompiled %d of %d Triton kernels in %.1f s", n, len(tried), time.perf_counter() - t0)
+
+    def _discover(self, keys, precompile) -> dict:
+        """Run each program once under precompile.discovery(): the Triton kernels it would compile now."""
+        outputs = dict(self.outputs)
         try:
             with precompile.discovery() as found:
                 for key in keys:
@@ -294,14 +311,12 @@ class StaticRound:
                         self._restore(saved)
         except (ImportError, AttributeError) as e:  # NOTE: a Triton without the compile hook: one by one, as before
             log.info("no parallel precompile (%s)", e)
-            return
+            return {}
         finally:
             torch.cuda.synchronize(self.dec.device)
             self.outputs.clear()
             self.outputs.update(outputs)
-        n = precompile.compile_all(found, self.dec.device)
-        self.capture_s += time.perf_counter() - t0
-        log.info("precompiled %d of %d Triton kernels in %.1f s", n, len(found), time.perf_counter() - t0)
+        return found
 
     def _record(self, key: GraphKey):
         t0 = time.perf_counter()

@@ -7,8 +7,9 @@ from typing import Callable
 
 
 class Stage(str, Enum):
-    RECORDING = "recording CUDA graphs"  # `what` while the round's graphs are recorded (a first start compiles kernels)
+    COMPILING = "compiling GPU kernels"  # `what` while a first start compiles the round's kernels side by side
+    RECORDING = "recording CUDA graphs"  # `what` while the round's graphs are recorded
 
 
-# what: a tensor's checkpoint name while loading, Stage.RECORDING while recording
+# what: a tensor's checkpoint name while loading, then a Stage
 Progress = Callable[[int, int, str], None] | None

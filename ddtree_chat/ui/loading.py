@@ -22,10 +22,11 @@ log = logging.getLogger("ddtree_chat.ui")
 
 
 class EngineProgress(Message):
-    def __init__(self, done: int, total: int, what: str, recording: bool = False):
+    def __init__(self, done: int, total: int, what: str, recording: bool = False, compiling: bool = False):
         super().__init__()
         self.done, self.total, self.what = done, total, what
-        self.recording = recording  # the CUDA graphs are being recorded (a first start compiles kernels then)
+        self.recording = recording  # the CUDA graphs are being recorded
+        self.compiling = compiling  # a first start compiles the GPU kernels
 
 
 class EngineReady(Message):
@@ -42,8 +43,10 @@ class EngineFailed(Message):
 
 
 def loading_label(msg: EngineProgress) -> str:
+    if msg.compiling:
+        return f"Compiling GPU kernels… {msg.done}/{msg.total} (first start only: later starts reuse them)"
     if msg.recording:
-        return f"Recording CUDA graphs… {msg.done}/{msg.total} rounds (the first start also compiles GPU kernels)"
+        return f"Recording CUDA graphs… {msg.done}/{msg.total} rounds"
     return f"Loading the model… {msg.done}/{msg.total} tensors"
 
 
@@ -61,7 +64,7 @@ def start_loading(factory: Callable, post: Callable[[Message], object]) -> threa
         now = time.monotonic()
         if now - last[0] >= PROGRESS_INTERVAL or done >= total:
             last[0] = now
-            post(EngineProgress(done, total, what, recording=what is Stage.RECORDING))
+            post(EngineProgress(done, total, what, recording=what is Stage.RECORDING, compiling=what is Stage.COMPILING))
 
     def body() -> None:
         start = time.monotonic()

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Iterator
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,11 @@ def discovery() -> Iterator[dict]:
             t.cache.update(cache)
 
 
-def compile_all(found: dict, device=None, workers: int | None = None) -> int:
+def compile_all(found: dict, device=None, workers: int | None = None, report=None) -> int:
     """Compile the recorded kernels side by side (Triton's preload of each spec: the kernel lands in its
     in-process cache as a launch would put it); returns how many compiled. A failure is logged and left
     to the recording, which compiles that kernel itself (and reports a real error there). device: the
-    CUDA device each thread compiles for (a thread starts on device 0)."""
+    CUDA device each thread compiles for (a thread starts on device 0); report(done, total) after each."""
     jobs = list(found.values())
     if not jobs:
         return 0
@@ -90,5 +90,10 @@ def compile_all(found: dict, device=None, workers: int | None = None) -> int:
     import torch
 
     start = (lambda: torch.cuda.set_device(device)) if device is not None else None
+    ok = 0
     with ThreadPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1), initializer=start) as pool:
-        return sum(pool.map(one, jobs))
+        for i, done in enumerate(as_completed([pool.submit(one, job) for job in jobs])):
+            ok += done.result()
+            if report:
+                report(i + 1, len(jobs))
+    return ok
