@@ -123,8 +123,9 @@ for s in "$@"; do
                        (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-$t-$r" 300 \
                             python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto --json "$OUT/structure_${t}_$r.json")
                    done; done ;;
-        firststart) for p in ${FIRSTSTART:-1 0}; do  # a cold first start of the demo pair (empty Triton cache), parallel compile on / off
-                        TRITON_CACHE_DIR=$(mktemp -d) DDTREE_PRECOMPILE=$p DDTREE_CHAT_HOME=$(fresh_home) \
+        firststart) for p in ${FIRSTSTART:-1 0}; do  # a user's first start of the demo pair (empty home: nvcc builds the
+                        # CUDA library; empty Triton cache), the parallel compile on / off
+                        TRITON_CACHE_DIR=$(mktemp -d) DDTREE_PRECOMPILE=$p DDTREE_CHAT_HOME=$(mktemp -d) \
                             step "firststart-precompile=$p" 400 python -c "import logging, time; t = time.time(); \
 logging.basicConfig(level=logging.INFO, format='%(relativeCreated)7.0f ms %(name)s: %(message)s'); \
 from ddtree_chat.engine import Engine; from ddtree_chat.engine.default_model import resolve_model_dirs; \

@@ -5,6 +5,7 @@ The GPU half (Triton's hook inside real launches, a cold start's time) runs in t
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -83,3 +84,35 @@ def test_compile_all_preloads_side_by_side_and_leaves_failures_to_the_recording(
     assert sorted(seen) == ["spec-a", "spec-b"] and "it compiles when recorded" in caplog.text
     assert reports == [(1, 2), (2, 2)]  # one per kernel, a failure included
     assert precompile.compile_all({}) == 0
+
+
+def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch):
+    """A first start's nvcc build runs in a thread while the checkpoint loads; the caller that needs the
+    kernels waits for that build instead of starting a second one, and gets its error when it failed."""
+    from ddtree_chat.engine.ops import build
+
+    calls, release = [], threading.Event()
+
+    def slow_build():
+        calls.append(threading.current_thread().name)
+        release.wait(10)
+        return "lib"
+
+    monkeypatch.setattr(build, "_LIB", None)
+    monkeypatch.setattr(build, "_ERROR", None)
+    monkeypatch.setattr(build, "_build", slow_build)
+    t = build.build_in_background()
+    while not calls:
+        time.sleep(0.01)
+    release.set()
+    assert build.library() == "lib" and calls == ["ddtree-cuda-build"]  # waited for the thread's build
+    t.join(5)
+
+    def failing():
+        raise build.KernelBuildError("nvcc not found")
+
+    monkeypatch.setattr(build, "_LIB", None)
+    monkeypatch.setattr(build, "_build", failing)
+    build.build_in_background().join(5)  # the thread swallows it ...
+    with pytest.raises(build.KernelBuildError, match="nvcc not found"):
+        build.library()  # ... the caller gets it

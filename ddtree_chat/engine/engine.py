@@ -23,6 +23,7 @@ from .generation import AUTO_BUDGETS, GenerationConfig
 from .loader import load_drafter, load_target
 from .memory import plan_memory
 from .model import causal_mask
+from .ops import build
 from .ops.registry import prefer_library
 from .parallel import SINGLE, TPGroup, Workers, abort_on_lost_rank, checkpoint_fingerprint, join_group, rank_device
 from .progress import Progress
@@ -105,6 +106,8 @@ class Engine:
         dtype = dtype or device_policy.default_dtype(load_target_config(model_dir), dev)
         if dev.type == "cuda":
             device_policy.prefer_blas(dtype)
+            if knobs.get(knobs.KERNELS) != "0":
+                build.build_in_background()  # NOTE: a first start's nvcc runs while the checkpoint loads
         tokenizer = load_tokenizer(model_dir)
         try:
             tcfg, target = load_target(model_dir, dev, dtype, progress, tp)

@@ -163,6 +163,20 @@ def library() -> ctypes.CDLL:
         return _LIB
 
 
+def build_in_background() -> threading.Thread:
+    """library() in a thread: a first start's nvcc build runs while the checkpoint loads; the first caller
+    that needs the kernels waits for it (the lock) and gets its error, if any."""
+    def run() -> None:
+        try:
+            library()
+        except Exception:  # noqa: BLE001 - library() raises it again to the caller that needs the kernels
+            pass
+
+    t = threading.Thread(target=run, name="ddtree-cuda-build", daemon=True)
+    t.start()
+    return t
+
+
 def check(rc: int, what: str) -> None:
     if rc != 0:
         raise RuntimeError(f"CUDA error {rc} in {what}")
