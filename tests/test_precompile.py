@@ -116,3 +116,16 @@ def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch
     build.build_in_background().join(5)  # the thread swallows it ...
     with pytest.raises(build.KernelBuildError, match="nvcc not found"):
         build.library()  # ... the caller gets it
+
+
+def test_compile_threads_share_the_host_among_tensor_parallel_ranks(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    assert precompile.default_workers(200) == precompile.MAX_WORKERS and precompile.default_workers(5) == 5
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 8)
+    assert precompile.default_workers(200) == 16  # 8 ranks on one host: 128 cores / 8, not 8 x 32 threads
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 4)
+    assert precompile.default_workers(200) == 1

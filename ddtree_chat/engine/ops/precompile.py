@@ -68,6 +68,18 @@ def discovery() -> Iterator[dict]:
             t.cache.update(cache)
 
 
+MAX_WORKERS = 32  # compile threads per process: each holds a compile's memory
+
+
+def default_workers(jobs: int) -> int:
+    """Threads for `jobs` compiles: this host's cores shared among its tensor-parallel ranks (each compiles the
+    same kernels in its own process), at most MAX_WORKERS."""
+    import torch.distributed as dist
+
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return max(1, min(jobs, MAX_WORKERS, (os.cpu_count() or 1) // ranks))
+
+
 def compile_all(found: dict, device=None, workers: int | None = None, report=None) -> int:
     """Compile the recorded kernels side by side (Triton's preload of each spec: the kernel lands in its
     in-process cache as a launch would put it); returns how many compiled. A failure is logged and left
@@ -91,7 +103,7 @@ def compile_all(found: dict, device=None, workers: int | None = None, report=Non
 
     start = (lambda: torch.cuda.set_device(device)) if device is not None else None
     ok = 0
-    with ThreadPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1), initializer=start) as pool:
+    with ThreadPoolExecutor(max_workers=workers or default_workers(len(jobs)), initializer=start) as pool:
         for i, done in enumerate(as_completed([pool.submit(one, job) for job in jobs])):
             ok += done.result()
             if report:
