@@ -1,9 +1,12 @@
 """--budget auto: a measured cost curve, a surrogate gain, lossless output."""
 
+import math
+
+import pytest
 import torch
 
-from ddtree_chat.engine import GenerationConfig
-from ddtree_chat.engine.budget import AutoBudget
+from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.budget import PLAIN, AutoBudget
 from ddtree_chat.engine.parallel import SINGLE
 from ddtree_chat.engine.tree import path_scores
 
@@ -51,8 +54,9 @@ def test_auto_is_lossless_and_reports_the_chosen_budget(engine):
     assert evs[-1]["token_ids"] == ar[-1]["token_ids"]
     costs = engine.replies.auto.costs
     assert costs and all(v > 0 for v in costs.values())
-    for ev in evs[1:-1]:
-        assert ev["budget"] in costs and len(ev["tree"]["tokens"]) == ev["budget"] + 1
+    for ev in evs[1:-1]:  # a plain step (where the drafter's cost outweighs its trees) drafts nothing
+        assert ev["budget"] in costs.keys() | {PLAIN} and len(ev["tree"]["tokens"]) == ev["budget"] + 1
+        assert (ev["mode"] == "ar") == (ev["budget"] == PLAIN)
 
 
 def test_drafted_size_climbs_by_cost_not_by_one_step():
@@ -150,3 +154,89 @@ def test_the_first_round_teaches_no_costs():
     assert auto.cost_scale == 1.0 and auto.draft_s == 0.0 and not auto.draft_costs
     auto.observe(_tree(True).prefix(8), accepted=3, draft_s=0.5, target_s=2.0)
     assert auto.draft_costs == {8: 0.5} and abs(auto.cost_scale - 1.2) < 1e-9
+
+
+def _simulate(auto, rounds: int, accepted: int) -> list[int]:
+    """The reply loop's calls on a direct (CPU) path where a tree round takes 1.8 s and gives `accepted`
+    tokens, a plain round 0.5 s, and the drafter's catch-up 0.05 s a token; the sizes each round drafted."""
+    tree, drafted, missed = _tree(accepted > 1), [], 0
+    for _ in range(rounds):
+        b = auto.next_budget()
+        drafted.append(b)
+        if b == PLAIN:
+            missed += 1
+            auto.observe(tree.prefix(0), accepted=1, draft_s=0.0, target_s=0.5)
+            continue
+        n = auto.choose(tree)
+        auto.observe(tree.prefix(n), accepted=min(accepted, n + 1), draft_s=0.8, target_s=1.0, caught_up=missed,
+                     catch_up_s=0.05 * missed)
+        missed = 0
+    return drafted
+
+
+def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
+    """Drafting costs most of a plain step and the target rarely agrees (T > 0 on a CPU): after the
+    first explorations every round is a plain step but for an exploration every EXPLORE_MAX rounds;
+    once trees pay again they come back within a few explorations."""
+    from ddtree_chat.engine.budget import EXPLORE_MAX
+
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
+    poor = _simulate(auto, 400, accepted=1)
+    assert auto.last == PLAIN and auto.interval == EXPLORE_MAX
+    late = poor[200:]
+    assert 0 < sum(b != PLAIN for b in late) <= len(late) // EXPLORE_MAX + 1  # still explores, rarely
+    assert auto.catch_up_s == pytest.approx(0.05)
+    good = _simulate(auto, 4 * EXPLORE_MAX, accepted=6)  # 6 tokens in 1.8 s: trees beat 1 in 0.55 s
+    assert auto.last != PLAIN and all(b != PLAIN for b in good[-EXPLORE_MAX:])
+
+
+def test_a_near_tie_keeps_trees_and_a_new_temperature_explores_afresh():
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
+    auto.trees = [1.0, 0.51]  # tree rounds gave 1.96 tokens/s, plain steps would give 2
+    assert auto.choose(_tree(False)) > 0 and auto.last != PLAIN
+    auto.trees = [1.0, 0.6]
+    auto.rounds = auto.interval
+    auto.choose(_tree(False))
+    assert auto.last == PLAIN
+    auto.start_reply(0.0)  # the first reply: it was never told a temperature
+    assert auto.last is None and auto.exploring and auto.tree_rate == 0.0
+    auto.last, auto.trees = PLAIN, [1.0, 0.6]
+    auto.start_reply(0.0)  # the same temperature: it keeps what it learnt
+    assert auto.last == PLAIN and auto.tree_rate > 0
+
+
+def _alternate(monkeypatch):
+    """Every exploring round flips between plain steps and trees (each flip: 8 rounds of the other)."""
+    flips = iter(range(10**6))
+    monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf if next(flips) % 2 == 0 else 0.0)
+
+
+def test_plain_steps_and_trees_in_turn_keep_ar_ids_and_the_drafter_context(synthetic_pair, monkeypatch):
+    """A drafting round after plain steps first recomputes the drafter context rows they skipped: the
+    reply keeps `ar`'s ids, and the drafter's context equals the one a drafting prefill of the same
+    tokens builds."""
+    eng, ref = Engine.load(*synthetic_pair, device="cpu"), Engine.load(*synthetic_pair, device="cpu")
+    _alternate(monkeypatch)
+    prompt = eng.tokenizer.encode("plain steps, then trees")
+    eng.decoder.block_logits = TargetDrafter(eng, noise=0.6)
+    caught = []
+    catch_up = eng.decoder._catch_up
+    monkeypatch.setattr(eng.decoder, "_catch_up", lambda: caught.append(catch_up()) or caught[-1])
+    evs = list(eng.generate(prompt, GenerationConfig(mode="ddtree", budget="auto", max_new_tokens=90,
+                                                     stop_token_ids=())))
+    want = list(ref.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=90, stop_token_ids=())))
+    assert evs[-1]["token_ids"] == want[-1]["token_ids"]
+    modes = [ev["mode"] for ev in evs[1:-1]]
+    assert modes[:25] == (["ddtree"] + ["ar"] * 7 + ["ddtree"] * 9 + ["ar"] * 7 + ["ddtree"])  # in turn
+    assert all(ev["budget"] == 0 and len(ev["tree"]["tokens"]) == 1 for ev in evs[1:-1] if ev["mode"] == "ar")
+    assert caught[:2] == [7, 7]  # each exploration after plain steps catches up on those alone
+    dec = eng.decoder
+    if dec.dcache.end_pos < dec.cache.length:
+        dec._catch_up()
+    ref.decoder.prefill(list(dec.tokens), drafting=True)  # every committed token's row, at once
+    n = dec.cache.length
+    assert dec.dcache.end_pos == ref.decoder.dcache.end_pos == n and dec.dcache.length == n
+    for a, b in ((dec.dcache.k, ref.decoder.dcache.k), (dec.dcache.v, ref.decoder.dcache.v)):
+        assert torch.allclose(a[:, :n].float(), b[:, :n].float(), atol=1e-3)

@@ -153,7 +153,9 @@ def test_a_reply_fills_the_context_to_its_last_slot(synthetic_pair, mode, budget
     want = ids_of(small, prompt, mode="ar", max_new_tokens=100, stop_token_ids=())
     assert done["stop_reason"] == want["stop_reason"] == "context" and done["mode"] == mode
     modes = [e["mode"] for e in events[1:-1] if e["event"] == "round"]  # after the prefill's
-    assert modes[-1] == "ar" and modes == sorted(modes, key=lambda m: m == "ar") and set(modes) <= {mode, "ar"}
+    assert modes[-1] == "ar" and set(modes) <= {mode, "ar"}
+    if budget != "auto":  # NOTE: auto's plain steps may come before the context's end too
+        assert modes == sorted(modes, key=lambda m: m == "ar")
     assert all(e["budget"] == 0 for e in events[1:-1] if e.get("mode") == "ar")
     assert len(done["token_ids"]) == 32 - len(prompt) + 1  # every slot committed, plus the pending token
     assert done["token_ids"] == want["token_ids"]

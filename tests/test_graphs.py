@@ -5,12 +5,15 @@ graphs): the same tokens as `ar`, the same committed caches.
 On CPU the `pair` fixture's second engine runs the recorded path's logic uncaptured, which checks its
 math and bookkeeping; the GPU tests record it."""
 
+import math
 import os
 
 import pytest
 import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.budget import AutoBudget
+from ddtree_chat.modes import Mode
 
 from drafters import TargetDrafter
 
@@ -129,6 +132,28 @@ def test_auto_budget_runs_ahead_between_exploring_rounds(pair):
         assert len(launches) <= got["rounds"] + 1  # at most the one launched past the reply's end is unread
     finally:
         del dec._launch
+
+
+def test_auto_plain_steps_run_ahead_and_the_drafter_catches_up_in_padded_chunks(pair, monkeypatch):
+    """--budget auto turning from trees to plain steps and back on the graph path's logic: the tree round
+    that chose plain steps launches the first one ahead and each launches the next, the drafting round
+    after them recomputes the drafter's missed rows through padded prefill chunks; the ids stay ar's."""
+    eager, static = pair
+    dec = static.decoder
+    flips = iter(range(10**6))  # every exploring round flips between plain steps and trees
+    monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf if next(flips) % 2 == 0 else 0.0)
+    monkeypatch.setattr(static.replies, "auto", None)  # a fresh auto budget: its first round explores
+    launches, caught = [], []
+    launch, catch_up = dec._launch, dec._catch_up
+    monkeypatch.setattr(dec, "_launch", lambda *a, fresh: launches.append((a[0], fresh)) or launch(*a, fresh=fresh))
+    monkeypatch.setattr(dec, "_catch_up", lambda: caught.append(catch_up()) or caught[-1])
+    prompt = eager.tokenizer.encode(LONG)
+    want = run(eager, prompt, mode="ar", max_new_tokens=60)["token_ids"]
+    got = run(static, prompt, mode="ddtree", budget="auto", max_new_tokens=60)
+    assert got["token_ids"] == want
+    plain = [fresh for mode, fresh in launches if mode is Mode.AR]
+    assert len(plain) >= 14 and not any(plain)  # every plain step was launched ahead
+    assert len(caught) >= 2 and set(caught) == {7}
 
 
 @pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 16), (0.6, 64)])
@@ -281,6 +306,25 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
         for budget in (7, 16, 64, "auto"):
             assert run(graphed, prompt, mode="ddtree", budget=budget, max_new_tokens=24)["token_ids"] == want
         assert run(graphed, prompt, mode="dflash", max_new_tokens=24)["token_ids"] == want
+
+
+@pytest.mark.gpu
+def test_cuda_graph_auto_plain_steps_and_trees_in_turn_equal_ar(synthetic_pair, monkeypatch):
+    """Recorded: plain steps launched ahead (the first by the tree round that chose them), the drafter's
+    catch-up through the recorded prefill chunks, trees after it; greedy and sampled replies run."""
+    eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)
+    graphed = Engine.load(*synthetic_pair, device="cuda")
+    flips = iter(range(10**6))
+    monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf if next(flips) % 2 == 0 else 0.0)
+    for text in PROMPTS + [LONG]:
+        prompt = eager.tokenizer.encode(text)
+        want = run(eager, prompt, mode="ar", max_new_tokens=64)["token_ids"]
+        evs = list(graphed.generate(prompt, GenerationConfig(mode="ddtree", budget="auto", max_new_tokens=64,
+                                                             stop_token_ids=())))
+        assert evs[-1]["token_ids"] == want
+        assert {ev["mode"] for ev in evs[1:-1]} == {"ar", "ddtree"}
+        sampled = run(graphed, prompt, mode="ddtree", budget="auto", max_new_tokens=32, temperature=0.8, seed=1)
+        assert len(sampled["token_ids"]) == 32
 
 
 def test_what_a_warm_up_run_writes_is_put_back(pair):

@@ -4,7 +4,13 @@ Cost side: the target's verify time per tree size, measured once on this machine
 and device) and scaled by one running ratio of real rounds' target time to it, plus the drafter's time per
 round and drafted size. Gain side: the expected accepted length of the top-b
 prefixes under the drafter's product-of-marginals surrogate (sum of the nodes' path probabilities),
-rescaled by a running calibration against what the target actually accepted."""
+rescaled by a running calibration against what the target actually accepted.
+
+Plain steps: where no tree pays (drafting costs most of a target step and the target rarely agrees, as at
+T > 0 on a CPU), an exploring round may choose to draft nothing: the rounds until the next exploration are
+plain `ar` rounds (no features, no drafter context row), and the next drafting round first catches the
+drafter's context up on the tokens they committed (Decoder.round). Their cost per token: a plain round's
+seconds plus that catch-up's share."""
 
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from .tree import DraftTree, path_scores
 
 EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays ...
 EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles that interval, up to this
+PLAIN = 0  # the choice that drafts nothing: plain `ar` rounds until the next exploring round
+PLAIN_MARGIN = 1.05  # plain steps must beat the trees' rate by this factor (a near-tie keeps trees)
 log = logging.getLogger(__name__)
 
 
@@ -32,11 +40,24 @@ class AutoBudget:
         self.draft_s = 0.0  # drafter seconds per round (EMA over all drafted sizes)
         self.draft_costs: dict[int, float] = {}  # the same per drafted size
         self.calib = 1.0  # observed accepted drafted tokens / predicted (EMA)
-        self.last = 0  # the budget chosen at the last exploring round: what the other rounds draft
-        self.drafted = 0  # the size drafted this round (what next_budget returned)
+        self.last: int | None = None  # chosen at the last exploring round: what the other rounds draft (PLAIN: none)
+        self.plain_cost: float | None = None  # measured seconds of a plain step's verify (None: not measured)
+        self.plain_s = 0.0  # real plain round seconds (EMA; 0 until one ran)
+        self.caught = [0.0, 0.0]  # the drafter's catch-ups after plain rounds: decaying sums of tokens, seconds
+        self.trees = [0.0, 0.0]  # what tree rounds gave: decaying sums of tokens, seconds
+        self.drafted: int | None = None  # the size drafted this round (what next_budget returned; PLAIN: none)
         self.rounds = 0
         self.interval = EXPLORE  # rounds between explorations (exploring rounds choose and cannot run ahead)
         self.predicted = 0.0  # expected accepted drafted tokens of the last choice (before calibration)
+        self.temperature: float | None = None  # the last reply's
+
+    def start_reply(self, temperature: float) -> None:
+        """A reply at another temperature than the last one accepts differently: what tree rounds gave and
+        the calibration start over, and its first round explores (plain steps chosen at T > 0 would
+        otherwise hold a T = 0 reply for a few explorations, up to EXPLORE_MAX rounds each)."""
+        if temperature != self.temperature:
+            self.temperature = temperature
+            self.trees, self.calib, self.last, self.interval = [0.0, 0.0], 1.0, None, EXPLORE
 
     def next_budget(self) -> int:
         """Once per round: the tree size to draft (a collective under TP, and it resets the round's
@@ -52,18 +73,18 @@ class AutoBudget:
     def exploring(self) -> bool:
         """Whether this round drafts past the last choice (then choose() must cut it). Other rounds may
         verify the last choice whole: a fixed-size round, which the graph path runs one ahead."""
-        return not self.last or self.rounds % self.interval == 0
+        return self.last is None or self.rounds % self.interval == 0
 
     def following(self) -> int | None:
-        """During a round (after its choice): the size the next round will verify whole, or None when
-        the next round explores (so the graph path launches nothing ahead for it)."""
-        return None if not self.last or (self.rounds + 1) % self.interval == 0 else self.last
+        """During a round (after its choice): the size the next round will verify whole (PLAIN: a plain
+        round), or None when the next round explores (so the graph path launches nothing ahead for it)."""
+        return None if self.last is None or (self.rounds + 1) % self.interval == 0 else self.last
 
     def _next_size(self) -> int:
         if not self.exploring:
             return self.last
         sizes = sorted(self.costs) if self.costs else list(AUTO_BUDGETS)
-        above = [b for b in sizes if b > self.last]
+        above = [b for b in sizes if b > (self.last or 0)]
         if not above:
             return sizes[-1]
         if not self.costs:
@@ -81,9 +102,11 @@ class AutoBudget:
 
     @torch.no_grad()
     def _measure(self) -> dict[int, float]:
+        """Verify seconds per candidate size, and under PLAIN a plain step's (one node, no features)."""
         dec = self.dec
         room = dec.max_len - dec.cache.length
-        costs = {}
+        root = torch.zeros(1, dtype=torch.long, device=dec.device)
+        costs = {PLAIN: dec.graphs.verify_seconds(1, root, features=False)}  # what a plain round runs
         for b in AUTO_BUDGETS:
             if b + 1 > room:
                 break
@@ -104,13 +127,15 @@ class AutoBudget:
                 cached = None
         cached = self.tp.broadcast(cached)
         costs = cached if cached is not None else self._measure()
-        self.costs = self.tp.broadcast(costs)
+        costs = self.tp.broadcast(costs)
         if cached is None and self.tp.rank == 0:
-            log.info("verify cost per tree size (s): %s", self.costs)
+            log.info("verify cost per tree size (s; 0: a plain step): %s", costs)
             try:
-                self._cache_file().write_text(json.dumps(self.costs))
+                self._cache_file().write_text(json.dumps(costs))
             except OSError:
                 pass
+        self.plain_cost = costs.pop(PLAIN, None)
+        self.costs = costs
 
     # -- per round -------------------------------------------------------------------------------
     def choose(self, tree: DraftTree, cum_mass: torch.Tensor | None = None) -> int:
@@ -128,23 +153,57 @@ class AutoBudget:
             rate = (1.0 + self.calib * m) / (self.cost_scale * self.costs[b] + self.draft_costs.get(b, self.draft_s))
             if rate > best_rate:
                 best, best_rate, self.predicted = b, rate, m
-        best = self.tp.broadcast(best or min(self.costs))
+        best = best or min(self.costs)
         # NOTE: only an exploring round moves the size later rounds draft; the others (rounds that do not run
         # ahead choose every round) cut their own tree. A cut that moved it stuck every round until the next exploration
         # (up to EXPLORE_MAX later) at the size one uncertain tree wanted: CPU auto ran 9% below budget 8.
-        if self.exploring:  # a stable choice needs ever fewer checks; a change goes back to EXPLORE
-            self.interval = min(2 * self.interval, EXPLORE_MAX) if best == self.last else EXPLORE
-            self.last = best
+        if not self.exploring:
+            return self.tp.broadcast(best)
+        # NOTE: this round's tree is drafted (paid for), so it is verified; plain steps are for the later rounds.
+        # Against the rate tree rounds gave, not this tree's prediction: at T > 0 a confident tree is followed by
+        # average ones (choosing by it, CPU auto at T=0.7 verified trees in 60% of its rounds: 0.80x of ar).
+        plain = self.plain_rate() > PLAIN_MARGIN * (self.tree_rate or best_rate)
+        best, later = self.tp.broadcast((best, PLAIN if plain else best))
+        # a stable choice needs ever fewer checks; a change goes back to EXPLORE
+        self.interval = min(2 * self.interval, EXPLORE_MAX) if later == self.last else EXPLORE
+        self.last = later
         return best
 
-    def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float) -> None:
-        """Learn from a finished round: calibration of the gain (against what choose() predicted for the
-        size it picked), and the real costs. The engine's first round teaches no costs: its times hold
-        one-off work (the size it drafted kept a 2x drafting cost, never drafted again to correct it)."""
+    def plain_rate(self) -> float:
+        """Expected tokens per second of plain rounds: one token per round, whose drafter context the next
+        drafting round recomputes (0 when a plain step's cost is not known)."""
+        # NOTE: before one ran, the measured verify unscaled: cost_scale holds a tree round's accept work
+        # (on a CPU it made a plain step look 1.5x its real cost, so auto drafted until the trees' rate fell)
+        step = self.plain_s or self.plain_cost or 0.0
+        return 1.0 / (step + self.catch_up_s) if step > 0 else 0.0
+
+    @property
+    def tree_rate(self) -> float:
+        """Tokens per second that tree rounds gave (0 until one was learned from). NOTE: a ratio of sums: a
+        round that happened to accept many tokens moves it by its share of the time, not as one rate of several."""
+        return self.trees[0] / self.trees[1] if self.trees[1] > 0 else 0.0
+
+    @property
+    def catch_up_s(self) -> float:
+        """Seconds per token of the drafter's catch-up (0 until one ran)."""
+        return self.caught[1] / self.caught[0] if self.caught[0] else 0.0
+
+    def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float, caught_up: int = 0,
+                catch_up_s: float = 0.0) -> None:
+        """Learn from a finished round (a plain one too: it drafted PLAIN): calibration of the gain (against
+        what choose() predicted for the size it picked), and the real costs, the catch-up of `caught_up`
+        tokens before it included. The engine's first round teaches no costs: its times hold one-off work
+        (the size it drafted kept a 2x drafting cost, never drafted again to correct it)."""
         predicted = self.predicted
         self.rounds += 1
-        if self.rounds > 1:
+        if self.rounds > 1 and caught_up:  # NOTE: weighted by tokens: a long catch-up costs less per token
+            self.caught = [0.8 * self.caught[0] + caught_up, 0.8 * self.caught[1] + catch_up_s]
+        if self.rounds > 1 and self.drafted == PLAIN:
+            s = draft_s + target_s
+            self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s
+        elif self.rounds > 1:
             self._observe_costs(tree.size - 1, draft_s, target_s)
+            self.trees = [0.7 * self.trees[0] + accepted, 0.7 * self.trees[1] + draft_s + target_s]
         if predicted > 1e-6:
             ratio = min((accepted - 1) / predicted, 4.0)
             self.calib = 0.9 * self.calib + 0.1 * ratio

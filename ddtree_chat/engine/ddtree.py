@@ -3,7 +3,8 @@ host's state (committed tokens, pending root, counts) and runs the round's progr
 which an executor runs directly or replays as recorded CUDA graphs.
 
 State between calls: the target cache holds the committed tokens; `pending` is the last emitted token
-(the next round's root), not yet in the cache. The drafter context holds the committed tokens' features.
+(the next round's root), not yet in the cache. The drafter context holds the committed tokens' features,
+except those `ar` rounds committed since the last drafting round (the next one recomputes them first).
 NOTE: every round is committed before its event is yielded, so stopping between rounds leaves the
 engine exactly at the emitted tokens."""
 
@@ -39,6 +40,8 @@ class RoundResult:
     emitted: list[int]  # accepted tokens after the root, plus the bonus (truncated at a stop)
     t_draft: float
     t_target: float
+    caught_up: int = 0  # committed tokens whose drafter context rows the round recomputed first
+    t_catch_up: float = 0.0  # their seconds (not in t_draft)
 
 
 class Decoder:
@@ -211,15 +214,21 @@ class Decoder:
               then: Callable[[], int | None] | None = None) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose(tree, cum_mass)`
         may cut the drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next
-        round will verify whole (None: it will not be a fixed-size round); default: this round's own, when
-        it has no `choose`. Greedy rounds followed by a fixed-size one run one ahead when recorded: the next
-        round is launched (on the state this round's accept leaves on the device) before this one's result
-        is read, so the GPU works while the host reads; a round launched past a stop or the limit is simply
-        never read (it wrote scratch only)."""
+        round will verify whole (0: a plain `ar` round; None: it will not be a fixed-size round); default:
+        this round's own, when it has no `choose`. Greedy rounds followed by a fixed-size one run one ahead
+        when recorded: the next round is launched (on the state this round's accept leaves on the device)
+        before this one's result is read, so the GPU works while the host reads; a round launched past a
+        stop or the limit is simply never read (it wrote scratch only). A drafting round after `ar` rounds
+        first catches the drafter's context up (_catch_up)."""
         sr = self.graphs
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
             mode, budget, choose, then = Mode.AR, 0, None, None
         key = RoundShape(mode, budget)
+        caught, catch_clock = 0, None
+        if sr.drafting(mode) and self.dcache.end_pos < self.cache.length:
+            catch_clock = sr.clock()
+            caught = self._catch_up()
+            catch_clock.mark()
         flight, self._ahead = self._ahead, None
         if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead(temperature)):
             flight = None  # launched for another kind of round: never read
@@ -227,9 +236,10 @@ class Decoder:
             flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
         # NOTE: asked after the launch: a choosing round has made its choice by now
         nxt = (budget if choose is None else None) if then is None else then()
-        if (nxt is not None and self.runs_ahead(temperature) and sr.fits(mode, nxt)
-                and self._room_ahead(flight.n, sr.plan(mode, nxt, False)[0])):
-            self._ahead = self._launch(mode, nxt, 0.0, 1.0, None, None, fresh=False)
+        nxt_mode = Mode.AR if nxt == 0 else mode  # NOTE: after a drafting round, the auto budget's plain steps
+        if (nxt is not None and self.runs_ahead(temperature) and sr.fits(nxt_mode, nxt)
+                and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
+            self._ahead = self._launch(nxt_mode, nxt, 0.0, 1.0, None, None, fresh=False)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
         t_draft, t_target = flight.clock.split()
@@ -243,7 +253,20 @@ class Decoder:
         self.pending = emitted[-1]
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
             self._ahead = None
-        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target)
+        t_catch_up = catch_clock.seconds() if catch_clock is not None else 0.0
+        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target, caught, t_catch_up)
+
+    def _catch_up(self) -> int:
+        """Before a drafting round after `ar` rounds (`--budget auto`'s plain steps): recompute the committed
+        positions the drafter's context lacks, as a drafting prefill does (the same chunks and programs;
+        they write the target's rows again, which row-invariant kernels leave as they were). Returns how many."""
+        start = self.dcache.end_pos
+        missed = self.tokens[start:]
+        self._ahead = None  # NOTE: launched on the state before the catch-up: never read
+        self.cache.truncate(start)
+        del self.tokens[start:]
+        self._prefill_chunks(missed, self._chunks(len(missed), True), True)
+        return len(missed)
 
     def runs_ahead(self, temperature: float) -> bool:
         """Whether fixed-size rounds at this temperature run one ahead (recorded rounds, greedy)."""

@@ -105,6 +105,11 @@ class _Clock:
     def mark(self) -> None:
         self.marks.append(self._now())
 
+    def seconds(self) -> float:
+        """From the first mark to the last; call after the work they enclose has finished."""
+        a, b = self.marks[0], self.marks[-1]
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
     def split(self) -> tuple[float, float]:
         """(draft, target) seconds; call after the round's result arrived (marks: start, verify, end)."""
         a, b, c = self.marks
@@ -396,15 +401,16 @@ class StaticRound:
         return out
 
     @torch.no_grad()
-    def verify_seconds(self, n: int, tokens: torch.Tensor, repeats: int = 3) -> float:
+    def verify_seconds(self, n: int, tokens: torch.Tensor, repeats: int = 3, features: bool = True) -> float:
         """Time of one verify over n nodes (the replayed graph when capturing): the auto budget's cost
-        curve. tokens [n]: varied, so the MoE touches as many experts as a real tree. NOTE: writes only
-        scratch (tree buffers past the root, cache rows past the committed length)."""
+        curve. tokens [n]: varied, so the MoE touches as many experts as a real tree. features=False: an
+        `ar` round's verify (n = 1). NOTE: writes only scratch (tree buffers past the root, cache rows past
+        the committed length)."""
         dec = self.dec
         self.begin(*dec.committed_state(int(tokens[0])))
         self.tokens[:n].copy_(tokens[:n])  # NOTE: the root too (a drafting verify reads the draft's)
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
-        key = VerifyKey("verify", n, True)  # NOTE: as a ddtree round replays it
+        key = VerifyKey("verify", n, features)  # NOTE: as a ddtree (or ar) round replays it
         self.prepare([key])
         best = float("inf")
         for _ in range(repeats):

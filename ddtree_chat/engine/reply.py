@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..modes import Mode
-from .budget import AutoBudget
+from .budget import PLAIN, AutoBudget
 from .ddtree import Decoder
 from .events import DoneEvent, RoundEvent, empty_tree
 from .generation import GenerationConfig, Stats
@@ -41,6 +41,8 @@ class ReplyLoop:
         t_start = time.perf_counter()
         logits = dec.prefill(ids, drafting=mode is not Mode.AR)
         t_costs = self._ensure_auto() if auto else 0.0  # a one-time measurement is not the prompt's time
+        if auto:
+            self.auto.start_reply(cfg.temperature)
         first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
         prompt_s = time.perf_counter() - t_start - t_costs  # NOTE: after int(): the device finished the prefill
         dec.pending = first
@@ -59,27 +61,30 @@ class ReplyLoop:
                 reason = "stopped"
                 break
             choose = then = None
+            round_mode = mode
             if auto:
                 budget, choose, then = self._auto_round(cfg.temperature)
+                round_mode = Mode.AR if budget == PLAIN else mode  # NOTE: the auto budget chose plain steps
             room = dec.max_len - dec.cache.length
             if room < 1:
                 reason = "context"
                 break
-            round_mode, round_budget = mode, budget
-            if dec.shape(mode, budget).nodes > room:
+            learns = auto
+            round_budget = budget
+            if dec.shape(round_mode, budget).nodes > room:
                 # NOTE: the context's last slots hold no tree or block: plain steps fill them (recorded at load,
                 # unlike a tree cut to each remaining room)
-                round_mode, round_budget, choose, then = Mode.AR, 0, None, None
+                round_mode, round_budget, choose, then, learns = Mode.AR, 0, None, None, False
             t0 = time.perf_counter()
             r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, gen, stop_ids,
                           cfg.max_new_tokens - len(out), choose, then)
-            if auto and round_mode is mode:
-                self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target)
+            if learns:
+                self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up)
             out.extend(r.emitted)
             stats.target_forwards += 1
             stats.generated += len(r.emitted)
             stats.add_round(len(r.emitted))
-            stats.time_draft += r.t_draft
+            stats.time_draft += r.t_draft + r.t_catch_up  # NOTE: the catch-up is drafting's cost
             stats.time_target += r.t_target
             if r.emitted[-1] in stop_ids:
                 reason = "stop_token"
@@ -89,7 +94,8 @@ class ReplyLoop:
                 continue
             ev = RoundEvent(r.emitted, _text(detok, r.emitted, stop_ids), dict(r.host_tree, accepted_nodes=r.path),
                             r.tree.size - 1 if round_mode is Mode.DDTREE else round_budget, round_mode,
-                            time.perf_counter() - t0, auto_budget=auto, draft_s=r.t_draft, target_s=r.t_target)
+                            time.perf_counter() - t0, auto_budget=auto, draft_s=r.t_draft + r.t_catch_up,
+                            target_s=r.t_target)
             try:
                 yield ev
             except GeneratorExit:
@@ -116,12 +122,13 @@ class ReplyLoop:
         return time.perf_counter() - t0
 
     def _auto_round(self, temperature: float):
-        """(budget, choose, then) of an auto round. NOTE: between exploring rounds the graph path verifies
-        the last choice whole, so the round is a fixed-size one and runs ahead; rounds run directly still
-        cut it (a climbing CPU cost)."""
-        budget = self.auto.next_budget()  # NOTE: every round: the search moves it
-        choose = self.auto.choose if self.auto.exploring or not self.dec.runs_ahead(temperature) else None
-        return budget, choose, self.auto.following
+        """(budget, choose, then) of an auto round (budget PLAIN: a plain `ar` round). NOTE: between exploring
+        rounds the graph path verifies the last choice whole, so the round is a fixed-size one and runs
+        ahead; rounds run directly still cut it (a climbing CPU cost)."""
+        auto = self.auto
+        budget = auto.next_budget()  # NOTE: every round: the search moves it
+        choose = auto.choose if budget != PLAIN and (auto.exploring or not self.dec.runs_ahead(temperature)) else None
+        return budget, choose, auto.following
 
 
 def _text(detok, ids: list[int], stop_ids: frozenset[int]) -> str:
