@@ -189,21 +189,23 @@ class AutoBudget:
         return self.caught[1] / self.caught[0] if self.caught[0] else 0.0
 
     def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float, caught_up: int = 0,
-                catch_up_s: float = 0.0) -> None:
+                catch_up_s: float = 0.0, wall_s: float | None = None) -> None:
         """Learn from a finished round (a plain one too: it drafted PLAIN): calibration of the gain (against
         what choose() predicted for the size it picked), and the real costs, the catch-up of `caught_up`
-        tokens before it included. The engine's first round teaches no costs: its times hold one-off work
-        (the size it drafted kept a 2x drafting cost, never drafted again to correct it)."""
+        tokens before it included. wall_s: the whole round's host seconds, catch-up included (default: its
+        draft + target). The engine's first round teaches no costs: its times hold one-off work (the size it
+        drafted kept a 2x drafting cost, never drafted again to correct it)."""
         predicted = self.predicted
         self.rounds += 1
         if self.rounds > 1 and caught_up:  # NOTE: weighted by tokens: a long catch-up costs less per token
             self.caught = [0.8 * self.caught[0] + caught_up, 0.8 * self.caught[1] + catch_up_s]
+        # NOTE: plain and tree rounds compare by wall time: a plain step pays the round's host work for one token
+        s = draft_s + target_s if wall_s is None else max(wall_s - catch_up_s, 1e-9)
         if self.rounds > 1 and self.drafted == PLAIN:
-            s = draft_s + target_s
             self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s
         elif self.rounds > 1:
             self._observe_costs(tree.size - 1, draft_s, target_s)
-            self.trees = [0.7 * self.trees[0] + accepted, 0.7 * self.trees[1] + draft_s + target_s]
+            self.trees = [0.7 * self.trees[0] + accepted, 0.7 * self.trees[1] + s]
         if predicted > 1e-6:
             ratio = min((accepted - 1) / predicted, 4.0)
             self.calib = 0.9 * self.calib + 0.1 * ratio

@@ -79,7 +79,8 @@ class ReplyLoop:
             r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, gen, stop_ids,
                           cfg.max_new_tokens - len(out), choose, then)
             if learns:
-                self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up)
+                self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up,
+                                  time.perf_counter() - t0)
             out.extend(r.emitted)
             stats.target_forwards += 1
             stats.generated += len(r.emitted)
