@@ -19,7 +19,7 @@ class RoundEvent:
     text: str  # their streamed text
     tree: dict  # tokens, parents, depth, draft_logprobs, target_tokens, accepted_nodes (host lists)
     budget: int | str  # the tree's drafted nodes (ddtree), the block's (dflash), 0 (ar); "auto" on the prefill's
-    mode: Mode  # this round's (a context-filling round says ar; DoneEvent keeps the reply's)
+    mode: Mode  # this round's (a context-filling round and auto's plain steps say ar; DoneEvent keeps the reply's)
     elapsed_s: float
     prefill: bool = False  # the first event: the token the prompt's forward produced
     auto_budget: bool = False
