@@ -71,7 +71,7 @@ async def test_reply_streams_and_tree_panel_fills(pair, monkeypatch):
     from ddtree_chat.ui.app import DDTreeChatApp
     from ddtree_chat.ui.tree_panel import TreePanel
 
-    app = real_app(pair)
+    app = real_app(pair, Settings(thinking=False, max_new_tokens=24, budget=16))  # NOTE: auto may pick plain steps
     updates = []
     original = DDTreeChatApp.on_generation_update
 

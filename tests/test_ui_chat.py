@@ -540,3 +540,32 @@ async def test_conversation_list_says_one_message():
 
     assert " 1 message  ·" in describe(Conversation(1, "t", 0, 0, 1), None)
     assert " 2 messages  ·" in describe(Conversation(1, "t", 0, 0, 2), None)
+
+
+async def test_auto_plain_steps_keep_the_last_tree_with_a_note():
+    """--budget auto chose plain steps (rounds of mode ar): the panel keeps the last drafted tree under a note
+    saying why none is drafted, instead of going blank; a drafted round replaces both."""
+    from textual.app import App
+
+    from ddtree_chat.ui.tree_panel import TreePanel
+
+    tree = {"tokens": [5, 6, 7], "parents": [-1, 0, 0], "accepted_nodes": [0, 1]}
+    drafted = {"mode": "ddtree", "budget": 2, "auto_budget": True, "tree": tree, "token_ids": [6, 8]}
+    plain = {"mode": "ar", "budget": 0, "auto_budget": True, "tree": {"tokens": [9], "parents": [-1],
+             "accepted_nodes": [0]}, "token_ids": [9]}
+
+    class Host(App):
+        def compose(self):
+            yield TreePanel()
+
+    async with Host().run_test(size=(60, 30)) as pilot:
+        panel = pilot.app.query_one(TreePanel)
+        panel.configure({}, lambda t: f"t{t}", "ddtree", None)
+        panel.add_rounds([drafted, plain])
+        await pilot.pause()
+        view = str(pilot.app.query_one("#tree-view").render())
+        assert "plain steps" in view and "t7" in view  # the note, and the last drafted tree (node 7)
+        panel.add_rounds([drafted])
+        await pilot.pause()
+        view = str(pilot.app.query_one("#tree-view").render())
+        assert "plain steps" not in view and "t7" in view

@@ -93,6 +93,7 @@ class TreePanel(Vertical):
         self.budget: int | None = None
         self.piece = str
         self.last_round: dict | None = None
+        self.last_tree: dict | None = None  # the last round that drafted: shown while auto runs plain steps
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="tree-scroll"):
@@ -111,7 +112,7 @@ class TreePanel(Vertical):
     def reset(self) -> None:
         """A new chat: no tree, no history of accepted lengths, no numbers."""
         self.lengths.clear()
-        self.last_round = None
+        self.last_round = self.last_tree = None
         self.stats = Stats()
         self.query_one("#tree-view", Static).update("waiting for the first round…")
         self.query_one(Sparkline).data = []
@@ -128,6 +129,8 @@ class TreePanel(Vertical):
         for ev in rounds:
             self.stats.add(ev)
             self.lengths.append(int(ev.get("accepted_length") or len(ev.get("token_ids") or ())))
+            if len((ev.get("tree") or {}).get("tokens") or ()) > 1:
+                self.last_tree = ev
         self.last_round = rounds[-1]
         self.mode = rounds[-1].get("mode", self.mode)
         self.budget = rounds[-1].get("budget", self.budget)
@@ -141,8 +144,14 @@ class TreePanel(Vertical):
 
     def _render_tree(self, ev: dict) -> None:
         height = max(8, self.query_one("#tree-scroll").size.height or 20)
-        lines = layout(ev.get("tree") or {}, self.piece, max_lines=height)
-        self.query_one("#tree-view", Static).update(render_lines(lines))
+        note = None
+        if ev.get("auto_budget") and ev.get("mode") == Mode.AR:  # NOTE: auto found no tree that pays
+            note = Text("auto: plain steps, no tree pays here; it drafts again now and then"
+                        + (" (its last tree:)" if self.last_tree else ""), style="dim italic")
+            ev = self.last_tree or ev
+        lines = layout(ev.get("tree") or {}, self.piece, max_lines=height - (note is not None))
+        view = render_lines(lines)
+        self.query_one("#tree-view", Static).update(Text("\n").join([note, view]) if note is not None else view)
 
     def _render_stats(self) -> None:
         s, info = self.stats, self.info
