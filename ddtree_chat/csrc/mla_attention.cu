@@ -127,6 +127,7 @@ struct Args {
   int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
   int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
   int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
+  int two_pass;                 // F = 1 with many chunks: supers folded in parallel first (fold_supers_kernel)
   float scale_log2;
 };
 
@@ -394,7 +395,52 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   }
 }
 
-// Row m's stored states folded in position order (chunks into supers, supers into the row), normalised.
+// The slot of row-state chunk ch with a CTA per chunk (F = 1): shared chunks below L's chunk, then the tail's.
+__device__ __forceinline__ int chunk_slot(const Args& a, int ch, int base) { return ch < base ? ch : a.SH + (ch - base); }
+
+// Pass one of the two-pass merge (F = 1): block (m, j) folds super j's chunk states of row m left to right,
+// exactly as the one-pass merge folds them, and stores the super's state over its first chunk's. Block: 128
+// threads x 4 columns; a super's 8 states are read at once.
+__global__ void __launch_bounds__(128) mla_fold_supers_kernel(Args a) {
+  __shared__ int warp_count[4];
+  const int m = blockIdx.x, j = blockIdx.y, node = m / a.NH, col = threadIdx.x * 4;
+  const int L = load_len(a.plen, a.plen64);
+  const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, nullptr, warp_count);
+  const int nch = (L + count - 1) / kChunk + 1, base = L / kChunk;
+  if (j * kSuper >= nch) return;
+  const int n = min(kSuper, nch - j * kSuper), slots = a.SH + a.NTL;
+  float4 v[kSuper];
+  float ms[kSuper], ls[kSuper];
+#pragma unroll
+  for (int b = 0; b < kSuper; ++b) {
+    if (b < n) {
+      const int64_t r = (int64_t)chunk_slot(a, j * kSuper + b, base) * a.M + m;
+      v[b] = *(const float4*)(a.part_acc + r * kR + col);
+      ms[b] = a.part_ml[r];
+      ls[b] = a.part_ml[(int64_t)slots * a.M + r];
+    }
+  }
+  float sm = -INFINITY, sl = 0.f, sacc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int b = 0; b < kSuper; ++b) {
+    if (b >= n) break;
+    const Scales f = fold_stats(sm, sl, ms[b], ls[b]);
+    sacc[0] = fold_acc(sacc[0], v[b].x, f);
+    sacc[1] = fold_acc(sacc[1], v[b].y, f);
+    sacc[2] = fold_acc(sacc[2], v[b].z, f);
+    sacc[3] = fold_acc(sacc[3], v[b].w, f);
+  }
+  __syncthreads();  // every thread has read the first chunk's max and sum before thread 0 overwrites them
+  const int64_t r = (int64_t)chunk_slot(a, j * kSuper, base) * a.M + m;
+  *(float4*)(a.part_acc + r * kR + col) = make_float4(sacc[0], sacc[1], sacc[2], sacc[3]);
+  if (threadIdx.x == 0) {
+    a.part_ml[r] = sm;
+    a.part_ml[(int64_t)slots * a.M + r] = sl;
+  }
+}
+
+// Row m's stored states folded in position order (chunks into supers, supers into the row), normalised;
+// after fold_supers_kernel the states are the supers' (each folds into an empty super state unchanged).
 // Block: 128 threads x 4 columns of one row. The states are read 8 at a time ahead of their folds (the
 // loads of a batch overlap; the folds stay in order).
 __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
@@ -406,7 +452,8 @@ __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* _
   const int nch = (L + count - 1) / kChunk + 1, base = L / kChunk, nsf = L / (kChunk * kSuper);
   const int slots = a.SH + a.NTL;
   // the row's states in order: with F = 8 one per full super, then the chunks from the first partial super on
-  const int stored = a.F == kSuper ? nsf : 0, n_states = stored + nch - stored * kSuper;
+  const int stored = a.F == kSuper ? nsf : 0;
+  const int n_states = a.two_pass ? (nch - 1) / kSuper + 1 : stored + nch - stored * kSuper;
   float tm = -INFINITY, tl = 0.f, tacc[4] = {0.f, 0.f, 0.f, 0.f};
   float sm = -INFINITY, sl = 0.f, sacc[4] = {0.f, 0.f, 0.f, 0.f};
   int super_of_state = 0;
@@ -418,7 +465,9 @@ __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* _
     for (int b = 0; b < kBatch; ++b) {
       const int k = k0 + b;
       int slot = 0;
-      if (k < stored) {
+      if (a.two_pass) {
+        slot = chunk_slot(a, k * kSuper, base), sup[b] = k;
+      } else if (k < stored) {
         slot = k, sup[b] = k;
       } else {
         const int ch = stored * kSuper + (k - stored);
@@ -497,7 +546,7 @@ int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, cons
   cudaStream_t stream = (cudaStream_t)stream_;
   Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,
          plen, (const uint8_t*)mask, (float*)part_acc, (float*)part_ml, sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe,
-         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, scale_log2};
+         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, 0, scale_log2};
   a.RB = (a.M + kRows - 1) / kRows;
   a.HB = (NH + kRows - 1) / kRows;
   const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : SH * a.RB) + T * NTL * a.HB;
@@ -509,6 +558,14 @@ int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, cons
     rc = cs == 1 ? launch_chunks<1, 4>(a, units, stream) : cs == 2 ? launch_chunks<2, 4>(a, units, stream)
                                                                    : launch_chunks<4, 4>(a, units, stream);
   if (rc != 0) return rc;
+  // a chunk per CTA and more than two supers' worth of chunk slots per row: the supers fold in parallel
+  // first, so the row's serial fold reads one state per super instead of one per chunk
+  a.two_pass = F == 1 && SH + NTL > 2 * kSuper;
+  if (a.two_pass) {
+    mla_fold_supers_kernel<<<dim3(a.M, (SH + NTL + kSuper - 1) / kSuper), 128, 0, stream>>>(a);
+    rc = (int)cudaGetLastError();
+    if (rc != 0) return rc;
+  }
   mla_merge_kernel<<<a.M, 128, 0, stream>>>(a, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
