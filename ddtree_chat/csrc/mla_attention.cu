@@ -7,14 +7,16 @@
 // into fixed CHUNKs (256) and SUPERs (8 chunks); a chunk is one online softmax from scratch over 32-key
 // tiles, a super is its chunks folded left to right (fold()), the row's result is its supers folded left to
 // right, then normalised. Who computes what varies with the launch's shape, the arithmetic does not:
-//   - a CTA holds 16 query rows (one m16 MMA block; rows never mix inside an MMA) and 512/CS of the value
-//     columns (CS = 1, 2, 4 CTAs split the columns; each recomputes the same scores);
+//   - a CTA holds 16 query rows (the score MMAs' N, the value MMAs' M: an MMA output element never sums over
+//     other rows) and 512/CS of the value columns (CS = 1, 2, 4 CTAs split the columns; each recomputes the
+//     same scores);
 //   - a CTA either computes one chunk and stores its state, or (F = 8) a whole super, folding its chunks in
 //     registers exactly as the merge would fold the stored chunk states;
 //   - "shared" CTAs take chunks below L for any 16 rows; "tail" CTAs take one round node's heads and the
 //     chunks from L's chunk on, reading positions >= L through the node's ancestors (its mask row).
-// The merge kernel folds a row's stored states in position order. L is read from device memory, so a CUDA
-// graph replays at any length up to the launch's bound.
+// The merge kernel folds a row's stored states in position order; with a CTA per chunk and many chunks,
+// fold_supers_kernel first folds each super's chunk states (in parallel over supers, the same folds). L is
+// read from device memory, so a CUDA graph replays at any length up to the launch's bound.
 //
 // Per CTA: 4 warps. Scores are split by keys, keys as the MMA's M and query rows as its N (S^T = K Q^T):
 // warp w takes keys 16 (w % 2) .. +15 of the 32-key tile for rows 8 (w / 2) .. +7, full 576-wide dots (its
@@ -202,6 +204,17 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   }
   auto slot_of = [&](int pos) -> int64_t { return pos < L ? pos : L + anc[pos - L]; };
 
+  // The CTA's tiles in position order: chunk ch = gt / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
+  // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
+  constexpr int kTilesPerChunk = kChunk / kBN;
+  const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
+  const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
+                                                      (nchunks - 1) * kChunk + kBN - 1) / kBN;
+  for (int s = 0; s < STAGES - 1; ++s) {  // issued before the Q loads: both latencies overlap
+    if (s < total) load_tile(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
+    cp_commit();
+  }
+
   // P and the row statistics start at zero: rows no warp scores stay finite (and are never stored)
   for (int i = threadIdx.x; i < kStatBytes / 4; i += kThreads) ((float*)sp)[i] = 0.f;
 
@@ -244,16 +257,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)slot * a.M + m_row[h]) * kR + col0 + 2 * c;
 
-  // The CTA's tiles in position order: chunk ch = g / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
-  // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
-  constexpr int kTilesPerChunk = kChunk / kBN;
-  const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
-  const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
-                                                      (nchunks - 1) * kChunk + kBN - 1) / kBN;
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < total) load_tile(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
-    cp_commit();
-  }
   const int mat = lane >> 3, r8 = lane & 7;  // ldmatrix: this lane addresses row r8 of 8x8 matrix mat
   for (int gt = 0; gt < total; ++gt) {
     if (gt % kTilesPerChunk == 0) {  // a chunk starts: its softmax from scratch
@@ -441,10 +444,10 @@ __global__ void __launch_bounds__(128) mla_fold_supers_kernel(Args a) {
 
 // Row m's stored states folded in position order (chunks into supers, supers into the row), normalised;
 // after fold_supers_kernel the states are the supers' (each folds into an empty super state unchanged).
-// Block: 128 threads x 4 columns of one row. The states are read 8 at a time ahead of their folds (the
+// Block: 128 threads x 4 columns of one row. The states are read 16 at a time ahead of their folds (the
 // loads of a batch overlap; the folds stay in order).
 __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 16;
   __shared__ int warp_count[4];
   const int m = blockIdx.x, node = m / a.NH, col = threadIdx.x * 4;
   const int L = load_len(a.plen, a.plen64);
