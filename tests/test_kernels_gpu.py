@@ -435,15 +435,16 @@ MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (
 
 def test_cuda_mla_plan_cpu(monkeypatch):
     """The CUDA MLA launch plan (pure arithmetic, CPU): a CTA per super from 8 supers of context when those
-    CTAs fill a wave, else a CTA per chunk; the column split stays within one wave; tail slots reach the
-    deepest node; a round whose partial states outgrow the scratch budget goes in several launches of the
-    same plan."""
+    CTAs fill three quarters of a wave, else a CTA per chunk; the column split stays within one wave; tail
+    slots reach the deepest node; a round whose partial states outgrow the scratch budget goes in several
+    launches of the same plan."""
     from ddtree_chat.engine.ops import cuda_mla
 
     p = cuda_mla.plan(1, 8, 8192, 132, True)
     assert (p["F"], p["cs"], p["stages"], p["SH"], p["NTL"], p["nodes"]) == (1, 4, 2, 32, 1, 1)
     p = cuda_mla.plan(1, 8, 131072, 132, True)  # 64 super CTAs would leave most of a 264-CTA wave idle
     assert (p["F"], p["cs"], p["NSU"], p["SH"]) == (1, 1, 0, 512)  # 512 chunk CTAs + 1 tail: no column split
+    assert cuda_mla.plan(1, 64, 131072, 132, True)["F"] == 8  # 64 supers x 4 row blocks: 256 of 264
     assert cuda_mla.plan(17, 8, 131072, 132, True)["F"] == 8  # 64 supers x 9 row blocks fill it
     assert cuda_mla.plan(17, 8, 32768, 132, True)["F"] == 1  # 16 supers x 9 row blocks: fewer than a wave
     assert cuda_mla.plan(65, 8, 32768, 132, True)["F"] == 8  # 16 supers x 33 row blocks fill it

@@ -398,8 +398,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   }
 }
 
-// The slot of row-state chunk ch with a CTA per chunk (F = 1): shared chunks below L's chunk, then the tail's.
-__device__ __forceinline__ int chunk_slot(const Args& a, int ch, int base) { return ch < base ? ch : a.SH + (ch - base); }
+// The slot of chunk ch's state with a CTA per chunk (F = 1): shared chunks below L's chunk, then the tail's.
+__device__ __forceinline__ int chunk_slot(const Args& a, int ch, int base) {
+  return ch < base ? ch : a.SH + (ch - base);
+}
 
 // Pass one of the two-pass merge (F = 1): block (m, j) folds super j's chunk states of row m left to right,
 // exactly as the one-pass merge folds them, and stores the super's state over its first chunk's. Block: 128

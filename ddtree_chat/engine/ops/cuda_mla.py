@@ -45,7 +45,8 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
     columns), stages, shared slots (NSU of supers, SH in all), tail slots per row NTL, nodes per launch.
     Rule (`benchmarks/kernels.py --only cuda_mla`): two stages (two CTAs per SM); a CTA per super from 8
-    supers of context when the super CTAs alone fill a wave, and always when the nodes come in several
+    supers of context when the super CTAs alone fill three quarters of a wave (a CTA per chunk would then take
+    several waves of short CTAs and store 8x the partial states), and always when the nodes come in several
     launches (the fewest partial states); else a CTA per chunk (the merge folds each super's chunks in
     parallel before the row's fold, so many chunk states cost little); the value columns split as far as the
     CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) only lets FORCE ask for four."""
@@ -55,7 +56,7 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     rb = -(-nodes * nh // ROWS)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
-    f = FORCE.get("F") or (SUPER if (nsu >= 8 and nsu * rb >= wave) or nodes < t else 1)
+    f = FORCE.get("F") or (SUPER if (nsu >= 8 and 4 * nsu * rb >= 3 * wave) or nodes < t else 1)
     units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // ROWS)
     cs = FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
