@@ -274,6 +274,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
       if (nx < total) load_tile(a, tiles + (nx % STAGES) * kBN * kLd, lo + nx * kBN, hi, slot_of);
       cp_commit();
     }
+    if (gt >= kTilesPerChunk && gt % kTilesPerChunk == kTilesPerChunk - 1) {
+      // a super CTA's later chunk ends with this tile: its stored super state (128 / CS columns = kNT / 4
+      // lines per row) comes to L1 while the tile computes, so the fold's read-back does not wait on L2
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < (kNT + 3) / 4; ++j)
+          if (row_ok[h]) asm volatile("prefetch.global.L1 [%0];" ::"l"(out_acc[h] + 32 * j));
+    }
     const __nv_bfloat16* tile = tiles + (gt % STAGES) * kBN * kLd;
     const int pos0 = lo + gt * kBN;
     // scores S^T [16 keys x 8 rows]: x[e] is key 16 kh + g + 8 (e / 2), score row 8 rh + 2 c + (e % 2);
