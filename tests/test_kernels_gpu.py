@@ -456,6 +456,11 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     p = cuda_mla.plan(1, 8, 131072, 132, True)
     assert (p["F"], p["cs"], p["stages"]) == (1, 4, 4)
     assert cuda_mla.plan(1, 8, 131072, 132, False)["stages"] == 2  # four stages only where shared memory allows
+    monkeypatch.setattr(cuda_mla, "FORCE", {})
+    # 32k x 8 heads x 1 token: 128 chunk CTAs + 1 tail; two per SM (sm_90, 264 a wave) take a 2-way column split,
+    # one per SM (sm_120's ~100 KB per SM: 188 a wave on 188 SMs) none
+    assert cuda_mla.plan(1, 8, 32768, 132, True)["cs"] == 2
+    assert cuda_mla.plan(1, 8, 32768, 188, False, per_sm=1)["cs"] == 1
 
 
 CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]

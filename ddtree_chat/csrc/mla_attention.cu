@@ -546,6 +546,12 @@ int ddt_mla_smem_optin(int device) {
   return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? v : 0;
 }
 
+// The shared memory one SM holds on `device` (0 if the query fails): how many CTAs share it (the plan's wave).
+int ddt_mla_smem_per_sm(int device) {
+  int v = 0;
+  return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? v : 0;
+}
+
 // q_lat [T, NH, 512], q_pe [T, NH, 64] (bf16, unit column stride), ckv/kpe rows of the cache, plen [1] (int32
 // or int64), mask [T, Tm] uint8 (this launch's rows of a round of Tm nodes, which may come in several launches),
 // part_acc [(SH + NTL) * M * 512] and part_ml [2 * (SH + NTL) * M] float32 scratch (M = T * NH), out [T, NH, 512]
