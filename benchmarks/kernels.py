@@ -330,9 +330,7 @@ def bench_cuda_mla(ceiling, quick=False):
                         cuda_mla.FORCE = {}
                 exact_us = 1e3 * graph_ms(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
                 sm_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
-                sms, optin = cuda_mla._device_facts(q.device)
-                from ddtree_chat.engine.ops.build import library
-                chosen = cuda_mla.plan(t, nh, ctx, sms, library().ddt_mla_smem_bytes(4) <= optin)
+                chosen = cuda_mla.device_plan(t, nh, ctx, q.device)
                 rows.append(row("cuda_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, None, flops,
                                 extra={"triton_exact_us": exact_us, "triton_sm_plan_us": sm_us, "plan": chosen,
                                        "us_by_plan": by_plan, "x_triton_exact": exact_us / us}))

@@ -434,15 +434,18 @@ MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (
 
 
 def test_cuda_mla_plan_cpu(monkeypatch):
-    """The CUDA MLA launch plan (pure arithmetic, CPU): a CTA per super from 32 supers of context, or from 8
-    when those CTAs fill a wave; the column split stays within one wave; tail slots reach the deepest node;
-    a round whose partial states outgrow the scratch budget goes in several launches of the same plan."""
+    """The CUDA MLA launch plan (pure arithmetic, CPU): a CTA per super from 8 supers of context when those
+    CTAs fill three quarters of a wave, else a CTA per chunk; the column split stays within one wave; tail
+    slots reach the deepest node; a round whose partial states outgrow the scratch budget goes in several
+    launches of the same plan."""
     from ddtree_chat.engine.ops import cuda_mla
 
     p = cuda_mla.plan(1, 8, 8192, 132, True)
     assert (p["F"], p["cs"], p["stages"], p["SH"], p["NTL"], p["nodes"]) == (1, 4, 2, 32, 1, 1)
-    p = cuda_mla.plan(1, 8, 131072, 132, True)  # 64 supers: 64 + 7 partial-super CTAs + 1 tail, x2 fits 264
-    assert (p["F"], p["cs"], p["NSU"], p["SH"]) == (8, 2, 64, 71)
+    p = cuda_mla.plan(1, 8, 131072, 132, True)  # 64 super CTAs would leave most of a 264-CTA wave idle
+    assert (p["F"], p["cs"], p["NSU"], p["SH"]) == (1, 1, 0, 512)  # 512 chunk CTAs + 1 tail: no column split
+    assert cuda_mla.plan(1, 64, 131072, 132, True)["F"] == 8  # 64 supers x 4 row blocks: 256 of 264
+    assert cuda_mla.plan(17, 8, 131072, 132, True)["F"] == 8  # 64 supers x 9 row blocks fill it
     assert cuda_mla.plan(17, 8, 32768, 132, True)["F"] == 1  # 16 supers x 9 row blocks: fewer than a wave
     assert cuda_mla.plan(65, 8, 32768, 132, True)["F"] == 8  # 16 supers x 33 row blocks fill it
     assert cuda_mla.plan(300, 8, 1000, 132, True)["NTL"] == 3  # depths up to 299 past a chunk's 255th key
@@ -453,6 +456,11 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     p = cuda_mla.plan(1, 8, 131072, 132, True)
     assert (p["F"], p["cs"], p["stages"]) == (1, 4, 4)
     assert cuda_mla.plan(1, 8, 131072, 132, False)["stages"] == 2  # four stages only where shared memory allows
+    monkeypatch.setattr(cuda_mla, "FORCE", {})
+    # 32k x 8 heads x 1 token: 128 chunk CTAs + 1 tail; two per SM (sm_90, 264 a wave) take a 2-way column split,
+    # one per SM (sm_120's ~100 KB per SM: 188 a wave on 188 SMs) none
+    assert cuda_mla.plan(1, 8, 32768, 132, True)["cs"] == 2
+    assert cuda_mla.plan(1, 8, 32768, 188, False, per_sm=1)["cs"] == 1
 
 
 CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]

@@ -7,18 +7,23 @@
 // into fixed CHUNKs (256) and SUPERs (8 chunks); a chunk is one online softmax from scratch over 32-key
 // tiles, a super is its chunks folded left to right (fold()), the row's result is its supers folded left to
 // right, then normalised. Who computes what varies with the launch's shape, the arithmetic does not:
-//   - a CTA holds 16 query rows (one m16 MMA block; rows never mix inside an MMA) and 512/CS of the value
-//     columns (CS = 1, 2, 4 CTAs split the columns; each recomputes the same scores);
+//   - a CTA holds 16 query rows (the score MMAs' N, the value MMAs' M: an MMA output element never sums over
+//     other rows) and 512/CS of the value columns (CS = 1, 2, 4 CTAs split the columns; each recomputes the
+//     same scores);
 //   - a CTA either computes one chunk and stores its state, or (F = 8) a whole super, folding its chunks in
 //     registers exactly as the merge would fold the stored chunk states;
 //   - "shared" CTAs take chunks below L for any 16 rows; "tail" CTAs take one round node's heads and the
 //     chunks from L's chunk on, reading positions >= L through the node's ancestors (its mask row).
-// The merge kernel folds a row's stored states in position order. L is read from device memory, so a CUDA
-// graph replays at any length up to the launch's bound.
+// The merge kernel folds a row's stored states in position order; with a CTA per chunk and many chunks,
+// fold_supers_kernel first folds each super's chunk states (in parallel over supers, the same folds). L is
+// read from device memory, so a CUDA graph replays at any length up to the launch's bound.
 //
-// Per CTA: 4 warps. Scores: warp w takes the tile's 32 keys over columns 144*w..+143 of the 576 (its Q
-// fragments live in registers); the four partial score tiles are added in warp order through shared memory.
-// Values: warp w takes 128/CS value columns. Every warp computes the same softmax statistics.
+// Per CTA: 4 warps. Scores are split by keys, keys as the MMA's M and query rows as its N (S^T = K Q^T):
+// warp w takes keys 16 (w % 2) .. +15 of the 32-key tile for rows 8 (w / 2) .. +7, full 576-wide dots (its
+// Q^T fragments live in registers), so one warp computes each score and no partial scores are exchanged; a
+// warp whose 8 rows are all outside the launch skips them. The two key halves meet through shared memory
+// twice per tile: their row maxima, then P (bf16) and their row sums. Values: warp w takes 128/CS value
+// columns of all 16 rows, P read back by ldmatrix.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -34,14 +39,9 @@ constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
 constexpr int kTileBytes = kBN * kLd * 2;
 constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
-constexpr int kKSteps = 9;                         // 16-column k-steps per warp (576 / 4 / 16)
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  return u;
-}
+constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
+constexpr int kPLd = kBN + 8;                      // padded P row (80 B): ldmatrix rows hit distinct banks
+constexpr int kStatBytes = kRows * kPLd * 2 + 2 * 2 * kRows * 4;  // P [16][40] bf16, max and sum [2 halves][16]
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -129,6 +129,7 @@ struct Args {
   int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
   int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
   int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
+  int two_pass;                 // F = 1 with many chunks: supers folded in parallel first (fold_supers_kernel)
   float scale_log2;
 };
 
@@ -159,12 +160,15 @@ template <int CS, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   constexpr int kNT = 16 / CS;  // value n8-tiles per warp
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* tiles = (__nv_bfloat16*)smem;                        // [STAGES][32][kLd]
-  float4* spart = (float4*)(smem + STAGES * kTileBytes);             // [4 warps][4 n8 tiles][32 lanes]
-  int* anc = (int*)(smem + STAGES * kTileBytes + kWarps * 4 * 32 * 16);  // [kMaxT]
+  __nv_bfloat16* tiles = (__nv_bfloat16*)smem;                          // [STAGES][32][kLd]
+  __nv_bfloat16* sp = (__nv_bfloat16*)(smem + STAGES * kTileBytes);     // P [16 rows][kPLd]
+  float* smax = (float*)(smem + STAGES * kTileBytes + kRows * kPLd * 2);  // [2 key halves][16 rows]
+  float* ssum = smax + 2 * kRows;                                       // [2 key halves][16 rows]
+  int* anc = (int*)(smem + STAGES * kTileBytes + kStatBytes);           // [kMaxT]
   __shared__ int warp_count[kWarps];
 
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int kh = w & 1, rh = w >> 1;  // the warp's key half and row half of the score tile
   const int cs = blockIdx.x % CS, unit = blockIdx.x / CS;
   const int L = load_len(a.plen, a.plen64);
   const int nsf = L / (kChunk * kSuper), base = L / kChunk;
@@ -200,35 +204,47 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   }
   auto slot_of = [&](int pos) -> int64_t { return pos < L ? pos : L + anc[pos - L]; };
 
-  // ---- this lane's rows: g and g + 8 of the CTA's 16
+  // The CTA's tiles in position order: chunk ch = gt / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
+  // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
+  constexpr int kTilesPerChunk = kChunk / kBN;
+  const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
+  const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
+                                                      (nchunks - 1) * kChunk + kBN - 1) / kBN;
+  for (int s = 0; s < STAGES - 1; ++s) {  // issued before the Q loads: both latencies overlap
+    if (s < total) load_tile(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
+    cp_commit();
+  }
+
+  // P and the row statistics start at zero: rows no warp scores stay finite (and are never stored)
+  for (int i = threadIdx.x; i < kStatBytes / 4; i += kThreads) ((float*)sp)[i] = 0.f;
+
+  // ---- this lane's value rows: g and g + 8 of the CTA's 16
+  const int limit = node >= 0 ? a.NH : a.M;  // CTA rows row0 + i with row0 + i < limit are real
   int m_row[2];
   bool row_ok[2];
   for (int h = 0; h < 2; ++h) {
     const int i = row0 + g + 8 * h;
-    if (node >= 0) {
-      row_ok[h] = i < a.NH;
-      m_row[h] = node * a.NH + i;
-    } else {
-      row_ok[h] = i < a.M;
-      m_row[h] = i;
-    }
+    row_ok[h] = i < limit;
+    m_row[h] = node >= 0 ? node * a.NH + i : i;
   }
-  // ---- Q fragments of the warp's 144 columns, from global (zeros for rows outside the launch)
-  const int kq = w;
-  uint32_t qf[kKSteps][4];
-  for (int s = 0; s < kKSteps; ++s) {
-    const int k0 = (kq * kKSteps + s) * 16;
-    for (int r = 0; r < 4; ++r) {
-      const int h = r & 1, col = k0 + 2 * c + 8 * (r >> 1);
-      uint32_t v = 0;
-      if (row_ok[h]) {
-        const int t = m_row[h] / a.NH, hd = m_row[h] % a.NH;
-        const __nv_bfloat16* p = col < kR ? a.q_lat + t * a.sql_t + hd * a.sql_h + col
-                                          : a.q_pe + t * a.sqp_t + hd * a.sqp_h + (col - kR);
-        v = *(const uint32_t*)p;
+  // ---- Q^T fragments (the score product's B operand) of score row 8 rh + g: 36 k-steps x 2 registers, from
+  // global (zeros for rows outside the launch)
+  const bool scores_here = row0 + 8 * rh < limit;  // warp-uniform: some of the warp's 8 score rows are real
+  uint32_t qf[kKSteps][2];
+  {
+    const int i = row0 + 8 * rh + g;
+    const bool ok = i < limit;
+    const int mr = ok ? (node >= 0 ? node * a.NH + i : i) : 0;
+    const int t = mr / a.NH, hd = mr % a.NH;
+    const __nv_bfloat16* ql = a.q_lat + t * a.sql_t + hd * a.sql_h;
+    const __nv_bfloat16* qp = a.q_pe + t * a.sqp_t + hd * a.sqp_h;
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int col = 16 * s + 8 * r + 2 * c;
+        qf[s][r] = ok ? *(const uint32_t*)(col < kR ? ql + col : qp + (col - kR)) : 0u;
       }
-      qf[s][r] = v;
-    }
   }
 
   // super state (F = 8 CTAs; its accumulators live in the CTA's own output slot) and chunk state, per row
@@ -241,16 +257,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)slot * a.M + m_row[h]) * kR + col0 + 2 * c;
 
-  // The CTA's tiles in position order: chunk ch = g / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
-  // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
-  constexpr int kTilesPerChunk = kChunk / kBN;
-  const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
-  const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
-                                                      (nchunks - 1) * kChunk + kBN - 1) / kBN;
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < total) load_tile(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
-    cp_commit();
-  }
+  const int mat = lane >> 3, r8 = lane & 7;  // ldmatrix: this lane addresses row r8 of 8x8 matrix mat
   for (int gt = 0; gt < total; ++gt) {
     if (gt % kTilesPerChunk == 0) {  // a chunk starts: its softmax from scratch
       cm[0] = cm[1] = -INFINITY;
@@ -261,108 +268,112 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
         for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
     }
     cp_wait<STAGES - 2>();
-    __syncthreads();
+    __syncthreads();  // the tile has landed; everyone is done with the previous tile's P and statistics
     {
       const int nx = gt + STAGES - 1;
       if (nx < total) load_tile(a, tiles + (nx % STAGES) * kBN * kLd, lo + nx * kBN, hi, slot_of);
       cp_commit();
     }
+    if (gt >= kTilesPerChunk && gt % kTilesPerChunk == kTilesPerChunk - 1) {
+      // a super CTA's later chunk ends with this tile: its stored super state (128 / CS columns = kNT / 4
+      // lines per row) comes to L1 while the tile computes, so the fold's read-back does not wait on L2
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < (kNT + 3) / 4; ++j)
+          if (row_ok[h]) asm volatile("prefetch.global.L1 [%0];" ::"l"(out_acc[h] + 32 * j));
+    }
     const __nv_bfloat16* tile = tiles + (gt % STAGES) * kBN * kLd;
-    // scores: n8 tile i holds keys 8 i + (g), over the columns of k-quarter kq
-    float sc[4][4] = {};
-    {
-      const int mat = lane >> 3, r = lane & 7;
-      const __nv_bfloat16* bp = tile + (8 * (mat >> 1) + r) * kLd + 8 * (mat & 1);
+    const int pos0 = lo + gt * kBN;
+    // scores S^T [16 keys x 8 rows]: x[e] is key 16 kh + g + 8 (e / 2), score row 8 rh + 2 c + (e % 2);
+    // four accumulator chains (k-steps s % 4) added in a fixed order at the end
+    float x[4] = {};
+    if (scores_here) {
+      float sacc[4][4] = {};
+      const __nv_bfloat16* ap = tile + (16 * kh + 8 * (mat & 1) + r8) * kLd + 8 * (mat >> 1);
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
+        uint32_t af[4];
+        ldsm_x4(af, ap + 16 * s);
+        mma16816(sacc[s & 3], af, qf[s][0], qf[s][1]);
+      }
+      float pm[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // keys 16 h .. 16 h + 15
-          uint32_t b[4];
-          ldsm_x4(b, bp + 16 * h * kLd + (kq * kKSteps + s) * 16);
-          mma16816(sc[2 * h], qf[s], b[0], b[1]);
-          mma16816(sc[2 * h + 1], qf[s], b[2], b[3]);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const float v = __fadd_rn(__fadd_rn(sacc[0][e], sacc[1][e]), __fadd_rn(sacc[2][e], sacc[3][e]));
+        x[e] = pos0 + 16 * kh + g + 8 * (e >> 1) < hi ? __fmul_rn(v, a.scale_log2) : -INFINITY;
+      }
+      pm[0] = fmaxf(x[0], x[2]);
+      pm[1] = fmaxf(x[1], x[3]);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pm[e] = fmaxf(pm[e], __shfl_xor_sync(0xffffffffu, pm[e], o));
+      if (g == 0) {
+        smax[16 * kh + 8 * rh + 2 * c] = pm[0];
+        smax[16 * kh + 8 * rh + 2 * c + 1] = pm[1];
       }
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) spart[(w * 4 + i) * 32 + lane] = make_float4(sc[i][0], sc[i][1], sc[i][2], sc[i][3]);
-    __syncthreads();
-    // full scores at this lane's fragment positions: [key half][n8 tile][e], partials added in warp order
-    float s2[2][2][4];
-    const int pos0 = lo + gt * kBN;
-    float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int q = 0; q < 2; ++q)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float4 v = spart[(2 * q + j) * 32 + lane];
-#pragma unroll
-        for (int k = 1; k < 4; ++k) {
-          const float4 u = spart[(k * 4 + 2 * q + j) * 32 + lane];
-          v = make_float4(__fadd_rn(v.x, u.x), __fadd_rn(v.y, u.y), __fadd_rn(v.z, u.z), __fadd_rn(v.w, u.w));
-        }
-        const float vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = 16 * q + 8 * j + 2 * c + (e & 1);
-          const float x = pos0 + key < hi ? __fmul_rn(vv[e], a.scale_log2) : -INFINITY;
-          s2[q][j][e] = x;
-          tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
-        }
-      }
+    __syncthreads();  // both key halves' row maxima are in
+    // the tile's max of value rows g / g + 8 (a max: exact in any order), the chunk's new running max
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
-      tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
-      const float mn = fmaxf(cm[h], tmax[h]);
+      const float tmax = fmaxf(smax[g + 8 * h], smax[16 + g + 8 * h]);
+      const float mn = fmaxf(cm[h], tmax);
       alpha[h] = exp2f(__fsub_rn(cm[h], mn));
       cm[h] = mn;
     }
-    float rsum[2] = {0.f, 0.f};
-    uint32_t pa[2][4];  // P as the A operand of the value product, per key half
+    if (scores_here) {
+      // the running max of score rows 8 rh + 2 c + e, from the lanes holding them as value rows (g = 2 c + e)
+      const float mine = rh ? cm[1] : cm[0];
+      const float mrow[2] = {__shfl_sync(0xffffffffu, mine, 8 * c), __shfl_sync(0xffffffffu, mine, 8 * c + 4)};
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[e] = x[e] == -INFINITY ? 0.f : exp2f(__fsub_rn(x[e], mrow[e & 1]));
+      __nv_bfloat16* pp = sp + (8 * rh + 2 * c) * kPLd + 16 * kh + g;
+      pp[0] = __float2bfloat16_rn(p[0]);
+      pp[kPLd] = __float2bfloat16_rn(p[1]);
+      pp[8] = __float2bfloat16_rn(p[2]);
+      pp[kPLd + 8] = __float2bfloat16_rn(p[3]);
+      // the key half's row sums: keys g and g + 8 of each lane, then a fixed xor tree over g
+      float ps[2] = {__fadd_rn(p[0], p[2]), __fadd_rn(p[1], p[3])};
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) ps[e] = __fadd_rn(ps[e], __shfl_xor_sync(0xffffffffu, ps[e], o));
+      if (g == 0) {
+        ssum[16 * kh + 8 * rh + 2 * c] = ps[0];
+        ssum[16 * kh + 8 * rh + 2 * c + 1] = ps[1];
+      }
+    }
+    __syncthreads();  // P and both halves' row sums are in
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      cl[h] = __fmaf_rn(cl[h], alpha[h], __fadd_rn(ssum[g + 8 * h], ssum[16 + g + 8 * h]));
+    // x * 1 == x bit for bit, so a warp whose rows' maxima all stood skips the rescale
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int t = 0; t < kNT; ++t) {
+        acc[t][0] = __fmul_rn(acc[t][0], alpha[0]);
+        acc[t][1] = __fmul_rn(acc[t][1], alpha[0]);
+        acc[t][2] = __fmul_rn(acc[t][2], alpha[1]);
+        acc[t][3] = __fmul_rn(acc[t][3], alpha[1]);
+      }
+    }
+    // values: P [16 rows x 16 keys] of key half q as the A operand (ldmatrix), the warp's columns as B
+    // (transposed ldmatrix)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      float p[2][4];
+      uint32_t pa[4];
+      ldsm_x4(pa, sp + (8 * (mat & 1) + r8) * kPLd + 16 * q + 8 * (mat >> 1));
+      const __nv_bfloat16* vp = tile + (16 * q + 8 * (mat & 1) + r8) * kLd + col0 + 8 * (mat >> 1);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = s2[q][j][e];
-          p[j][e] = x == -INFINITY ? 0.f : exp2f(__fsub_rn(x, cm[e >> 1]));
-          rsum[e >> 1] = __fadd_rn(rsum[e >> 1], p[j][e]);
-        }
-      pa[q][0] = pack_bf16(p[0][0], p[0][1]);
-      pa[q][1] = pack_bf16(p[0][2], p[0][3]);
-      pa[q][2] = pack_bf16(p[1][0], p[1][1]);
-      pa[q][3] = pack_bf16(p[1][2], p[1][3]);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      rsum[h] = __fadd_rn(rsum[h], __shfl_xor_sync(0xffffffffu, rsum[h], 1));
-      rsum[h] = __fadd_rn(rsum[h], __shfl_xor_sync(0xffffffffu, rsum[h], 2));
-      cl[h] = __fmaf_rn(cl[h], alpha[h], rsum[h]);
-    }
-#pragma unroll
-    for (int t = 0; t < kNT; ++t) {
-      acc[t][0] = __fmul_rn(acc[t][0], alpha[0]);
-      acc[t][1] = __fmul_rn(acc[t][1], alpha[0]);
-      acc[t][2] = __fmul_rn(acc[t][2], alpha[1]);
-      acc[t][3] = __fmul_rn(acc[t][3], alpha[1]);
-    }
-    // values: keys of half q (k-step), the warp's columns; B fragments by transposed ldmatrix
-    {
-      const int mat = lane >> 3, r = lane & 7;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const __nv_bfloat16* vp = tile + (16 * q + 8 * (mat & 1) + r) * kLd + col0 + 8 * (mat >> 1);
-#pragma unroll
-        for (int t = 0; t < kNT; t += 2) {
-          uint32_t b[4];
-          ldsm_x4_t(b, vp + 8 * t);
-          mma16816(acc[t], pa[q], b[0], b[1]);
-          mma16816(acc[t + 1], pa[q], b[2], b[3]);
-        }
+      for (int t = 0; t < kNT; t += 2) {
+        uint32_t b[4];
+        ldsm_x4_t(b, vp + 8 * t);
+        mma16816(acc[t], pa, b[0], b[1]);
+        mma16816(acc[t + 1], pa, b[2], b[3]);
       }
     }
     if (gt % kTilesPerChunk == kTilesPerChunk - 1 || gt == total - 1) {
@@ -396,11 +407,58 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   }
 }
 
-// Row m's stored states folded in position order (chunks into supers, supers into the row), normalised.
-// Block: 128 threads x 4 columns of one row. The states are read 8 at a time ahead of their folds (the
+// The slot of chunk ch's state with a CTA per chunk (F = 1): shared chunks below L's chunk, then the tail's.
+__device__ __forceinline__ int chunk_slot(const Args& a, int ch, int base) {
+  return ch < base ? ch : a.SH + (ch - base);
+}
+
+// Pass one of the two-pass merge (F = 1): block (m, j) folds super j's chunk states of row m left to right,
+// exactly as the one-pass merge folds them, and stores the super's state over its first chunk's. Block: 128
+// threads x 4 columns; a super's 8 states are read at once.
+__global__ void __launch_bounds__(128) mla_fold_supers_kernel(Args a) {
+  __shared__ int warp_count[4];
+  const int m = blockIdx.x, j = blockIdx.y, node = m / a.NH, col = threadIdx.x * 4;
+  const int L = load_len(a.plen, a.plen64);
+  const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, nullptr, warp_count);
+  const int nch = (L + count - 1) / kChunk + 1, base = L / kChunk;
+  if (j * kSuper >= nch) return;
+  const int n = min(kSuper, nch - j * kSuper), slots = a.SH + a.NTL;
+  float4 v[kSuper];
+  float ms[kSuper], ls[kSuper];
+#pragma unroll
+  for (int b = 0; b < kSuper; ++b) {
+    if (b < n) {
+      const int64_t r = (int64_t)chunk_slot(a, j * kSuper + b, base) * a.M + m;
+      v[b] = *(const float4*)(a.part_acc + r * kR + col);
+      ms[b] = a.part_ml[r];
+      ls[b] = a.part_ml[(int64_t)slots * a.M + r];
+    }
+  }
+  float sm = -INFINITY, sl = 0.f, sacc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int b = 0; b < kSuper; ++b) {
+    if (b >= n) break;
+    const Scales f = fold_stats(sm, sl, ms[b], ls[b]);
+    sacc[0] = fold_acc(sacc[0], v[b].x, f);
+    sacc[1] = fold_acc(sacc[1], v[b].y, f);
+    sacc[2] = fold_acc(sacc[2], v[b].z, f);
+    sacc[3] = fold_acc(sacc[3], v[b].w, f);
+  }
+  __syncthreads();  // every thread has read the first chunk's max and sum before thread 0 overwrites them
+  const int64_t r = (int64_t)chunk_slot(a, j * kSuper, base) * a.M + m;
+  *(float4*)(a.part_acc + r * kR + col) = make_float4(sacc[0], sacc[1], sacc[2], sacc[3]);
+  if (threadIdx.x == 0) {
+    a.part_ml[r] = sm;
+    a.part_ml[(int64_t)slots * a.M + r] = sl;
+  }
+}
+
+// Row m's stored states folded in position order (chunks into supers, supers into the row), normalised;
+// after fold_supers_kernel the states are the supers' (each folds into an empty super state unchanged).
+// Block: 128 threads x 4 columns of one row. The states are read 16 at a time ahead of their folds (the
 // loads of a batch overlap; the folds stay in order).
 __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 16;
   __shared__ int warp_count[4];
   const int m = blockIdx.x, node = m / a.NH, col = threadIdx.x * 4;
   const int L = load_len(a.plen, a.plen64);
@@ -408,7 +466,8 @@ __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* _
   const int nch = (L + count - 1) / kChunk + 1, base = L / kChunk, nsf = L / (kChunk * kSuper);
   const int slots = a.SH + a.NTL;
   // the row's states in order: with F = 8 one per full super, then the chunks from the first partial super on
-  const int stored = a.F == kSuper ? nsf : 0, n_states = stored + nch - stored * kSuper;
+  const int stored = a.F == kSuper ? nsf : 0;
+  const int n_states = a.two_pass ? (nch - 1) / kSuper + 1 : stored + nch - stored * kSuper;
   float tm = -INFINITY, tl = 0.f, tacc[4] = {0.f, 0.f, 0.f, 0.f};
   float sm = -INFINITY, sl = 0.f, sacc[4] = {0.f, 0.f, 0.f, 0.f};
   int super_of_state = 0;
@@ -420,7 +479,9 @@ __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* _
     for (int b = 0; b < kBatch; ++b) {
       const int k = k0 + b;
       int slot = 0;
-      if (k < stored) {
+      if (a.two_pass) {
+        slot = chunk_slot(a, k * kSuper, base), sup[b] = k;
+      } else if (k < stored) {
         slot = k, sup[b] = k;
       } else {
         const int ch = stored * kSuper + (k - stored);
@@ -460,7 +521,7 @@ __global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* _
 
 template <int CS, int STAGES>
 int launch_chunks(const Args& a, int grid, cudaStream_t stream) {
-  const int smem = STAGES * kTileBytes + kWarps * 4 * 32 * 16 + kMaxT * 4;
+  const int smem = STAGES * kTileBytes + kStatBytes + kMaxT * 4;
   static bool opted_in = false;  // NOTE: once per kernel, so no attribute call falls inside a graph capture
   if (!opted_in) {
     cudaError_t e =
@@ -477,12 +538,18 @@ int launch_chunks(const Args& a, int grid, cudaStream_t stream) {
 // Shared memory one chunk CTA needs at `stages` pipeline stages (the launcher checks it against the GPU).
 extern "C" {
 
-int ddt_mla_smem_bytes(int stages) { return stages * kTileBytes + kWarps * 4 * 32 * 16 + kMaxT * 4; }
+int ddt_mla_smem_bytes(int stages) { return stages * kTileBytes + kStatBytes + kMaxT * 4; }
 
 // The shared memory a block may opt into on `device` (0 if the query fails).
 int ddt_mla_smem_optin(int device) {
   int v = 0;
   return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? v : 0;
+}
+
+// The shared memory one SM holds on `device` (0 if the query fails): how many CTAs share it (the plan's wave).
+int ddt_mla_smem_per_sm(int device) {
+  int v = 0;
+  return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? v : 0;
 }
 
 // q_lat [T, NH, 512], q_pe [T, NH, 64] (bf16, unit column stride), ckv/kpe rows of the cache, plen [1] (int32
@@ -499,7 +566,7 @@ int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, cons
   cudaStream_t stream = (cudaStream_t)stream_;
   Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,
          plen, (const uint8_t*)mask, (float*)part_acc, (float*)part_ml, sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe,
-         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, scale_log2};
+         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, 0, scale_log2};
   a.RB = (a.M + kRows - 1) / kRows;
   a.HB = (NH + kRows - 1) / kRows;
   const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : SH * a.RB) + T * NTL * a.HB;
@@ -511,6 +578,14 @@ int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, cons
     rc = cs == 1 ? launch_chunks<1, 4>(a, units, stream) : cs == 2 ? launch_chunks<2, 4>(a, units, stream)
                                                                    : launch_chunks<4, 4>(a, units, stream);
   if (rc != 0) return rc;
+  // a chunk per CTA and more than two supers' worth of chunk slots per row: the supers fold in parallel
+  // first, so the row's serial fold reads one state per super instead of one per chunk
+  a.two_pass = F == 1 && SH + NTL > 2 * kSuper;
+  if (a.two_pass) {
+    mla_fold_supers_kernel<<<dim3(a.M, (SH + NTL + kSuper - 1) / kSuper), 128, 0, stream>>>(a);
+    rc = (int)cudaGetLastError();
+    if (rc != 0) return rc;
+  }
   mla_merge_kernel<<<a.M, 128, 0, stream>>>(a, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }

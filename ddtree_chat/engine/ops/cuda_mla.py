@@ -15,8 +15,8 @@ MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages"} (benchmarks, tests)
 
-_SMEM_OPTIN: dict[int, int] = {}
-_SMS: dict[int, int] = {}
+_FACTS: dict[int, tuple[int, int, int]] = {}
+RESERVED = 1024  # shared memory the GPU keeps per resident CTA
 
 
 def supported(q_lat, q_pe, ckv, kpe, prefix_len=None, tree_mask=None, scale=None) -> bool:
@@ -30,32 +30,37 @@ def supported(q_lat, q_pe, ckv, kpe, prefix_len=None, tree_mask=None, scale=None
     return all(x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 for x in (ckv, kpe))
 
 
-def _device_facts(dev: torch.device) -> tuple[int, int]:
+def _device_facts(dev: torch.device) -> tuple[int, int, int]:
+    """(SMs, the shared memory a block may opt into, two-stage CTAs resident per SM: 2 on sm_90, 1 on sm_120)."""
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    if idx not in _FACTS:
         from .build import library
 
-        _SMEM_OPTIN[idx] = library().ddt_mla_smem_optin(idx)
-    return _SMS[idx], _SMEM_OPTIN[idx]
+        lib = library()
+        per_sm = lib.ddt_mla_smem_per_sm(idx) // (lib.ddt_mla_smem_bytes(2) + RESERVED)
+        _FACTS[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count, lib.ddt_mla_smem_optin(idx),
+                       max(1, min(2, per_sm)))  # NOTE: launch bounds ask for two per SM
+    return _FACTS[idx]
 
 
-def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None) -> dict:
+def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None, per_sm: int = 2) -> dict:
     """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
     (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
     columns), stages, shared slots (NSU of supers, SH in all), tail slots per row NTL, nodes per launch.
-    Rule (measured, `benchmarks/kernels.py --only cuda_mla`): two stages (two CTAs per SM); a CTA per super
-    from 32 supers of context on (the merge's fold of one state per chunk costs more there), or from 8 when
-    the super CTAs alone fill a wave, and always when the nodes come in several launches (the fewest partial
-    states); else a CTA per chunk; the value columns split as far as the CTAs still fit in one wave. deep
-    (the GPU's shared memory takes four stages) only lets FORCE ask for four."""
+    Rule (`benchmarks/kernels.py --only cuda_mla`): two stages (two CTAs per SM); a CTA per super from 8
+    supers of context when the super CTAs alone fill three quarters of a wave (a CTA per chunk would then take
+    several waves of short CTAs and store 8x the partial states), and always when the nodes come in several
+    launches (the fewest partial states); else a CTA per chunk (the merge folds each super's chunks in
+    parallel before the row's fold, so many chunk states cost little); the value columns split as far as the
+    CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) only lets FORCE ask for four;
+    per_sm: two-stage CTAs resident per SM (a wave is sms x per_sm)."""
     nodes = nodes or t
     stages = FORCE.get("stages") or 2
-    wave = sms * (2 if stages == 2 else 1)  # CTAs resident at once (shared memory allows two at two stages)
+    wave = sms * (per_sm if stages == 2 else 1)  # CTAs resident at once (by their shared memory)
     rb = -(-nodes * nh // ROWS)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
-    f = FORCE.get("F") or (SUPER if nsu >= 32 or (nsu >= 8 and nsu * rb >= wave) or nodes < t else 1)
+    f = FORCE.get("F") or (SUPER if (nsu >= 8 and 4 * nsu * rb >= 3 * wave) or nodes < t else 1)
     units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // ROWS)
     cs = FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
@@ -63,8 +68,16 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
          "nodes": nodes}
     if nodes == t > 1 and (sh + ntl) * t * nh * (512 + 2) * 4 > SCRATCH_BYTES:
         per_node = (nsu + SUPER - 1 + ntl) * nh * (512 + 2) * 4
-        return plan(t, nh, bound, sms, deep, max(1, min(t - 1, SCRATCH_BYTES // per_node)))
+        return plan(t, nh, bound, sms, deep, max(1, min(t - 1, SCRATCH_BYTES // per_node)), per_sm)
     return p
+
+
+def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
+    """plan() for this GPU (its SMs, whether four stages fit, how many CTAs share an SM)."""
+    from .build import library
+
+    sms, optin, per_sm = _device_facts(dev)
+    return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4) <= optin, per_sm=per_sm)
 
 
 def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
@@ -89,8 +102,7 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
     qp = q_pe if q_pe.stride(-1) == 1 and q_pe.stride(0) % 2 == 0 and q_pe.stride(1) % 2 == 0 else q_pe.contiguous()
     mask = tree_mask.to(device=dev)
     mask = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)).contiguous()
-    sms, optin = _device_facts(dev)
-    p = plan(t, nh, bound, sms, lib.ddt_mla_smem_bytes(4) <= optin)
+    p = device_plan(t, nh, bound, dev)
     slots, batch = p["SH"] + p["NTL"], p["nodes"]
     out = torch.empty(t, nh, 512, dtype=torch.bfloat16, device=dev)
     acc = torch.empty(slots * batch * nh * 512, dtype=torch.float32, device=dev)
