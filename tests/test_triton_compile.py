@@ -183,7 +183,8 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
                                    "BLOCK_T": ex.BLOCK_T}),
              {"num_warps": ex.WARPS, "num_stages": 2}) for h in (8, 64)]
     srcs.append((ASTSource(fn=ex._merge_kernel, signature=EXACT_MERGE_SIGNATURE,
-                           constexprs={"CHUNK": 1024, "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}), {}))
+                           constexprs={"CHUNK": 1024, "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}),
+                 {"num_warps": ex.MERGE_WARPS}))
     tiles = [(bm, bn, bk, warps, stages, split) for split in (1, 4)]
     # NOTE: sm_120 (the tighter shared memory) compiles every candidate's shape, sm_90 the 64-row ones (wgmma)
     some = [t for t in map(tuple, candidates()) if t != el.FP32_TILE and (arch == 120 or t[0] == 64)]
@@ -197,6 +198,27 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
         assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, src.constexprs,
                                                                   kernel.metadata.shared)
+
+
+def test_row_invariant_mla_compiles_without_spills_for_hopper():
+    """The row-invariant MLA kernel and its merge as mla_attention_exact launches them (8 and 64 heads' chunks,
+    bf16 and float32, the launch's 16-divisible pointers and strides): ptxas -v for sm_90 reports no spill
+    stores or loads and no stack frame (benchmarks/triton_resources.py prints the registers too)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import triton_resources
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        get_ptxas(90).path
+    except Exception as e:  # a Triton without the CUDA backend's bundled ptxas: nothing to compile with
+        pytest.skip(f"no ptxas for sm_90: {e!r}")
+    found = triton_resources.resources(90)
+    assert len(found) == 8, sorted(found)
+    spilled = {name: r for name, r in found.items() if r["spill_stores"] or r["spill_loads"] or r["stack"]}
+    assert not spilled, spilled
 
 
 def test_ffma_tiles_never_become_tensor_core_dots():

@@ -26,11 +26,17 @@ import triton.language as tl
 from .triton_mla import attend_tile, load_q, sm_count
 
 BLOCK_M = 16  # query rows per program (mma.sync rows); fixed: the MMA shape must not change with T
-BLOCK_T = 64  # mask entries scanned per step when a tail program looks up its ancestors
+# mask entries scanned per step when a tail program looks up its ancestors: integer work, no bits depend on it;
+# the [BLOCK_N, BLOCK_T] rank match is live beside the accumulators and fold state, 64 made sm_90 spill
+BLOCK_T = 32
 MERGE_S = 16  # chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too
 SUB_KEYS = 128  # keys per sub-chunk (fixed by position): the unit a few-row launch gives one program each
 FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layout(), or forced (benchmarks, tests)
-WARPS = 4  # fixed per build (kernels.py --only exact times 8 too: fewer spills, one block per SM)
+# NOTE: warps are fixed per build, never per launch: they lay out a tile's row sums (and the merge's lane sums),
+# so they are part of the arithmetic; at 8 a thread holds 32 + 32 registers of the [16, 512] fp32 accumulator and
+# fold state (64 + 64 at 4, which spill on sm_90: benchmarks/triton_resources.py)
+WARPS = 8
+MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas)
 
 
 def chunk_keys(heads: int) -> int:
@@ -264,5 +270,5 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             num_stages=2)
     block_r = min(r, 128)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, f, slots * m, CHUNK=chunk, R=r,
-                                     BLOCK_S=MERGE_S, BLOCK_R=block_r)
+                                     BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS)
     return out
