@@ -49,16 +49,6 @@ MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf1
                      **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
                      **dict.fromkeys(["R", "P", "RC", "PREC", "BLOCK_M", "BLOCK_N"], "constexpr"))
 
-EXACT_MLA_SIGNATURE = dict({"QL": "*bf16", "QP": "*bf16", "CKV": "*bf16", "KPE": "*bf16", "PLEN": "*i64",
-                            "MASK": "*u8", "OP": "*fp32", "LP": "*fp32"},
-                           **dict.fromkeys(["M", "T", "NH", "NCS", "HB", "F", "s_lp"], "i32"), scale_log2="fp32",
-                           **dict.fromkeys(["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"], "i32"),
-                           **dict.fromkeys(["R", "P", "RC", "PREC", "CHUNK", "SUB", "BLOCK_M", "BLOCK_N", "BLOCK_T"],
-                                           "constexpr"))
-EXACT_MERGE_SIGNATURE = dict({"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "PLEN": "*i64"},
-                             **dict.fromkeys(["M", "NCS", "NTL", "F", "s_lp"], "i32"),
-                             **dict.fromkeys(["CHUNK", "R", "BLOCK_S", "BLOCK_R"], "constexpr"))
-
 DRAFT_ATTN_SIGNATURE = dict({"Q": "*fp32", "KC": "*fp32", "VC": "*fp32", "KB": "*fp32", "VB": "*fp32", "MASK": "*u8",
                              "HELD": "*i64", "OP": "*fp32", "LP": "*fp32", "N": "i32", "B": "i32", "n_splits": "i32",
                              "scale_log2": "fp32"},
@@ -164,39 +154,103 @@ def test_mla_tiles_that_fit_an_sm120_block():
 
 @pytest.mark.parametrize("arch", [90, 120])
 def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
-    """The row-invariant kernels at K2.6's shapes (MLA at 8 and 64 heads' chunks with their sub-chunks, its
-    merge, the bf16 product at its table's tile with and without split-K and at every tile the exact sweep
-    may put in the table: 16-, 32- and 64-row blocks) compile for sm_90 and sm_120, each within the 99 KB of
-    shared memory an sm_120 block may hold."""
+    """The row-invariant product at K2.6's shapes (bf16 at its table's tile with and without split-K and at
+    every tile the exact sweep may put in the table: 16-, 32- and 64-row blocks) compiles for sm_90 and
+    sm_120, each within the 99 KB of shared memory an sm_120 block may hold. (The row-invariant MLA as
+    launched on each: test_row_invariant_mla_*.)"""
     import torch
     from exact_tiles import candidates
 
     from ddtree_chat.engine.ops import triton_exact_linear as el
-    from ddtree_chat.engine.ops import triton_linear, triton_mla_exact as ex
+    from ddtree_chat.engine.ops import triton_linear
 
     monkeypatch.setattr(el, "sm_count", lambda dev: 188)  # the RTX PRO 6000 Blackwell's SMs
     mm_sig = {k: ("*bf16" if v == "*fp32" and k in ("X", "W", "W2", "O", "RES") else v) for k, v in MM_SIGNATURE.items()}
     bm, bn, bk, warps, stages, _ = el.tile(2112, 7168, 1, torch.bfloat16, None)
-    srcs = [(ASTSource(fn=ex._mla_exact_kernel, signature=EXACT_MLA_SIGNATURE,
-                       constexprs={"R": 512, "P": 64, "RC": 128, "PREC": "tf32", "CHUNK": ex.chunk_keys(h),
-                                   "SUB": ex.SUB_KEYS, "BLOCK_M": ex.BLOCK_M, "BLOCK_N": ex.block_n(torch.bfloat16),
-                                   "BLOCK_T": ex.BLOCK_T}),
-             {"num_warps": ex.WARPS, "num_stages": 2}) for h in (8, 64)]
-    srcs.append((ASTSource(fn=ex._merge_kernel, signature=EXACT_MERGE_SIGNATURE,
-                           constexprs={"CHUNK": 1024, "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}), {}))
     tiles = [(bm, bn, bk, warps, stages, split) for split in (1, 4)]
     # NOTE: sm_120 (the tighter shared memory) compiles every candidate's shape, sm_90 the 64-row ones (wgmma)
     some = [t for t in map(tuple, candidates()) if t != el.FP32_TILE and (arch == 120 or t[0] == 64)]
     tiles += {(t[0], t[1], t[2], t[4]): (*t[:5], 2) for t in some}.values()  # split-K's path; warps aside
-    for bm, bn, bk, warps, stages, split in tiles:
-        srcs.append((ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
-                               constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn,
-                                           "BLOCK_K": bk, "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True,
-                                           "M_INNER": True}), {"num_warps": warps, "num_stages": stages}))
+    srcs = [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
+                       constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                   "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True, "M_INNER": True}),
+             {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in tiles]
     for src, opts in srcs:  # NOTE: one at a time: Python 3.11's ast.parse is not safe across threads
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
         assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, src.constexprs,
                                                                   kernel.metadata.shared)
+
+
+def _exact_mla_resources(arch: int, bf16_heads: tuple) -> dict:
+    """triton_resources.resources for sm_<arch>: bf16 at bf16_heads, float32 at 64 heads (its 8-head build
+    differs in CHUNK only); skips where this Triton has no ptxas for the arch."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import triton_resources
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        get_ptxas(arch).path
+    except Exception as e:  # a Triton without the CUDA backend's bundled ptxas: nothing to compile with
+        pytest.skip(f"no ptxas for sm_{arch}: {e!r}")
+    found = triton_resources.resources(arch, dtypes=(torch.bfloat16,), heads=bf16_heads)
+    found.update(triton_resources.resources(arch, dtypes=(torch.float32,), heads=(64,)))
+    assert len(found) == 2 * len(bf16_heads) + 2, sorted(found)
+    return found
+
+
+def test_row_invariant_mla_compiles_without_spills_for_hopper():
+    """The row-invariant MLA kernel and its merge as mla_attention_exact launches them on sm_90 (bf16 at 8 and
+    64 heads' chunks, float32 at 64; the launch's 16-divisible pointers and strides): ptxas -v reports no
+    spill stores or loads and no stack frame (benchmarks/triton_resources.py prints the registers, every
+    configuration); the key tiles are sm_90's (32 float32, 64 bf16)."""
+    found = _exact_mla_resources(90, (8, 64))
+    assert sum("BLOCK_N=32" in n for n in found) == 1 and sum("BLOCK_N=64" in n for n in found) == 2, sorted(found)
+    spilled = {name: r for name, r in found.items() if r["spill_stores"] or r["spill_loads"] or r["stack"]}
+    assert not spilled, spilled
+
+
+def test_row_invariant_mla_fits_an_sm120_block_without_spills():
+    """The same on sm_120 (the RTX PRO 6000 Blackwell), bf16 and float32 at 64 heads and their merges: each
+    within the 99 KB of shared memory a block may hold there (float32 takes the 16-key tile) and without
+    spills, so the engine's float32 and bf16 paths both launch the row-invariant kernel."""
+    import re
+
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+
+    found = _exact_mla_resources(120, (64,))
+    assert sum("BLOCK_N=16" in n for n in found) == 1 and sum("BLOCK_N=64" in n for n in found) == 1, sorted(found)
+    bad = {name: r for name, r in found.items()
+           if r["shared"] > SM120_SHARED_PER_BLOCK or r["spill_stores"] or r["spill_loads"] or r["stack"]}
+    assert not bad, bad
+    for name, r in found.items():  # the bound block_n goes by covers what this Triton allocates
+        if tile := re.search(r"(bf16|fp32) .*BLOCK_N=(\d+)", name):
+            assert r["shared"] <= ex.shared_bytes(int(tile[2]), 2 if tile[1] == "bf16" else 4, 576), (name, r)
+
+
+def test_exact_mla_key_tile_by_device_and_dtype():
+    """triton_mla_exact.block_n: the widest key tile whose shared memory fits the device's block, by dtype
+    and latent width only: at K2.6's (512 + 64) sm_90 keeps 32 (float32) and 64 (bf16), sm_120 (99 KB) takes
+    16 for float32 and keeps 64 for bf16; the demo's latent (64 + 16) keeps the widest everywhere; a latent
+    no tile fits gives None (the launcher declines); the interpreter (no limit) the widest. The bound covers
+    what Triton allocates (benchmarks/triton_resources.py --shapes)."""
+    import torch
+
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+
+    sm90, sm120 = 227 * 1024, SM120_SHARED_PER_BLOCK
+    assert [ex.block_n(d, 576, sm90) for d in (torch.float32, torch.bfloat16, torch.float16)] == [32, 64, 64]
+    assert [ex.block_n(d, 576, sm120) for d in (torch.float32, torch.bfloat16, torch.float16)] == [16, 64, 64]
+    assert [ex.block_n(d, 80, sm120) for d in (torch.float32, torch.bfloat16)] == [32, 64]
+    assert ex.block_n(torch.bfloat16, 512 + 128, sm120) == 32 and ex.block_n(torch.float32, 1024 + 64, sm120) is None
+    assert [ex.block_n(d, 576) for d in (torch.float32, torch.bfloat16)] == [32, 64]
+    assert ex.shared_per_block(torch.device("cpu")) is None
+    for d in (torch.float32, torch.bfloat16):  # every tile a whole number of times in a sub-chunk
+        assert all(ex.SUB_KEYS % n == 0 for n in ex.BLOCK_NS[d])
 
 
 def test_ffma_tiles_never_become_tensor_core_dots():

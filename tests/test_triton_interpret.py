@@ -360,13 +360,23 @@ def attend(pos, t, fold):
     return out
 
 
-for t, fold, both in json.loads(sys.argv[1]):
+def check(t, fold, both, scan):
     out = attend(length, t, fold)
     if both and not torch.equal(out, attend(length, t, not fold)):  # every row: either fold, the same bits
         bad.append(["fold", t])
+    if scan:  # the ancestor scan's width is integer work only: a narrower one gives the same bits
+        with mock.patch.object(ex, "BLOCK_T", scan):
+            if not torch.equal(out, attend(length, t, fold)):
+                bad.append(["scan", t, scan])
     for i in range(0, t, 16):  # NOTE: rows at a block's first place (numpy's products depend on a row's place)
         if not torch.equal(attend(length + i, 1, not fold)[0], out[i]):  # the AR step, the other fold
             bad.append(["row", t, i])
+
+
+for t, fold, both, scan, tile in json.loads(sys.argv[1]):
+    # tile: every launch of the case with that key tile (16: sm_120's float32 one), 0: the launcher's pick
+    with mock.patch.dict(ex.BLOCK_NS, {torch.float32: (tile,)} if tile else {}):
+        check(t, fold, both, scan)
 print(json.dumps(bad))
 """
 
@@ -501,12 +511,13 @@ def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
 def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter():
     """The sub-chunk fold (triton_mla_exact.layout): an 8-row launch gives every row the same bits with one
     program per sub-chunk as with one per chunk; rows of 8-, 17- and 65-row chain launches (either fold)
-    equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries; all equal the
-    reference."""
+    equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries, and the 17-row
+    launch's with an 8-entry ancestor scan; the 8-row launch with the 16-key tile (sm_120's float32) as well;
+    all equal the reference."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
-    assert interpret_apart(EXACT_MLA_ROWS_SCRIPT, [[[65, False, False]], [[8, True, True], [17, True, False]]]) \
-        == []
+    assert interpret_apart(EXACT_MLA_ROWS_SCRIPT,
+                           [[[65, False, False, 0, 0]], [[8, True, True, 0, 16], [17, True, False, 8, 0]]]) == []
 
 
 def test_exact_products_are_row_invariant_in_the_interpreter():

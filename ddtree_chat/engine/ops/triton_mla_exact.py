@@ -4,9 +4,10 @@ bit, the attention an AR step computes at the same position (docs/exactness.md).
 
 How: every query walks its visible keys in *logical position* order (the committed prefix 0..L-1, then its
 ancestors at L + depth), cut into chunks at fixed multiples of CHUNK positions and, inside a chunk, into
-SUB_KEYS-key sub-chunks and BLOCK_N-key tiles, all aligned to positions; each sub-chunk is one online softmax
-from scratch, a chunk is its sub-chunks folded in position order (one helper, explicit FMAs), and the chunk
-partials are merged in chunk order with a fixed lane layout. Who folds varies, the fold does not: with many
+SUB_KEYS-key sub-chunks and BLOCK_N-key tiles (block_n: by dtype, latent width and the device's shared memory
+per block), all aligned to positions; each sub-chunk is one online softmax from scratch, a chunk is its
+sub-chunks folded in position order (one helper, explicit FMAs), and the chunk partials are merged in chunk
+order with a fixed lane layout. Who folds varies, the fold does not: with many
 rows a program runs a whole chunk and folds in registers; with few (layout()) each sub-chunk gets a program
 and the merge folds the stored sub-chunk states, the same operations in the same order. No arithmetic
 depends on T, on the other rows of the launch, on the context bound the launch was planned for, or on the SM
@@ -26,11 +27,17 @@ import triton.language as tl
 from .triton_mla import attend_tile, load_q, sm_count
 
 BLOCK_M = 16  # query rows per program (mma.sync rows); fixed: the MMA shape must not change with T
-BLOCK_T = 64  # mask entries scanned per step when a tail program looks up its ancestors
+# mask entries scanned per step when a tail program looks up its ancestors: integer work, no bits depend on it;
+# the [BLOCK_N, BLOCK_T] rank match is live beside the accumulators and fold state, 64 made sm_90 spill
+BLOCK_T = 32
 MERGE_S = 16  # chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too
 SUB_KEYS = 128  # keys per sub-chunk (fixed by position): the unit a few-row launch gives one program each
 FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layout(), or forced (benchmarks, tests)
-WARPS = 4  # fixed per build (kernels.py --only exact times 8 too: fewer spills, one block per SM)
+# NOTE: warps are fixed per build, never per launch: they lay out a tile's row sums (and the merge's lane sums),
+# so they are part of the arithmetic; at 8 a thread holds 32 + 32 registers of the [16, 512] fp32 accumulator and
+# fold state (64 + 64 at 4, which spill on sm_90: benchmarks/triton_resources.py)
+WARPS = 8
+MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas)
 
 
 def chunk_keys(heads: int) -> int:
@@ -39,8 +46,43 @@ def chunk_keys(heads: int) -> int:
     return 512 if heads <= 16 else 1024
 
 
-def block_n(dtype: torch.dtype) -> int:
-    return 32 if dtype == torch.float32 else 64
+# keys per tile, widest first: 32 float32 / 64 half keep sm_90 spill-free; the narrower ones fit sm_120's 99 KB
+BLOCK_NS = {torch.float32: (32, 16), torch.bfloat16: (64, 32), torch.float16: (64, 32)}
+# Triton's small buffers beside the staged operands: 128-2112 bytes measured (Triton 3.6 and 3.9, sm_90 and
+# sm_120, R 64-1024, P 16-128, every tile of BLOCK_NS; benchmarks/triton_resources.py --shapes)
+SHARED_SLACK = 4096
+
+
+def shared_bytes(block_n: int, itemsize: int, width: int) -> int:
+    """A bound on the main kernel's shared memory per program: the dots' operands staged in shared memory,
+    BLOCK_M query rows and a block_n-key tile, each `width` (R + P) elements, plus SHARED_SLACK."""
+    return (BLOCK_M + block_n) * width * itemsize + SHARED_SLACK
+
+
+def block_n(dtype: torch.dtype, width: int, shared: int | None = None) -> int | None:
+    """Keys per tile: the widest of BLOCK_NS[dtype] whose shared memory fits `shared` bytes per program (the
+    device's opt-in limit; None: no limit, the interpreter), None when none fits. The tile orders a tile's sums
+    (part of the arithmetic), so it depends on the dtype, the latent width and the device only, never on T."""
+    for n in BLOCK_NS[dtype]:
+        if shared is None or shared_bytes(n, dtype.itemsize, width) <= shared:
+            return n
+    return None
+
+
+_SHARED: dict[int, int] = {}
+
+
+def shared_per_block(device: torch.device) -> int | None:
+    """The most shared memory one program may use on `device` (Triton's own launch check: the opt-in limit,
+    227 KB on sm_90, 99 KB on sm_120), once per device; None off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SHARED:
+        from triton.runtime import driver
+
+        _SHARED[idx] = driver.active.utils.get_device_properties(idx)["max_shared_mem"]
+    return _SHARED[idx]
 
 
 @triton.jit
@@ -233,6 +275,9 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
     p = q_pe.shape[-1]
     m = t * nh
     dev = q_lat.device
+    bn = block_n(q_lat.dtype, r + p, shared_per_block(dev))
+    if bn is None:  # no key tile fits this device's shared memory per block (sm_120: a 1024-wide latent)
+        return None
     if torch.is_tensor(prefix_len):
         plen = prefix_len.reshape(1)
         if plen.device != dev or plen.dtype not in (torch.int32, torch.int64):
@@ -260,9 +305,9 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
                             qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
-                            BLOCK_M=BLOCK_M, BLOCK_N=block_n(ql.dtype), BLOCK_T=BLOCK_T, num_warps=WARPS,
+                            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_T=BLOCK_T, num_warps=WARPS,
                             num_stages=2)
     block_r = min(r, 128)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, f, slots * m, CHUNK=chunk, R=r,
-                                     BLOCK_S=MERGE_S, BLOCK_R=block_r)
+                                     BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS)
     return out
