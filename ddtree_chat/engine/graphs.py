@@ -293,7 +293,7 @@ class StaticRound:
         t0, tried, n = time.perf_counter(), set(), 0
         for _ in range(PRECOMPILE_PASSES):
             found = {k: v for k, v in self._discover(keys, precompile).items() if k not in tried}
-            if not found:
+            if not any(self.dec.target.tp.gather_objects(bool(found))):  # NOTE: passes run collectives: ranks stop together
                 break
             tried |= found.keys()
             report = (lambda done, total: progress(done, total, Stage.COMPILING)) if progress else None
