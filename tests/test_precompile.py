@@ -118,14 +118,8 @@ def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch
         build.library()  # ... the caller gets it
 
 
-def test_compile_threads_share_the_host_among_tensor_parallel_ranks(monkeypatch):
-    import torch.distributed as dist
-
+def test_compile_threads_are_the_cores_at_most_max_workers(monkeypatch):
     monkeypatch.setattr(precompile.os, "cpu_count", lambda: 128)
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
     assert precompile.default_workers(200) == precompile.MAX_WORKERS and precompile.default_workers(5) == 5
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda: 8)
-    assert precompile.default_workers(200) == 16  # 8 ranks on one host: 128 cores / 8, not 8 x 32 threads
     monkeypatch.setattr(precompile.os, "cpu_count", lambda: 4)
-    assert precompile.default_workers(200) == 1
+    assert precompile.default_workers(200) == 4

@@ -288,6 +288,8 @@ class StaticRound:
         keys = [k for k in dict.fromkeys(map(graph_key, keys)) if k not in self.graphs and self.recordable(k)]
         if not keys or self.dec.device.type != "cuda" or knobs.get(knobs.PRECOMPILE) == "0":
             return
+        if self.dec.target.tp.world > 1:  # NOTE: ranks with different kernels in memory would skip different
+            return  # launches: a collective launched by one rank alone waits forever
         from .ops import precompile
 
         t0, tried, n = time.perf_counter(), set(), 0

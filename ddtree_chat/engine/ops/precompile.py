@@ -72,12 +72,8 @@ MAX_WORKERS = 32  # compile threads per process: each holds a compile's memory
 
 
 def default_workers(jobs: int) -> int:
-    """Threads for `jobs` compiles: this host's cores shared among its tensor-parallel ranks (each compiles the
-    same kernels in its own process), at most MAX_WORKERS."""
-    import torch.distributed as dist
-
-    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return max(1, min(jobs, MAX_WORKERS, (os.cpu_count() or 1) // ranks))
+    """Threads for `jobs` compiles: one per core, at most MAX_WORKERS."""
+    return max(1, min(jobs, MAX_WORKERS, os.cpu_count() or 1))
 
 
 def compile_all(found: dict, device=None, workers: int | None = None, report=None) -> int:
