@@ -284,7 +284,8 @@ class StaticRound:
         instead of compiled (their ops served by the reference), then compile those side by side
         (ops/precompile.py); the recording then finds them compiled. An op launching kernels one after another
         shows its later ones only once its first are compiled (the first skipped launch hands the op to its
-        reference), so discovery repeats until it finds nothing new. Leaves the device state as it was."""
+        reference), so discovery repeats until it finds nothing new. Leaves the device state as it was. One GPU
+        only: under tensor parallelism the recording compiles one by one."""
         keys = [k for k in dict.fromkeys(map(graph_key, keys)) if k not in self.graphs and self.recordable(k)]
         if not keys or self.dec.device.type != "cuda" or knobs.get(knobs.PRECOMPILE) == "0":
             return
@@ -295,7 +296,7 @@ class StaticRound:
         t0, tried, n = time.perf_counter(), set(), 0
         for _ in range(PRECOMPILE_PASSES):
             found = {k: v for k, v in self._discover(keys, precompile).items() if k not in tried}
-            if not any(self.dec.target.tp.gather_objects(bool(found))):  # NOTE: passes run collectives: ranks stop together
+            if not found:
                 break
             tried |= found.keys()
             report = (lambda done, total: progress(done, total, Stage.COMPILING)) if progress else None
