@@ -270,6 +270,26 @@ def test_name_swap_renames_the_function_not_methods_or_prose():
     assert len(new) == 3 and not new & ({"split_pairs"} | {h.name for h in HELDOUT})
 
 
+@pytest.mark.parametrize("pool", ["prose", "syllables"])
+def test_name_swap_pools_draw_words_from_the_prompts_or_made_up_syllables(pool):
+    from ddtree_chat.dev.demo.rename import CONSONANTS, VOWELS, rename_copies
+
+    pairs = [(f"p{i}", f"Write a Python function fn{i}_task(s) that returns the reversed text of s.",
+              f"```python\ndef fn{i}_task(s):\n    return s[::-1]\n```") for i in range(20)]
+    names = {f"p{i}": f"fn{i}_task" for i in range(20)}
+    copies = rename_copies(pairs, names, 2, seed=3, pool=pool)
+    assert len(copies) == 40 and copies == rename_copies(pairs, names, 2, seed=3, pool=pool)
+    words = {w for _, user, _ in copies for w in user.split()[4].split("(")[0].split("_")}
+    if pool == "prose":  # the descriptions' words (after the signature)
+        assert words <= {"that", "returns", "the", "reversed", "text"}
+    else:  # consonant-vowel pairs, 2-3 of them
+        assert all(len(w) in (4, 6) and all(w[k] in CONSONANTS and w[k + 1] in VOWELS for k in range(0, len(w), 2))
+                   for w in words)
+    assert all(f"def {user.split()[4].split('(')[0]}(s):" in answer for _, user, answer in copies)
+    with pytest.raises(ValueError, match="rename pool"):
+        rename_copies(pairs, names, 1, seed=3, pool="stdlib")
+
+
 def test_unpermute_inverts_llama_cpp_permute():
     from ddtree_chat.dev.demo.teacher import unpermute
 

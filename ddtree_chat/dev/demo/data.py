@@ -192,10 +192,11 @@ def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
         shutil.copy(src_dir / f, out_dir / f)
 
 
-def distil_sources(src: dict, distil: Path, code_share: float, log=print, renames: int = 0) -> dict:
+def distil_sources(src: dict, distil: Path, code_share: float, log=print, renames: int = 0,
+                   rename_pool: str = "names") -> dict:
     """src with its chat pairs replaced by the distilled answers (split by prompt id), `renames` name-swapped
-    copies of each train function answer added (rename.py), and each split's source files cut (a seeded
-    choice of whole files, at least one) to about code_share of that split's characters."""
+    copies of each train function answer added (rename.py, new names from rename_pool), and each split's
+    source files cut (a seeded choice of whole files, at least one) to about code_share of that split's characters."""
     from .distil_data import PROMPTS, load_dataset, read_jsonl
     from .rename import rename_copies
 
@@ -204,7 +205,7 @@ def distil_sources(src: dict, distil: Path, code_share: float, log=print, rename
     for r in recs:
         pairs[split_of(r["id"])].append((r["id"], r["user"], r["answer"]))
     names = {p["id"]: p.get("name") for p in read_jsonl(Path(distil) / PROMPTS) if p["kind"] == "function"}
-    copies = rename_copies(pairs["train"], names, renames, SEED)
+    copies = rename_copies(pairs["train"], names, renames, SEED, rename_pool)
     pairs["train"] += copies
     docs, cut = {}, {}
     for split in ("train", "val", "test"):
@@ -224,7 +225,7 @@ def distil_sources(src: dict, distil: Path, code_share: float, log=print, rename
                  split_chars={k: sum(map(len, v)) for k, v in docs.items()},
                  distil={"dir": str(distil), "teacher": meta.get("teacher"), "teacher_sha256": meta["teacher_sha256"],
                          "seed": meta["seed"], "answers": len(recs), "code_share": code_share,
-                         "renames": renames, "renamed_copies": len(copies),
+                         "renames": renames, "rename_pool": rename_pool, "renamed_copies": len(copies),
                          "source_files": {k: v[0] for k, v in cut.items()}})
     log(f"data: distilled chat pairs {dmeta['split_chat_pairs']} from {distil} (train: {len(copies)} name-swapped "
         f"copies); source files kept (of all, chars): {cut} at share {code_share}")
@@ -232,7 +233,8 @@ def distil_sources(src: dict, distil: Path, code_share: float, log=print, rename
 
 
 def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None,
-            distil: Path | None = None, code_share: float = 0.25, renames: int = 0, name_weight: int = 1) -> dict:
+            distil: Path | None = None, code_share: float = 0.25, renames: int = 0, name_weight: int = 1,
+            rename_pool: str = "names") -> dict:
     """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata).
     tokenizer_from: a model dir whose tokenizer is reused (drafter-only retraining against an existing
     target); otherwise a BPE is trained on the train split. distil: a distil_data.py output dir whose kept
@@ -241,7 +243,7 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
     src = read_sources(limit)
     log(f"data: {json.dumps(src['meta'])}")
     if distil is not None:
-        src = distil_sources(src, distil, code_share, log, renames)
+        src = distil_sources(src, distil, code_share, log, renames, rename_pool)
     if tokenizer_from is not None:
         reuse_tokenizer(Path(tokenizer_from), out / "tokenizer")
         log(f"data: tokenizer reused from {tokenizer_from}")

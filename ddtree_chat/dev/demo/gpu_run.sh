@@ -9,11 +9,11 @@
 #
 # Steps: part, join (cat + sha256 + the gguf wheel), teacher (its held-out figures), data (teacher answers,
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), unpack-data ($DATA_TAR, default the
-# data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT), eval-target
-# (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
-# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed), sweep (several targets side by
-# side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH] ...", each with its eval-target), pick ($PICK: the
-# sweep target the later steps use).
+# data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT,
+# RENAME_POOL), eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra
+# train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed),
+# sweep (several targets side by side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL]] ...",
+# each with its eval-target), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil M=/tmp/demo31
@@ -44,20 +44,23 @@ for s in "$@"; do
         pack-data) tar cJf "$OUT/distil.tar.xz" -C /tmp distil ;;
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
-                    --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" ;;
+                    --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
+                    --rename-pool "${RENAME_POOL:-names}" ;;
         draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
-        sweep) for cfg in ${TARGETS:-8:4:2000 8:8:2000 8:4:2000:hidden=384,inter=1152}; do  # targets side by side on the
-                   IFS=: read -r r w n arch <<< "$cfg"  # one GPU (RENAMES:NAME_WEIGHT:STEPS[:ARCH]), each evaluated held out
+        sweep) for cfg in ${TARGETS:-8:4:2000 8:4:2000::prose 8:4:2000::syllables 8:4:2000:hidden=384,inter=1152:syllables}; do
+                   IFS=: read -r r w n arch pool <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,' '-__')
-                   (log="$OUT/sweep-$name.txt"
+                   (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
                     step target 420 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
-                        --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" ${arch:+--target-arch "$arch"}
+                        --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
+                        --rename-pool "${pool:-names}" ${arch:+--target-arch "$arch"}
                     step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
-                        --device cuda --mode ar --json "$OUT/heldout-$name.json") &
+                        --device cuda --mode ar --json "/tmp/sweep/$name/heldout.json"
+                    cat "/tmp/sweep/$name/heldout.json" >> "$log") &
                done
                wait ;;
         pick) rm -rf $M && cp -r "/tmp/sweep/$(echo "$PICK" | tr ':=,' '-__')" $M ;;  # that sweep target is the pair's

@@ -4,7 +4,12 @@ function called something else, in the prompt's signature and in the answer's co
 Why: trained on each answer under its one stdlib name, the small target learnt which names go with which
 requests and answered held-out requests with a memorised name (`def contains_digit` for "is_palindrome"):
 0/20 defined the requested function. A name that changes while the answer stays the same can only be
-taken from the prompt, so these copies teach the model to copy it."""
+taken from the prompt, so these copies teach the model to copy it.
+
+Where the new names' words come from (`pool`): "names", the words of the requested stdlib names (the model
+learnt that pool's odd words and emitted them: `def isabs_pmakeraw` for is_palindrome); "prose", the lowercase
+English words of the requests' descriptions (held-out names are made of such words); "syllables", made-up words of 2-3
+consonant-vowel syllables, which no pool statistics can predict: only a copy gets them right."""
 
 from __future__ import annotations
 
@@ -16,6 +21,9 @@ import re
 from .prompts import HELDOUT_NAMES, defines, python_code
 
 WORD = re.compile(r"^[a-z]{2,12}$")
+PROSE = re.compile(r"\b[a-z]{3,10}\b")
+POOLS = ("names", "prose", "syllables")
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 
 
 def word_pool(names: list[str]) -> list[str]:
@@ -23,11 +31,22 @@ def word_pool(names: list[str]) -> list[str]:
     return sorted({w for n in names for w in n.split("_") if WORD.match(w)})
 
 
-def fresh_name(rng: random.Random, words: list[str], *avoid: set[str], tries: int = 100) -> str | None:
-    """1-3 pool words joined by `_`, none of: a keyword, a builtin, a held-out name, a name in an avoid set
-    (None when `tries` draws found none: a tiny pool)."""
+def prose_pool(requests: list[str]) -> list[str]:
+    """The lowercase words of 3-10 letters in these function requests after their signature (the description:
+    English, not code), sorted, duplicates dropped."""
+    return sorted({w for u in requests for w in PROSE.findall(u.split(")", 1)[-1])})
+
+
+def syllable_word(rng: random.Random) -> str:
+    """A made-up word of 2-3 consonant-vowel syllables (`tamiro`)."""
+    return "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(rng.choice((2, 3))))
+
+
+def fresh_name(rng: random.Random, word, *avoid: set[str], tries: int = 100) -> str | None:
+    """1-3 words of word(rng) joined by `_`, none of: a keyword, a builtin, a held-out name, a name in an avoid
+    set (None when `tries` draws found none: a tiny pool)."""
     for _ in range(tries):
-        name = "_".join(rng.choice(words) for _ in range(rng.choice((1, 2, 2, 3))))
+        name = "_".join(word(rng) for _ in range(rng.choice((1, 2, 2, 3))))
         if not (keyword.iskeyword(name) or hasattr(builtins, name) or name in HELDOUT_NAMES
                 or any(name in a for a in avoid)):
             return name
@@ -51,12 +70,20 @@ def swap(user: str, answer: str, old: str, new: str) -> tuple[str, str] | None:
     return u, a
 
 
-def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copies: int, seed: int):
+def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copies: int, seed: int,
+                  pool: str = "names"):
     """For each (id, user, answer) whose prompt asked for a function names[id]: up to `copies` name-swapped
-    copies under distinct new names, ids suffixed `~k`. Deterministic in (seed, id, k)."""
+    copies under distinct new names drawn from `pool` (POOLS), ids suffixed `~k`. Deterministic in (seed, id, k)."""
     if copies <= 0:
         return []
-    words = word_pool([n for n in names.values() if n])
+    if pool not in POOLS:
+        raise ValueError(f"rename pool {pool!r}: one of {', '.join(POOLS)}")
+    words = (word_pool([n for n in names.values() if n]) if pool == "names"
+             else prose_pool([u for pid, u, _ in pairs if names.get(pid)]))
+
+    def word(rng: random.Random) -> str:
+        return syllable_word(rng) if pool == "syllables" else rng.choice(words)
+
     avoid = set(names.values())
     out = []
     for pid, user, answer in pairs:
@@ -65,7 +92,7 @@ def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copi
             continue
         used = set()
         for k in range(copies):
-            new = fresh_name(random.Random(f"{seed}:{pid}:{k}"), words, avoid, used)
+            new = fresh_name(random.Random(f"{seed}:{pid}:{k}"), word, avoid, used)
             got = None if new is None else swap(user, answer, old, new)
             if got is not None:
                 used.add(new)

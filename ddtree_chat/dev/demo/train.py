@@ -482,6 +482,8 @@ def main(argv=None) -> int:
                     help="with --distil: the share of stdlib source in the target's train characters")
     ap.add_argument("--renames", type=int, default=3,
                     help="with --distil: name-swapped copies of each train function answer (dev/demo/rename.py)")
+    ap.add_argument("--rename-pool", choices=("names", "prose", "syllables"), default="names",
+                    help="with --renames: the new names' words (dev/demo/rename.py)")
     ap.add_argument("--name-weight", type=int, default=1,
                     help="with --distil: the train loss weight of the requested name's tokens on a def line")
     ap.add_argument("--draft-prompts", type=int, default=20000,
@@ -543,7 +545,8 @@ def main(argv=None) -> int:
         from .data import prepare
 
         meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
-                       code_share=a.code_share, renames=a.renames, name_weight=a.name_weight)
+                       code_share=a.code_share, renames=a.renames, name_weight=a.name_weight,
+                       rename_pool=a.rename_pool)
         shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
         if shipped is not None and shipped.exists():
             ref = json.loads(shipped.read_text())
