@@ -6,9 +6,11 @@ start's compile work: one argument specialisation each (the engine may meet a fe
 --workers N compiles them N at a time (--pool process or thread) and reports the wall time: what a
 parallel first start could gain on this machine. --cuda times the other first-start build instead: the CUDA
 library (ddtree_chat/csrc, the engine's own nvcc command), each source alone, all at once, and all with
-every MoE variant (the benchmark sweep's build).
+every MoE variant (the benchmark sweep's build). --gil compiles them one at a time while a second thread samples
+who holds the GIL: compile threads can never finish faster than the held share of the serial time, whatever
+the core count (compile processes can).
 
-    python benchmarks/compile_time.py [--arch 90] [--workers N --pool process|thread] [--json OUT]
+    python benchmarks/compile_time.py [--arch 90] [--workers N --pool process|thread | --gil] [--json OUT]
     python benchmarks/compile_time.py --cuda
 """
 
@@ -98,6 +100,38 @@ def compile_one(i: int, arch: int) -> float:
     return time.perf_counter() - t0
 
 
+def _probe(stop, out: list, seconds: float | None = None) -> None:
+    """Sleep 2 ms at a time (sleeping lets the GIL go) and note each wake-up that waited over 0.5 ms for the GIL
+    back: the share of such wake-ups samples the share of time another thread held it. out[0] = that share."""
+    late = n = 0
+    t_end = None if seconds is None else time.perf_counter() + seconds
+    while not stop.is_set() and (t_end is None or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        time.sleep(0.002)
+        late += time.perf_counter() - t0 > 0.0025
+        n += 1
+    out.append(late / max(n, 1))
+
+
+def gil_held_share(arch: int) -> tuple[float, float, float]:
+    """(serial compile seconds, share of them a compile held the GIL, the probe's late share alone): every job
+    compiled one at a time while a thread probes."""
+    import threading
+
+    alone: list = []
+    _probe(threading.Event(), alone, seconds=3.0)
+    stop, out = threading.Event(), []
+    probe = threading.Thread(target=_probe, args=(stop, out))
+    probe.start()
+    t0 = time.perf_counter()
+    for i in range(len(_jobs())):
+        compile_one(i, arch)
+    serial = time.perf_counter() - t0
+    stop.set()
+    probe.join()
+    return serial, out[0], alone[0]
+
+
 def cuda_build() -> list[dict]:
     """Seconds of the engine's nvcc command (ops/build.py) per source, for all, for all with every MoE variant, and
     for that one target at a time (the build before the picked-variant build) (the nvcc of
@@ -145,6 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--pool", choices=("process", "thread"), default="process")
     ap.add_argument("--cuda", action="store_true", help="time the CUDA library's build instead")
+    ap.add_argument("--gil", action="store_true", help="the share of compile time the GIL is held")
     a = ap.parse_args(argv)
     if a.cuda:
         print("| CUDA library build (sm_90a + sm_120a + compute_120a PTX) | s |\n|---|---|")
@@ -156,6 +191,15 @@ def main(argv=None) -> int:
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     names = [job[0] for job in _jobs()]
+    if a.gil:
+        serial, held, noise = gil_held_share(a.arch)
+        print(f"{len(names)} compiles one at a time (sm_{a.arch}): {serial:.1f} s, the GIL held {held:.0%} of it "
+              f"({held * serial:.1f} s: the least wall time any number of compile threads can take; the probe alone "
+              f"saw {noise:.0%})")
+        if a.json:
+            a.json.write_text(json.dumps({"arch": a.arch, "serial_s": serial, "gil_held_share": held,
+                                          "probe_alone": noise}, indent=1))
+        return 0
     t0 = time.perf_counter()
     if a.workers > 1:
         pool = ProcessPoolExecutor if a.pool == "process" else ThreadPoolExecutor
