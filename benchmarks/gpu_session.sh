@@ -65,13 +65,15 @@ for s in "$@"; do
                   for i in "${!gpu_files[@]}"; do  # NOTE: a process and home per file (no test order hides a fault), side by side
                       (log="$OUT/alone-$i.txt"; : > "$log"  # NOTE: in $OUT: a call cut short still returns them
                        DDTREE_CHAT_HOME=${homes[$i]} step "alone-$(basename "${gpu_files[$i]}" .py)" 420 \
-                           python -m pytest -q -m gpu "${gpu_files[$i]}") &
+                           python -m pytest -q -m gpu --timeout 300 "${gpu_files[$i]}") &
                   done
                   wait  # NOTE: the TP file's ranks spin on one another's flags: it runs alone, after the others
                   for i in "${!gpu_files[@]}"; do cat "$OUT/alone-$i.txt" >> "$log" && rm "$OUT/alone-$i.txt"; done
-                  DDTREE_CHAT_HOME=$(fresh_home) step alone-test_tp_gpu 420 python -m pytest -q -m gpu tests/test_tp_gpu.py ;;
+                  # NOTE: a test that hangs (a rank waiting for a collective) fails alone after 300 s, the call goes on
+                  DDTREE_CHAT_HOME=$(fresh_home) step alone-test_tp_gpu 420 python -m pytest -q -m gpu --timeout 300 \
+                      --durations=5 tests/test_tp_gpu.py ;;
         reversed) reversed=($(grep -l "mark.gpu" tests/test_*.py | tac))  # the whole GPU suite, last file first
-                  DDTREE_CHAT_HOME=$(fresh_home) step reversed 480 python -m pytest -q -m gpu "${reversed[@]}" ;;
+                  DDTREE_CHAT_HOME=$(fresh_home) step reversed 480 python -m pytest -q -m gpu --timeout 300 "${reversed[@]}" ;;
         tprank) step tprank 300 python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --context 4096 32768 \
                     --tokens 1 8 17 33 65 --collective-us 0 10 --json "$OUT/tp8_rank0.json" ;;
         loadspeed) step loadspeed 400 python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 \
