@@ -118,7 +118,8 @@ for s in "$@"; do
         fma) step fma 240 python benchmarks/kernels.py --only fma --json "$OUT/fma.json" ;;
         mlatiles) step mlatiles 420 python benchmarks/kernels.py --only mla_tiles --json "$OUT/mlatiles.json" ;;
         compile) step compile 120 python benchmarks/compile_time.py --json "$OUT/compile.json" ;;
-        structure) pair=(--target "$PWD/ddtree_chat/assets/demo/target" --draft "$PWD/ddtree_chat/assets/demo/draft")
+        structure) [ -d .old ] || { echo "structure: no .old here (make it and carry it: see below)" >> "$log"; continue; }
+                   pair=(--target "$PWD/ddtree_chat/assets/demo/target" --draft "$PWD/ddtree_chat/assets/demo/draft")
                    for r in 1 2; do for t in old new; do  # e2e in the tree before the one-round change and in this one, twice,
                        # same call and pair (.old: `git archive 319f177^ | tar x -C .old --exclude=assets --exclude=training`,
                        # carried); kernels by row count in both (DDTREE_EXACT=0: the old tree has no row-invariant kernels)
