@@ -121,11 +121,16 @@ for s in "$@"; do
         structure) [ -d .old ] || { echo "structure: no .old here (make it and carry it: see below)" >> "$log"; continue; }
                    pair=(--target "$PWD/ddtree_chat/assets/demo/target" --draft "$PWD/ddtree_chat/assets/demo/draft")
                    for r in 1 2; do for t in old new; do  # e2e in the tree before the one-round change and in this one, twice,
-                       # same call and pair (.old: `git archive 319f177^ | tar x -C .old --exclude=assets --exclude=training`,
-                       # carried); kernels by row count in both (DDTREE_EXACT=0: the old tree has no row-invariant kernels)
+                       # same call, pair and prompts (.old, carried: `git archive 319f177^ | tar x -C .old --exclude=assets
+                       # --exclude=training && cp -r ddtree_chat/assets .old/ddtree_chat/`); kernels by row count in both
+                       # (DDTREE_EXACT=0: the old tree has no row-invariant kernels)
                        (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-$t-$r" 300 \
                             python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto --json "$OUT/structure_${t}_$r.json")
-                   done; done ;;
+                   done; done
+                   for t in old new; do  # where a difference comes from: each program's replay time and the host's share
+                       (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-programs-$t" 120 \
+                            python benchmarks/profile_round.py --modes ar ddtree:16 --programs --host --json "$OUT/programs_$t.json")
+                   done ;;
         firststart) for p in ${FIRSTSTART:-1 0}; do  # a user's first start of the demo pair (empty home: nvcc builds the
                         # CUDA library; empty Triton cache), the parallel compile on / off
                         TRITON_CACHE_DIR=$(mktemp -d) DDTREE_PRECOMPILE=$p DDTREE_CHAT_HOME=$(mktemp -d) \
