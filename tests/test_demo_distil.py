@@ -505,3 +505,54 @@ def test_a_wider_target_reaches_its_config_and_its_drafter(monkeypatch):
             common.set_target(bad)
     with pytest.raises(SystemExit):
         train.main(["--out", "/nonexistent/never-made", "--target-arch", "layers=six"])
+
+
+def test_heldout_probe_prompts_and_scores_as_eval_heldout(tmp_path, monkeypatch):
+    """The training run's held-out probe sends eval_heldout.py's prompt ids and, for the same answers, reports
+    its counts: a scripted target answers each request (reference code, a def line that does not parse, another
+    name, a stop first), every answer followed by a stop and code that would count if the cut were missed."""
+    import ddtree_chat.engine as engine
+    from ddtree_chat.dev.demo import eval_heldout
+    from ddtree_chat.dev.demo.copy_probe import heldout_prompts, heldout_rate
+    from ddtree_chat.engine.tokenizer import load_tokenizer
+
+    target = Path(__file__).resolve().parents[1] / "ddtree_chat" / "assets" / "demo" / "target"
+    tok = load_tokenizer(target)
+    stop = tok.im_end_id
+    answers = [fenced(REFERENCE[h.name]) if i % 4 == 0 else f"def {h.name}(x:\n    oops" if i % 4 == 1
+               else fenced("def other(x):\n    return x") if i % 4 == 2 else "" for i, h in enumerate(HELDOUT)]
+    scripts = [tok.encode(t) + [stop] + tok.encode(fenced(REFERENCE[h.name])) for t, h in zip(answers, HELDOUT)]
+    new = max(map(len, scripts))
+    prompts = heldout_prompts(tok)
+    width = max(map(len, prompts)) + new
+    # nxt[b, t]: the token row b's target writes after position t (its script from its prompt's last token on)
+    nxt = torch.full((len(prompts), width), stop)
+    for b, (p, s) in enumerate(zip(prompts, scripts)):
+        nxt[b, len(p) - 1 : len(p) - 1 + len(s)] = torch.tensor(s)
+
+    def logits_fn(x):
+        return torch.zeros(*x.shape, tok.vocab_size).scatter_(2, nxt[:, : x.shape[1], None], 1.0)
+
+    sent = []
+
+    class FakeEngine:  # the engine's reply contract (reply.py): tokens up to the first stop, text without it
+        tokenizer = tok
+
+        @classmethod
+        def load(cls, *args, **kwargs):
+            return cls()
+
+        def generate(self, ids, cfg):
+            sent.append(ids)
+            s = scripts[prompts.index(ids)][: cfg.max_new_tokens]
+            out = s[: s.index(stop) + 1] if stop in s else s
+            yield {"text": tok.decode([t for t in out if t not in tok.stop_ids]), "token_ids": out}
+
+    monkeypatch.setattr(engine, "Engine", FakeEngine)
+    assert eval_heldout.main(["--target", str(target), "--mode", "ar", "--max-new", str(new), "--show", "0",
+                              "--json", str(tmp_path / "eval.json")]) == 0
+    assert sent == prompts and len(prompts) == len(HELDOUT) == 20
+    want = {k: v for k, v in json.loads((tmp_path / "eval.json").read_text())["eval"].items() if k != "rows"}
+    got = heldout_rate(logits_fn, tok, pad=tok.eos_id, device="cpu", new=new)
+    assert got == {k: want[k] for k in ("n", "defines", "passes", "def_line")}
+    assert got == {"n": 20, "defines": 5, "passes": 5, "def_line": 10}

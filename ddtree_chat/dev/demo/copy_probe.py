@@ -3,7 +3,11 @@
 Why: the held-out requests need the requested name copied from the prompt, and the first distilled targets
 answered under memorised or invented names (docs/demo-training.md). The validation loss does not show the
 copy (the name is a few tokens of each answer); a cheap batched greedy continuation of a few dozen
-validation requests does, so a run shows whether and when the copy forms."""
+validation requests does, so a run shows whether and when the copy forms.
+
+The validation requests name standard-library functions the training data has seen, so the copy rate ran ahead
+of the held-out figure (26-28/32 copied while 1-3 of the 20 held-out requests were defined); the held-out probe
+answers prompts.HELDOUT itself, prompted and scored as eval_heldout.py does."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .prompts import has_def_line
+from .prompts import HELDOUT, evaluate, has_def_line
 
 REQUESTED = re.compile(r"\bfunction (\w+)\(")  # the generator's function requests: "... function NAME(args) ..."
 
@@ -57,3 +61,20 @@ def copy_rate(logits_fn, requests: list[tuple[list[int], str]], decode: Callable
         cut = next((i for i, t in enumerate(out) if t in stop_ids), len(out))
         hits += has_def_line(decode(out[:cut]), name)
     return hits
+
+
+def heldout_prompts(tok) -> list[list[int]]:
+    """The held-out requests' prompt ids as eval_heldout.py renders them for the engine (engine tokenizer `tok`)."""
+    return [tok.render_chat([{"role": "user", "content": h.prompt}], add_generation_prompt=True, thinking=False)
+            for h in HELDOUT]
+
+
+def heldout_rate(logits_fn, tok, pad: int, device, new: int = 160) -> dict:
+    """prompts.evaluate's counts (n, defines, passes, def_line) over the greedy answers to the held-out
+    requests, each cut at its first stop token and decoded as the engine's reply text is."""
+    replies = []
+    for out in greedy(logits_fn, heldout_prompts(tok), new, pad, device):
+        cut = next((i for i, t in enumerate(out) if t in tok.stop_ids), len(out))
+        replies.append(tok.decode(out[:cut]))
+    res = evaluate(replies, timeout=2.0)  # a short cap: a looping answer must not stall training
+    return {k: res[k] for k in ("n", "defines", "passes", "def_line")}

@@ -86,8 +86,9 @@ def train_target(out: Path, a, device) -> dict:
     from ddtree_chat.engine.config import TargetConfig
     from ddtree_chat.engine.loader import load_target
     from ddtree_chat.engine.model import causal_mask
+    from ddtree_chat.engine.tokenizer import load_tokenizer
 
-    from .copy_probe import copy_rate, function_requests
+    from .copy_probe import copy_rate, function_requests, heldout_rate
     from .data import Encoder
     from .export import export_target
     from .qmoe import TrainTarget, enable_sdpa_training
@@ -127,6 +128,16 @@ def train_target(out: Path, a, device) -> dict:
         return copy_rate(fwd_logits, requests, enc.tok.decode, (enc.sp["[EOS]"], enc.sp["<|im_end|>"]),
                          enc.sp["[EOS]"], device)
 
+    chat_tok = load_tokenizer(out / "tokenizer")  # the engine's tokenizer: held-out prompts as eval_heldout.py's
+
+    def heldout() -> dict:  # the 20 held-out requests answered and scored as eval_heldout.py does (copy_probe.py)
+        if not a.heldout_probe:
+            return {}
+        return heldout_rate(fwd_logits, chat_tok, enc.sp["[EOS]"], device, new=a.heldout_probe)
+
+    def heldout_text(h: dict) -> str:
+        return f" heldout define {h['defines']}/{h['n']} def-line {h['def_line']}/{h['n']}" if h else ""
+
     total = a.target_steps or 10**9
     step, t_start, hist = 0, time.time(), []
     qat_from = None
@@ -160,13 +171,13 @@ def train_target(out: Path, a, device) -> dict:
         if step % 100 == 0 or step == total - 1:
             tt.eval()
             vl = val_loss(fwd_logits, val, a.seq, 48, a.batch, device, m_val)
-            copied = copies()
+            copied, held = copies(), heldout()
             tt.train()
-            hist.append((step, loss.item(), vl, copied))
+            hist.append((step, loss.item(), vl, copied, held))
             if vl < best[0]:
                 best = (vl, step, {k: v.detach().clone() for k, v in tt.state_dict().items()})
             log(f"target: step {step}/{total} loss {loss.item():.3f} val {vl:.3f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"max-load/mean {max(imb):.2f} copy {copied}/{len(requests)}")
+                f"max-load/mean {max(imb):.2f} copy {copied}/{len(requests)}{heldout_text(held)}")
         step += 1
     train_s = time.time() - t_start
     log(f"target: keeping the weights of step {best[1]} (best val {best[0]:.4f})")
@@ -177,9 +188,9 @@ def train_target(out: Path, a, device) -> dict:
     loss_fp = val_loss(fwd_logits, val, a.seq, vn, a.batch, device, m_val)
     tt.set_qat(True)
     loss_qat = val_loss(fwd_logits, val, a.seq, vn, a.batch, device, m_val)
-    copied = copies()
+    copied, held = copies(), heldout()
     log(f"target: val loss bf16-experts {loss_fp:.4f}, fake-INT4 experts {loss_qat:.4f} ({train_s:.0f}s training); "
-        f"copy {copied}/{len(requests)}")
+        f"copy {copied}/{len(requests)}{heldout_text(held)}")
     export_target(tt, out / "tokenizer", out / "target", vocab, n_ranks)
     enable_sdpa_training(False) if cuda else None
     # The real check: load the exported checkpoint with the engine's loader (float32, experts dequantised
@@ -198,7 +209,7 @@ def train_target(out: Path, a, device) -> dict:
     res = {"params": n_params, "steps": total, "kept_step": best[1], "qat_from_step": qat_from, "train_seconds": round(train_s, 1),
            "batch": a.batch, "seq": a.seq, "lr": a.target_lr, "val_loss_bf16": loss_fp,
            "val_loss_fakeint4": loss_qat, "val_loss_int4_export_fp32": loss_int4, "loss_curve": hist,
-           "copy": {"requests": len(requests), "named": copied},
+           "copy": {"requests": len(requests), "named": copied}, "heldout": held,
            "tokens_seen": total * a.batch * a.seq}
     (out / "target_train.json").write_text(json.dumps(res, indent=1))
     return res
@@ -502,6 +513,9 @@ def main(argv=None) -> int:
     ap.add_argument("--val-windows", type=int, default=192)
     ap.add_argument("--copy-probe", type=int, default=32,
                     help="validation function requests whose greedy answers are checked for `def NAME(` (copy_probe.py)")
+    ap.add_argument("--heldout-probe", type=int, default=160,
+                    help="at each validation step, greedy tokens per answer to the 20 held-out requests, scored as "
+                         "eval_heldout.py scores them and logged (copy_probe.py); 0: no held-out probe")
     ap.add_argument("--draft-arch", nargs="+", default=[f"{DRAFT['layers']}x{DRAFT['inter']}"],
                     help="drafter variants LAYERSxINTERMEDIATE, trained side by side on the same batches; "
                          "the first is also written to OUT/draft")
@@ -525,6 +539,7 @@ def main(argv=None) -> int:
         a.limit_files = a.limit_files or 150
         a.target_steps = a.target_steps or 30
         a.batch, a.seq, a.val_windows, a.copy_probe = 4, 128, 8, min(a.copy_probe, 4)
+        a.heldout_probe = min(a.heldout_probe, 16)
         a.draft_steps, a.draft_gen_batches = a.draft_steps or 20, a.draft_gen_batches or 1
         a.gen_batch, a.gen_len, a.gen_pool_batches, a.draft_batch, a.anchors = 8, 24, 2, 4, 4
     if a.target_arch:
