@@ -270,7 +270,7 @@ def test_name_swap_renames_the_function_not_methods_or_prose():
     assert len(new) == 3 and not new & ({"split_pairs"} | {h.name for h in HELDOUT})
 
 
-@pytest.mark.parametrize("pool", ["prose", "syllables"])
+@pytest.mark.parametrize("pool", ["prose", "syllables", "mixed"])
 def test_name_swap_pools_draw_words_from_the_prompts_or_made_up_syllables(pool):
     from ddtree_chat.dev.demo.rename import CONSONANTS, VOWELS, rename_copies
 
@@ -280,11 +280,11 @@ def test_name_swap_pools_draw_words_from_the_prompts_or_made_up_syllables(pool):
     copies = rename_copies(pairs, names, 2, seed=3, pool=pool)
     assert len(copies) == 40 and copies == rename_copies(pairs, names, 2, seed=3, pool=pool)
     words = {w for _, user, _ in copies for w in user.split()[4].split("(")[0].split("_")}
-    if pool == "prose":  # the descriptions' words (after the signature)
-        assert words <= {"that", "returns", "the", "reversed", "text"}
-    else:  # consonant-vowel pairs, 2-3 of them
-        assert all(len(w) in (4, 6) and all(w[k] in CONSONANTS and w[k + 1] in VOWELS for k in range(0, len(w), 2))
-                   for w in words)
+    prose = {"that", "returns", "the", "reversed", "text"}  # the descriptions' words (after the signature)
+    made_up = {w for w in words if len(w) in (4, 6) and all(w[k] in CONSONANTS and w[k + 1] in VOWELS
+                                                             for k in range(0, len(w), 2))}  # 2-3 CV pairs
+    assert {"prose": words <= prose, "syllables": words == made_up,
+            "mixed": words <= prose | made_up and words & prose and made_up}[pool], words
     assert all(f"def {user.split()[4].split('(')[0]}(s):" in answer for _, user, answer in copies)
     with pytest.raises(ValueError, match="rename pool"):
         rename_copies(pairs, names, 1, seed=3, pool="stdlib")

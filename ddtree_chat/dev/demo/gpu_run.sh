@@ -51,7 +51,7 @@ for s in "$@"; do
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
-        sweep) for cfg in ${TARGETS:-8:4:2000::prose 16:4:2000::prose}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
+        sweep) for cfg in ${TARGETS:-8:4:2000::prose 8:4:2000::mixed}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
                    IFS=: read -r r w n arch pool <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,' '-__')
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log

@@ -9,7 +9,9 @@ taken from the prompt, so these copies teach the model to copy it.
 Where the new names' words come from (`pool`): "names", the words of the requested stdlib names (the model
 learnt that pool's odd words and emitted them: `def isabs_pmakeraw` for is_palindrome); "prose", the lowercase
 English words of the requests' descriptions (held-out names are made of such words); "syllables", made-up words of 2-3
-consonant-vowel syllables, which no pool statistics can predict: only a copy gets them right."""
+consonant-vowel syllables, which no pool statistics can predict: only a copy gets them right; "mixed", each word a
+prose word or a made-up one at even odds (everyday words next to pieces only a copy gets right: the held-out names
+the prose-trained target missed were those with rare words, `palindrome`, `factorial`)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from .prompts import HELDOUT_NAMES, defines, python_code
 
 WORD = re.compile(r"^[a-z]{2,12}$")
 PROSE = re.compile(r"\b[a-z]{3,10}\b")
-POOLS = ("names", "prose", "syllables")
+POOLS = ("names", "prose", "syllables", "mixed")
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 
 
@@ -82,7 +84,8 @@ def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copi
              else prose_pool([u for pid, u, _ in pairs if names.get(pid)]))
 
     def word(rng: random.Random) -> str:
-        return syllable_word(rng) if pool == "syllables" else rng.choice(words)
+        made_up = pool == "syllables" or (pool == "mixed" and rng.random() < 0.5)
+        return syllable_word(rng) if made_up else rng.choice(words)
 
     avoid = set(names.values())
     out = []

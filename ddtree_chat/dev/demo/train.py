@@ -480,6 +480,8 @@ def train_draft(out: Path, a, device) -> dict:
 
 
 def main(argv=None) -> int:
+    from .rename import POOLS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--stages", default=None, help="default: data,target,draft (data,draft with --target-from)")
@@ -493,7 +495,7 @@ def main(argv=None) -> int:
                     help="with --distil: the share of stdlib source in the target's train characters")
     ap.add_argument("--renames", type=int, default=3,
                     help="with --distil: name-swapped copies of each train function answer (dev/demo/rename.py)")
-    ap.add_argument("--rename-pool", choices=("names", "prose", "syllables"), default="names",
+    ap.add_argument("--rename-pool", choices=POOLS, default="names",
                     help="with --renames: the new names' words (dev/demo/rename.py)")
     ap.add_argument("--name-weight", type=int, default=1,
                     help="with --distil: the train loss weight of the requested name's tokens on a def line")
