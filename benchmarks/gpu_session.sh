@@ -127,6 +127,8 @@ for s in "$@"; do
                        (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-$t-$r" 300 \
                             python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto --json "$OUT/structure_${t}_$r.json")
                    done; done
+                   step structure-new-exact 300 python benchmarks/e2e.py --device cuda "${pair[@]}" --budgets 16 32 auto \
+                       --json "$OUT/structure_new_exact.json"  # the default path (row-invariant kernels), same call
                    for t in old new; do  # where a difference comes from: each program's replay time and the host's share
                        (cd "$([ $t = old ] && echo .old || echo .)" && DDTREE_EXACT=0 step "structure-programs-$t" 120 \
                             python benchmarks/profile_round.py --modes ar ddtree:16 --programs --host --json "$OUT/programs_$t.json")
