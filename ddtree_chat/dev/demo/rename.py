@@ -10,8 +10,8 @@ Where the new names' words come from (`pool`): "names", the words of the request
 learnt that pool's odd words and emitted them: `def isabs_pmakeraw` for is_palindrome); "prose", the lowercase
 English words of the requests' descriptions (held-out names are made of such words); "syllables", made-up words of 2-3
 consonant-vowel syllables, which no pool statistics can predict: only a copy gets them right; "mixed", each word a
-prose word or a made-up one at even odds (everyday words next to pieces only a copy gets right: the held-out names
-the prose-trained target missed were those with rare words, `palindrome`, `factorial`)."""
+prose word or a made-up one at even odds (everyday words next to pieces only a copy gets right: the prose-trained
+target missed every held-out name with a rare word, `palindrome`, `factorial`)."""
 
 from __future__ import annotations
 
