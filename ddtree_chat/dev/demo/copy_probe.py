@@ -7,7 +7,7 @@ validation requests does, so a run shows whether and when the copy forms.
 
 The validation requests name standard-library functions the training data has seen, so the copy rate ran ahead
 of the held-out figure (26-28/32 copied while 1-3 of the 20 held-out requests were defined); the held-out probe
-answers prompts.HELDOUT itself, prompted and scored as eval_heldout.py does."""
+answers prompts.HELDOUT itself, with eval_heldout.py's prompts and scoring."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def copy_rate(logits_fn, requests: list[tuple[list[int], str]], decode: Callable
 
 
 def heldout_prompts(tok) -> list[list[int]]:
-    """The held-out requests' prompt ids as eval_heldout.py renders them for the engine (engine tokenizer `tok`)."""
+    """The held-out requests' prompt ids for the engine (engine tokenizer `tok`): eval_heldout.py's and the probe's."""
     return [tok.render_chat([{"role": "user", "content": h.prompt}], add_generation_prompt=True, thinking=False)
             for h in HELDOUT]
 

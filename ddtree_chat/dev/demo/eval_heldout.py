@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .copy_probe import heldout_prompts
 from .prompts import HELDOUT, evaluate
 
 
@@ -37,9 +38,7 @@ def main(argv=None) -> int:
     eng = Engine.load(target, draft, device=a.device)
     items = HELDOUT[: a.n]
     replies, tokens, t0 = [], 0, time.time()
-    for h in items:
-        ids = eng.tokenizer.render_chat([{"role": "user", "content": h.prompt}], add_generation_prompt=True,
-                                        thinking=False)
+    for ids in heldout_prompts(eng.tokenizer)[: a.n]:
         done = None
         for ev in eng.generate(ids, GenerationConfig(mode=a.mode, temperature=0.0, max_new_tokens=a.max_new)):
             done = ev
