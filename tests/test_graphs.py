@@ -409,14 +409,14 @@ knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["fn"].name
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.ops import precompile
 counts, stages = [], []
-real = precompile.compile_all
-def counted(found, *a, **kw):
-    counts.append((len(found), real(found, *a, **kw), len(compiled)))
+real = precompile.Pool.wait
+def counted(pool):
+    counts.append((pool.submitted, real(pool), len(compiled)))  # after each discovery pass: found, compiled
     return counts[-1][1]
-precompile.compile_all = counted
+precompile.Pool.wait = counted
 eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda",
                   progress=lambda done, total, what: stages.append(what))
-found, done, at = sum(c[0] for c in counts), sum(c[1] for c in counts), counts[-1][2]
+found, done, at = counts[-1]
 assert found >= 10 and done == found, counts
 assert not compiled[at:], f"compiled while recording: {{compiled[at:]}}"
 assert stages.count("compiling GPU kernels") == found and stages[-1] == "recording CUDA graphs", stages

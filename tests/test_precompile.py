@@ -42,13 +42,23 @@ def test_discovery_records_each_compile_once_and_puts_everything_back():
 
     tuner, jf = triton_mla._mla_split_kernel, triton_rope._rope_kernel
     bench, results, cache = tuner.do_bench, tuner.cache_results, dict(tuner.cache)
-    with precompile.discovery() as found:
+    started = []
+    with precompile.discovery(lambda *job: started.append(job)) as found:
         hook = knobs.runtime.jit_cache_hook
+
+        def call():
+            return hook(key="k", repr="r", fn=JitFunctionInfo(jf.__module__, "_rope_kernel", jf),
+                        compile={"key": "k", "specialization_data": '{"name": "_rope_kernel"}'},
+                        is_manual_warmup=False, already_compiled=False)
+
         for _ in range(2):
             with pytest.raises(precompile.Skipped):
-                hook(key="k", repr="r", fn=JitFunctionInfo(jf.__module__, "_rope_kernel", jf),
-                     compile={"key": "k", "specialization_data": '{"name": "_rope_kernel"}'}, is_manual_warmup=False,
-                     already_compiled=False)
+                call()
+        other = []  # a compile thread's own launch of the kernel compiles: the hook lets it through
+        t = threading.Thread(target=lambda: other.append(call()))
+        t.start()
+        t.join(5)
+        assert other == [None] and started == [(jf, '{"name": "_rope_kernel"}')]  # handed over once
         # the autotuner times nothing and sees each config's call (a new kernel's Skipped swallowed)
         seen = []
 
@@ -84,6 +94,28 @@ def test_compile_all_preloads_side_by_side_and_leaves_failures_to_the_recording(
     assert sorted(seen) == ["spec-a", "spec-b"] and "it compiles when recorded" in caplog.text
     assert reports == [(1, 2), (2, 2)]  # one per kernel, a failure included
     assert precompile.compile_all({}) == 0
+
+
+def test_the_pool_compiles_each_kernel_once_while_more_are_handed_over():
+    release, seen = threading.Event(), []
+
+    class Kernel:
+        __name__ = "k"
+
+        def preload(self, spec):
+            release.wait(10)
+            seen.append(spec)
+
+    a, b, reports = Kernel(), Kernel(), []
+    with precompile.Pool(workers=2, report=lambda *r: reports.append(r)) as pool:
+        pool.submit(a, "s1")
+        pool.submit(a, "s1")  # found again in a later pass: not compiled twice
+        pool.submit(b, "s1")  # another kernel, same spec text
+        assert pool.submitted == 2 and not seen  # nothing waited for yet: the compiles are still running
+        release.set()
+        assert pool.wait() == 2 and sorted(seen) == ["s1", "s1"]
+        pool.submit(a, "s2")
+        assert pool.wait() == 3 and reports == [(1, 2), (2, 2), (3, 3)]
 
 
 def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch):

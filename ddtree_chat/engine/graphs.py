@@ -281,11 +281,11 @@ class StaticRound:
 
     def _precompile(self, keys, progress=None) -> None:
         """Before recording (the first start): run each program once with its new Triton kernels recorded
-        instead of compiled (their ops served by the reference), then compile those side by side
-        (ops/precompile.py); the recording then finds them compiled. An op launching kernels one after another
-        shows its later ones only once its first are compiled (the first skipped launch hands the op to its
-        reference), so discovery repeats until it finds nothing new. Leaves the device state as it was. One GPU
-        only: under tensor parallelism the recording compiles one by one."""
+        instead of compiled (their ops served by the reference), each handed as it is found to compile threads
+        (ops/precompile.py) that work while discovery goes on; the recording then finds them compiled. An op
+        launching kernels one after another shows its later ones only once its first are compiled (the first
+        skipped launch hands the op to its reference), so discovery repeats until it finds nothing new. Leaves
+        the device state as it was. One GPU only: under tensor parallelism the recording compiles one by one."""
         keys = [k for k in dict.fromkeys(map(graph_key, keys)) if k not in self.graphs and self.recordable(k)]
         if not keys or self.dec.device.type != "cuda" or knobs.get(knobs.PRECOMPILE) == "0":
             return
@@ -293,22 +293,29 @@ class StaticRound:
             return  # launches: a collective launched by one rank alone waits forever
         from .ops import precompile
 
-        t0, tried, n = time.perf_counter(), set(), 0
-        for _ in range(PRECOMPILE_PASSES):
-            found = {k: v for k, v in self._discover(keys, precompile).items() if k not in tried}
-            if not found:
-                break
-            tried |= found.keys()
-            report = (lambda done, total: progress(done, total, Stage.COMPILING)) if progress else None
-            n += precompile.compile_all(found, self.dec.device, report=report)
+        t0 = time.perf_counter()
+        report = (lambda done, total: progress(done, total, Stage.COMPILING)) if progress else None
+        with precompile.Pool(self.dec.device, report=report) as pool:
+            for i in range(PRECOMPILE_PASSES):
+                t, before = time.perf_counter(), pool.submitted
+                if not self._discover(keys, precompile, pool.submit):
+                    break
+                found = time.perf_counter() - t
+                pool.wait()
+                log.info("precompile pass %d: %d new kernels, discovery %.1f s, compiled %.1f s later", i + 1,
+                         pool.submitted - before, found, time.perf_counter() - t - found)
+                if pool.submitted == before:
+                    break
         self.capture_s += time.perf_counter() - t0
-        log.info("precompiled %d of %d Triton kernels in %.1f s", n, len(tried), time.perf_counter() - t0)
+        log.info("precompiled %d of %d Triton kernels in %.1f s", pool.compiled, pool.submitted,
+                 time.perf_counter() - t0)
 
-    def _discover(self, keys, precompile) -> dict:
-        """Run each program once under precompile.discovery(): the Triton kernels it would compile now."""
+    def _discover(self, keys, precompile, start) -> bool:
+        """Run each program once under precompile.discovery(start): start(kernel, spec) for each Triton kernel
+        it would compile now. False when this Triton has no compile hook."""
         outputs = dict(self.outputs)
         try:
-            with precompile.discovery() as found:
+            with precompile.discovery(start):
                 for key in keys:
                     saved = self._save_for_warm_up(0 if key.program == "draft" else key[1])
                     try:
@@ -319,12 +326,12 @@ class StaticRound:
                         self._restore(saved)
         except (ImportError, AttributeError) as e:  # NOTE: a Triton without the compile hook: one by one, as before
             log.info("no parallel precompile (%s)", e)
-            return {}
+            return False
         finally:
             torch.cuda.synchronize(self.dec.device)
             self.outputs.clear()
             self.outputs.update(outputs)
-        return found
+        return True
 
     def _record(self, key: GraphKey):
         t0 = time.perf_counter()

@@ -4,8 +4,8 @@ Recording the CUDA graphs compiles every Triton kernel the programs launch, one 
 of the demo: ~40 compiles, over a minute). Instead the programs first run once under `discovery()`: each
 Triton kernel not compiled yet is recorded (Triton's specialisation data) instead of compiled, and its op
 is served by its pure-torch reference (registry.Op.run catches `Skipped`), so every value downstream stays
-real; then `compile_all` compiles the recorded kernels in a thread pool (Triton's compile releases the
-GIL); the recording that follows finds them compiled."""
+real; each one found goes at once to a thread pool (`Pool`: Triton compiles mostly without the GIL),
+which compiles it while discovery goes on; the recording that follows finds them compiled."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Iterator
+from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,25 @@ def _see_each_config(kernel_call, quantiles=None, **_):
 
 
 @contextlib.contextmanager
-def discovery() -> Iterator[dict]:
-    """Within: every Triton compile is recorded in the yielded dict ((kernel id, spec) -> (kernel, spec))
-    and raises Skipped instead of compiling. Autotuners see every config and keep no choice made here."""
+def discovery(start: Callable | None = None) -> Iterator[dict]:
+    """Within, in this thread: every Triton compile is recorded in the yielded dict ((kernel id, spec) ->
+    (kernel, spec)) and raises Skipped instead of compiling; start(kernel, spec), when given, is called once
+    for each as it is found (Pool.submit). Compiles in other threads (the pool's) go ahead. Autotuners see
+    every config and keep no choice made here."""
     from triton import knobs
 
     found: dict = {}
+    me = threading.get_ident()
 
     def hook(*, fn, compile, **_):
+        if threading.get_ident() != me:
+            return None  # NOTE: a pool thread's own preload: compile it
         spec = compile["specialization_data"]
-        found.setdefault((id(fn.jit_function), spec), (fn.jit_function, spec))
+        key = (id(fn.jit_function), spec)
+        if key not in found:
+            found[key] = (fn.jit_function, spec)
+            if start is not None:
+                start(fn.jit_function, spec)
         raise Skipped(fn.name)
 
     tuners = [(t, t.do_bench, t.cache_results, dict(t.cache)) for t in _autotuners()]
@@ -76,32 +86,64 @@ def default_workers(jobs: int) -> int:
     return max(1, min(jobs, MAX_WORKERS, os.cpu_count() or 1))
 
 
+def _preload(kernel, spec) -> bool:
+    """Compile one recorded kernel (Triton's preload of its spec: it lands in the in-process cache as a launch
+    would put it). A failure is logged and left to the recording, which compiles that kernel itself (and
+    reports a real error there)."""
+    try:
+        kernel.preload(spec)
+        return True
+    except Exception as e:  # noqa: BLE001 - the recording compiles it again and fails loudly if it must
+        log.warning("precompiling %s failed (%s); it compiles when recorded", getattr(kernel, "__name__", kernel),
+                    str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        return False
+
+
+class Pool:
+    """Compile threads fed as kernels are found: each (kernel, spec) compiles once however often it is
+    submitted. device: the CUDA device each thread compiles for (a thread starts on device 0);
+    report(done, total) after each compile, from the thread that waits."""
+
+    def __init__(self, device=None, workers: int | None = None, report=None):
+        import torch
+
+        start = (lambda: torch.cuda.set_device(device)) if device is not None else None
+        self._ex = ThreadPoolExecutor(max_workers=workers or default_workers(MAX_WORKERS), initializer=start)
+        self._seen: set = set()
+        self._pending: list = []
+        self.report, self.done, self.compiled = report, 0, 0
+
+    @property
+    def submitted(self) -> int:
+        return len(self._seen)
+
+    def submit(self, kernel, spec) -> None:
+        if (id(kernel), spec) not in self._seen:
+            self._seen.add((id(kernel), spec))
+            self._pending.append(self._ex.submit(_preload, kernel, spec))
+
+    def wait(self) -> int:
+        """Wait for every compile submitted so far; the number that compiled, in all."""
+        pending, self._pending = self._pending, []
+        for future in as_completed(pending):
+            self.done += 1
+            self.compiled += future.result()
+            if self.report:
+                self.report(self.done, self.submitted)
+        return self.compiled
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+
 def compile_all(found: dict, device=None, workers: int | None = None, report=None) -> int:
-    """Compile the recorded kernels side by side (Triton's preload of each spec: the kernel lands in its
-    in-process cache as a launch would put it); returns how many compiled. A failure is logged and left
-    to the recording, which compiles that kernel itself (and reports a real error there). device: the
-    CUDA device each thread compiles for (a thread starts on device 0); report(done, total) after each."""
-    jobs = list(found.values())
-    if not jobs:
+    """Compile the recorded kernels ((kernel, spec) values) side by side; returns how many compiled."""
+    if not found:
         return 0
-
-    def one(job) -> bool:
-        kernel, spec = job
-        try:
-            kernel.preload(spec)
-            return True
-        except Exception as e:  # noqa: BLE001 - the recording compiles it again and fails loudly if it must
-            log.warning("precompiling %s failed (%s); it compiles when recorded", getattr(kernel, "__name__", kernel),
-                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
-            return False
-
-    import torch
-
-    start = (lambda: torch.cuda.set_device(device)) if device is not None else None
-    ok = 0
-    with ThreadPoolExecutor(max_workers=workers or default_workers(len(jobs)), initializer=start) as pool:
-        for i, done in enumerate(as_completed([pool.submit(one, job) for job in jobs])):
-            ok += done.result()
-            if report:
-                report(i + 1, len(jobs))
-    return ok
+    with Pool(device, workers or default_workers(len(found)), report) as pool:
+        for kernel, spec in found.values():
+            pool.submit(kernel, spec)
+        return pool.wait()
