@@ -264,7 +264,7 @@ class Engine:
         """The verify cost curve's cache key: checkpoint, machine, dtype, ranks, and how rounds run."""
         dec = self.decoder
         how = "graphs" if dec.graphs.capture else "eager"
-        return f"v5-{self.fingerprint[:16]}-{device_policy.machine(self.device)}-{dec.dtype}-tp{self.tp.world}-{how}"
+        return f"v6-{self.fingerprint[:16]}-{device_policy.machine(self.device)}-{dec.dtype}-tp{self.tp.world}-{how}"
 
 def load_worker_rank(**kwargs) -> Engine:
     """A tensor-parallel worker's rank (parallel.Workers imports this by name in each worker process)."""

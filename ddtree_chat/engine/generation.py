@@ -8,7 +8,9 @@ from typing import NamedTuple
 
 from ..modes import BUDGETS, MAX_BUDGET, MODES, Mode
 
-AUTO_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)  # the tree sizes --budget auto chooses among
+# the tree sizes --budget auto chooses among; NOTE: none above 64: larger trees paid in no measurement
+# (BENCHMARKS.md) and their kernels are over a third of a first start's compile time, the longest ones
+AUTO_BUDGETS = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
