@@ -345,6 +345,18 @@ def test_what_a_warm_up_run_writes_is_put_back(pair):
         assert all(torch.equal(a, b) for a, b in zip(before, bufs())), key
 
 
+def test_warm_hands_every_rounds_programs_to_the_recording(pair, monkeypatch):
+    """warm records each round's draft / verify / accept programs, not only the prefill chunks (its key
+    groups are read twice: by the precompile, then by the recording)."""
+    sr = pair[1].decoder.graphs
+    handed = []
+    monkeypatch.setattr(sr, "prepare", lambda keys: handed.extend(keys))
+    sr.warm([(Mode.AR, 0, False), (Mode.DDTREE, 16, False)])
+    programs = [k[0] for k in handed]
+    assert programs.count("draft") == 1 and programs.count("verify") == 2 and programs.count("accept") == 2
+    assert "prefill" in programs
+
+
 @pytest.mark.gpu
 def test_a_recording_leaves_the_device_state_as_it_was(synthetic_pair):
     """Recording a program runs it once; the state, tree buffers and cache rows that run wrote come back."""

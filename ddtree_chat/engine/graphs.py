@@ -260,23 +260,18 @@ class StaticRound:
     def warm(self, modes: list[tuple[str, int, bool]], progress=None) -> float:
         """Record every program of these (mode, budget, choosing) rounds and the prefill chunks now; returns
         the seconds spent. progress(done, total, Stage.COMPILING) per kernel a first start compiles, then
-        progress(done, total, Stage.RECORDING) after each round's programs and each prefill
-        variant's (the first start compiles kernels here)."""
+        progress(done, total, Stage.RECORDING) after each round's programs and each prefill variant's."""
         before = self.capture_s
-        todo = [m for m in modes if self.fits(m[0], m[1])]
         variants = [False] + ([True] if self.dec.dcache is not None else [])
-        total = len(todo) + len(variants)
-        keys = [k for mode, budget, choosing in todo
-                for k in self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing)]
-        self._precompile(keys + [PrefillKey("prefill", n, d) for d in variants for n in self.prefill_sizes(d)], progress)
-        for i, (mode, budget, choosing) in enumerate(todo):
-            self.prepare(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
+        # one group of programs per round, then one per prefill variant: recorded, and reported, group by group
+        groups = [list(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
+                  for mode, budget, choosing in modes if self.fits(mode, budget)]  # NOTE: lists: read twice
+        groups += [[PrefillKey("prefill", n, d) for n in self.prefill_sizes(d)] for d in variants]
+        self._precompile([k for g in groups for k in g], progress)
+        for i, keys in enumerate(groups):
+            self.prepare(keys)
             if progress:
-                progress(i + 1, total, Stage.RECORDING)
-        for i, drafting in enumerate(variants):
-            self.prepare([PrefillKey("prefill", n, drafting) for n in self.prefill_sizes(drafting)])
-            if progress:
-                progress(len(todo) + i + 1, total, Stage.RECORDING)
+                progress(i + 1, len(groups), Stage.RECORDING)
         return self.capture_s - before
 
     def _precompile(self, keys, progress=None) -> None:
