@@ -431,6 +431,8 @@ eng = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device
 found, done, at = counts[-1]
 assert found >= 10 and done == found, counts
 assert not compiled[at:], f"compiled while recording: {{compiled[at:]}}"
+recorded = {{k[0] for k in eng.decoder.graphs.graphs}}
+assert {{"prefill", "draft", "verify", "accept"}} <= recorded, recorded  # the rounds too, at load
 assert stages.count("compiling GPU kernels") == found and stages[-1] == "recording CUDA graphs", stages
 print("passes", counts)
 ids = eng.tokenizer.encode("def f(x):")
