@@ -293,40 +293,45 @@ class StaticRound:
         with precompile.Pool(self.dec.device, report=report) as pool:
             for i in range(PRECOMPILE_PASSES):
                 t, before = time.perf_counter(), pool.submitted
-                if not self._discover(keys, precompile, pool.submit):
+                took = self._discover(keys, precompile, pool.submit)
+                if took is None:
                     break
                 found = time.perf_counter() - t
                 pool.wait()
-                log.info("precompile pass %d: %d new kernels, discovery %.1f s, compiled %.1f s later", i + 1,
-                         pool.submitted - before, found, time.perf_counter() - t - found)
+                slowest = ", ".join(" ".join(str(getattr(v, "value", v)) for v in k) + f" {s:.1f} s"
+                                    for s, k in sorted(took, key=lambda x: -x[0])[:3])
+                log.info("precompile pass %d: %d new kernels, discovery %.1f s (slowest: %s), compiled %.1f s later",
+                         i + 1, pool.submitted - before, found, slowest, time.perf_counter() - t - found)
                 if pool.submitted == before:
                     break
         self.capture_s += time.perf_counter() - t0
         log.info("precompiled %d of %d Triton kernels in %.1f s", pool.compiled, pool.submitted,
                  time.perf_counter() - t0)
 
-    def _discover(self, keys, precompile, start) -> bool:
+    def _discover(self, keys, precompile, start) -> list[tuple[float, GraphKey]] | None:
         """Run each program once under precompile.discovery(start): start(kernel, spec) for each Triton kernel
-        it would compile now. False when this Triton has no compile hook."""
-        outputs = dict(self.outputs)
+        it would compile now. Returns each program's host seconds, or None when this Triton has no compile hook."""
+        outputs, took = dict(self.outputs), []
         try:
             with precompile.discovery(start):
                 for key in keys:
                     saved = self._save_for_warm_up(0 if key.program == "draft" else key[1])
+                    t = time.perf_counter()
                     try:
                         self.outputs[key] = self._program(key)()  # NOTE: an accept reads its verify's outputs
                     except Exception as e:  # noqa: BLE001 - e.g. a new kernel outside the registry
                         log.debug("precompile: %s stopped early (%s): the recording compiles the rest", key, e)
                     finally:
+                        took.append((time.perf_counter() - t, key))
                         self._restore(saved)
         except (ImportError, AttributeError) as e:  # NOTE: a Triton without the compile hook: one by one, as before
             log.info("no parallel precompile (%s)", e)
-            return False
+            return None
         finally:
             torch.cuda.synchronize(self.dec.device)
             self.outputs.clear()
             self.outputs.update(outputs)
-        return True
+        return took
 
     def _record(self, key: GraphKey):
         t0 = time.perf_counter()
