@@ -1,5 +1,5 @@
 """The first start's parallel Triton compile (engine/ops/precompile.py), on the CPU: the registry serves a
-skipped kernel's op by its reference, discovery records and restores, compile_all compiles side by side.
+skipped kernel's op by its reference, discovery records and restores, the pool compiles side by side.
 The GPU half (Triton's hook inside real launches, a cold start's time) runs in tests/test_graphs.py."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_discovery_records_each_compile_once_and_puts_everything_back():
     assert tuner.cache == cache
 
 
-def test_compile_all_preloads_side_by_side_and_leaves_failures_to_the_recording(caplog):
+def test_the_pool_preloads_side_by_side_and_leaves_failures_to_the_recording(caplog):
     seen, gate = [], threading.Barrier(2, timeout=10)
 
     class Kernel:
@@ -88,12 +88,14 @@ def test_compile_all_preloads_side_by_side_and_leaves_failures_to_the_recording(
             if self.fail:
                 raise RuntimeError("no such target")
 
-    found = {("a",): (Kernel(False), "spec-a"), ("b",): (Kernel(True), "spec-b")}
     reports = []
-    assert precompile.compile_all(found, workers=2, report=lambda *a: reports.append(a)) == 1
+    with precompile.Pool(workers=2, report=lambda *a: reports.append(a)) as pool:
+        assert pool.wait() == 0  # nothing handed over yet
+        pool.submit(Kernel(False), "spec-a")
+        pool.submit(Kernel(True), "spec-b")
+        assert pool.wait() == 1
     assert sorted(seen) == ["spec-a", "spec-b"] and "it compiles when recorded" in caplog.text
     assert reports == [(1, 2), (2, 2)]  # one per kernel, a failure included
-    assert precompile.compile_all({}) == 0
 
 
 def test_the_pool_compiles_each_kernel_once_while_more_are_handed_over():

@@ -137,13 +137,3 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self._ex.shutdown(wait=True, cancel_futures=exc[0] is not None)
-
-
-def compile_all(found: dict, device=None, workers: int | None = None, report=None) -> int:
-    """Compile the recorded kernels ((kernel, spec) values) side by side; returns how many compiled."""
-    if not found:
-        return 0
-    with Pool(device, workers or default_workers(len(found)), report) as pool:
-        for kernel, spec in found.values():
-            pool.submit(kernel, spec)
-        return pool.wait()
