@@ -118,6 +118,7 @@ def test_the_pool_compiles_each_kernel_once_while_more_are_handed_over():
         assert pool.wait() == 2 and sorted(seen) == ["s1", "s1"]
         pool.submit(a, "s2")
         assert pool.wait() == 3 and reports == [(1, 2), (2, 2), (3, 3)]
+        assert pool.names == {"k": 3}  # the specialisations per kernel name (the first start's log lists them)
 
 
 def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch):

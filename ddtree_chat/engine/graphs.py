@@ -305,8 +305,8 @@ class StaticRound:
                 if pool.submitted == before:
                     break
         self.capture_s += time.perf_counter() - t0
-        log.info("precompiled %d of %d Triton kernels in %.1f s", pool.compiled, pool.submitted,
-                 time.perf_counter() - t0)
+        log.info("precompiled %d of %d Triton kernels in %.1f s (%s)", pool.compiled, pool.submitted,
+                 time.perf_counter() - t0, ", ".join(f"{n} x{c}" for n, c in pool.names.most_common()))
 
     def _discover(self, keys, precompile, start) -> list[tuple[float, GraphKey]] | None:
         """Run each program once under precompile.discovery(start): start(kernel, spec) for each Triton kernel

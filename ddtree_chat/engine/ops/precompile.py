@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterator
 
@@ -110,6 +111,7 @@ class Pool:
         start = (lambda: torch.cuda.set_device(device)) if device is not None else None
         self._ex = ThreadPoolExecutor(max_workers=workers or default_workers(MAX_WORKERS), initializer=start)
         self._seen: set = set()
+        self.names: Counter = Counter()  # kernel name -> specialisations handed over (each one a compile)
         self._pending: list = []
         self.report, self.done, self.compiled = report, 0, 0
 
@@ -120,6 +122,7 @@ class Pool:
     def submit(self, kernel, spec) -> None:
         if (id(kernel), spec) not in self._seen:
             self._seen.add((id(kernel), spec))
+            self.names[getattr(kernel, "__name__", str(kernel))] += 1
             self._pending.append(self._ex.submit(_preload, kernel, spec))
 
     def wait(self) -> int:
