@@ -54,6 +54,36 @@ def test_config_fields_and_fp32_bias(k25):
     assert raw["model_type"] == "kimi_k25"
 
 
+def test_experts_load_one_slice_at_a_time_into_their_place(k25, monkeypatch):
+    """The host holds one expert's tensors at a time, not a projection's tensors of every expert (hundreds of
+    MB per rank at K2.6 shapes), and each expert lands in its own place, as its checkpoint tensors say."""
+    import weakref
+
+    from ddtree_chat.engine import checkpoint
+    from ddtree_chat.engine.ops.int4 import dequant_int4
+
+    alive, peak, real = [0], [0], checkpoint.CheckpointReader.get
+
+    def get(self, name, *a, **kw):
+        t = real(self, name, *a, **kw)
+        if ".experts." in name:
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+            weakref.finalize(t, lambda: alive.__setitem__(0, alive[0] - 1))
+        return t
+
+    monkeypatch.setattr(checkpoint.CheckpointReader, "get", get)
+    cfg, model = load_target(k25, CPU, torch.float32)
+    assert cfg.n_routed_experts == 8 and peak[0] <= 3, peak
+    reader, g = checkpoint.CheckpointReader(k25), cfg.quant.group_size
+    base = "language_model.model.layers.2.mlp.experts"
+    for proj, got in (("gate_proj", model.layers[2].mlp.experts.gate), ("down_proj", model.layers[2].mlp.experts.down)):
+        for e in (0, 5):
+            want = dequant_int4(real(reader, f"{base}.{e}.{proj}.weight_packed")[None],
+                                real(reader, f"{base}.{e}.{proj}.weight_scale")[None], g, torch.float32)[0]
+            assert torch.equal(got[e], want), (proj, e)
+
+
 def test_progress_reports_every_tensor(k25):
     seen = []
     load_target(k25, CPU, torch.float32, progress=lambda d, t, what: seen.append((d, t)))

@@ -81,27 +81,30 @@ def _load_experts(cfg: TargetConfig, reader: CheckpointReader, base: str, device
         def cols(div: int):
             return slice(isl.start // div, isl.stop // div) if down else None
 
+        # NOTE: each expert's slice is read and copied into its place at once: the host holds one slice, not
+        # a projection's slices of every expert (hundreds of MB per rank at K2.6 shapes)
         if cfg.quant is None:
-            mats = [reader.get(f"{base}.{e}.{proj}.weight", shape=(n_local, k_local), rows=rows, cols=cols(1))
-                    for e in experts]
-            out[proj] = torch.stack(mats).to(device=device, dtype=dtype)
+            w = torch.empty((len(experts), n_local, k_local), dtype=dtype, device=device)
+            for i, e in enumerate(experts):
+                w[i].copy_(reader.get(f"{base}.{e}.{proj}.weight", shape=(n_local, k_local), rows=rows, cols=cols(1)))
+            out[proj] = w
             tick(f"{base}.*.{proj}")
             continue
         if k % g:
             raise CheckpointError(f"{base}.*.{proj}: input size {k} is not a multiple of group_size {g}.")
-        packed, scales = [], []
-        for e in experts:
+        p = torch.empty((len(experts), n_local, k_local // 8), dtype=torch.int32, device=device)
+        s = torch.empty((len(experts), n_local, k_local // g), dtype=dtype, device=device)
+        for i, e in enumerate(experts):
             name = f"{base}.{e}.{proj}"
             if f"{name}.weight_shape" in reader:
                 ws = reader.get(f"{name}.weight_shape").tolist()
                 if [int(v) for v in ws] != [n, k]:
                     raise CheckpointError(f"tensor {name}.weight_shape is {ws}, expected {[n, k]}.")
-            packed.append(reader.get(f"{name}.weight_packed", shape=(n_local, k_local // 8), dtype=torch.int32,
-                                     rows=rows, cols=cols(8)))
-            s = reader.get(f"{name}.weight_scale", shape=(n_local, k_local // g), rows=rows, cols=cols(g))
-            _check_float(s, f"{name}.weight_scale")
-            scales.append(s)
-        p, s = torch.stack(packed).to(device), torch.stack(scales).to(device=device, dtype=dtype)
+            p[i].copy_(reader.get(f"{name}.weight_packed", shape=(n_local, k_local // 8), dtype=torch.int32,
+                                  rows=rows, cols=cols(8)))
+            scale = reader.get(f"{name}.weight_scale", shape=(n_local, k_local // g), rows=rows, cols=cols(g))
+            _check_float(scale, f"{name}.weight_scale")
+            s[i].copy_(scale)
         # NOTE: on CPU the reference path computes with dense weights; GPU kernels keep them packed.
         out[proj] = dequant_int4(p, s, g, dtype) if dense else Int4Weight(p, s, g)
         tick(f"{base}.*.{proj}")
