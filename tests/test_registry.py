@@ -161,7 +161,7 @@ def test_the_fingerprint_follows_the_exact_knob(monkeypatch):
 
 def test_the_router_keeps_one_float32_copy_of_a_half_weight():
     from ddtree_chat.engine.ops import router_logits, router_logits_ref
-    from ddtree_chat.engine.ops.router import _F32, float32_weight
+    from ddtree_chat.engine.ops.router import _F32, float32_weight, router_through_products
 
     w32 = torch.randn(8, 16)
     assert float32_weight(w32) is w32
@@ -173,13 +173,16 @@ def test_the_router_keeps_one_float32_copy_of_a_half_weight():
     assert float32_weight(w) is not first and torch.equal(float32_weight(w), w.float())
     x = torch.randn(3, 16).bfloat16()
     assert torch.equal(router_logits(x, w), router_logits_ref(x, w))
+    assert torch.equal(router_through_products(x, float32_weight(w)), router_logits_ref(x, w))  # the kernel form
     key = id(w)
     del w, first
     assert key not in _F32  # freed with its weight
 
 
-def test_the_gpu_table_orders_the_kernels_as_documented(monkeypatch):
-    """ops/gpu.register_all with CUDA faked (nothing runs): each op's kernels in dispatch order."""
+@pytest.mark.parametrize("exact", ["1", "0"])
+def test_the_gpu_table_orders_the_kernels_as_documented(monkeypatch, exact):
+    """ops/gpu.register_all with CUDA faked (nothing runs): each op's kernels in dispatch order, with the
+    row-invariant kernels (default) and without (DDTREE_EXACT=0)."""
     pytest.importorskip("triton")
     import ddtree_chat.engine.tree  # noqa: F401
     from ddtree_chat.engine.ops import gpu
@@ -188,16 +191,20 @@ def test_the_gpu_table_orders_the_kernels_as_documented(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu, "enabled_ops", [])
     monkeypatch.delenv("DDTREE_KERNELS", raising=False)
-    monkeypatch.delenv("DDTREE_EXACT", raising=False)
+    monkeypatch.setenv("DDTREE_EXACT", exact)
     try:
         gpu.register_all()
         order = {n: [k.name for k in o.kernels] for n, o in registry.OPS.items()}
     finally:
         for n, ks in saved.items():
             registry.OPS[n].kernels = ks
-    assert order["mla_attention"] == ["mla_attention_exact", "mla_attention_triton"]
-    assert order["matmul_nt"] == ["matmul_nt_exact", "matmul_nt_fast"]
-    assert order["linear_add"] == ["matmul_nt_exact", "linear_add_fast", "linear_add_addmm"]
+    row_invariant = ["matmul_nt_exact"] if exact == "1" else []
+    assert order["mla_attention"] == ["mla_attention_exact"] * (exact == "1") + ["mla_attention_triton"]
+    assert order["matmul_nt"] == row_invariant + ["matmul_nt_fast"]
+    assert order["linear_add"] == row_invariant + ["linear_add_fast", "linear_add_addmm"]
+    # NOTE: without the row-invariant product the router goes through the products' dispatch, never straight
+    # to the reference's cuBLAS call
+    assert order["router_logits"] == ["<lambda>"] * (exact == "1") + ["router_through_products"]
     assert order["rms_norm"] == ["rms_norm_wide", "rms_norm_fast"]
     assert order["moe_experts"] == ["moe_experts_fast", "moe_experts_grouped", "_dense_experts"]
     assert order["route"] == ["route_kernel"] and order["build_tree"] == ["build_tree_triton"]

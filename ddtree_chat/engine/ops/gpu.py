@@ -67,6 +67,7 @@ def register_all() -> list[str]:
     from . import cuda_mla, cuda_moe, cuda_small
     from .build import KernelBuildError
     from .moe import _moe_reference
+    from .router import router_through_products
 
     # NOTE: the INT4 MoE computes in bf16: float32 models keep the reference (dense) experts. Their other
     # GPU ops (below) round at float32 level, so the tree's tokens keep matching AR.
@@ -124,6 +125,9 @@ def register_all() -> list[str]:
         # NOTE: the router's weight arrives in float32 (ops.router keeps a float32 copy from load on)
         triton_op("router_logits", lambda x, w: triton_exact_linear.matmul_nt_exact(x.float(), w),
                   supports=lambda x, w: w.dtype == torch.float32 and _exact_product_shape(x, w, any_dtype=True))
+    # NOTE: otherwise the router's float32 product takes the products' own dispatch (the small-M Triton
+    # kernels), not cuBLAS's float32 picks, which cost a tree's verify extra launches in every MoE layer
+    _enable("router_logits", router_through_products, supports=lambda x, w: w.dtype == torch.float32)
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,),
               lambda root, lp, ids, budget, out=None: triton_tree.fits(lp, budget), declines=False)
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))

@@ -7,6 +7,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .linear import linear
 from .registry import define
 
 _F32: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}  # id(weight) -> (weight, its version, float32 copy)
@@ -28,6 +29,11 @@ def float32_weight(w: torch.Tensor) -> torch.Tensor:
 def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [T, H], w [E, H] -> float32 [T, E]: the router's product in float32, whatever the model's dtype."""
     return F.linear(x.float(), w.float())
+
+
+def router_through_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """router_logits_ref through the product op's dispatch (ops.linear): a CUDA kernel form for w float32."""
+    return linear(x.float(), w)
 
 
 ROUTER_LOGITS = define("router_logits", router_logits_ref)
