@@ -45,19 +45,19 @@ for s in "$@"; do
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
-                    --rename-pool "${RENAME_POOL:-names}" ;;
+                    --rename-pool "${RENAME_POOL:-mixed}" ;;
         draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
-        sweep) for cfg in ${TARGETS:-8:4:2000::prose 8:4:2000::mixed}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
+        sweep) for cfg in ${TARGETS:-8:4:2000::mixed 8:4:2000:hidden=384,inter=1152:mixed}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
                    IFS=: read -r r w n arch pool <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,' '-__')
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
                     step target 500 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
                         --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
-                        --rename-pool "${pool:-names}" ${arch:+--target-arch "$arch"}
+                        --rename-pool "${pool:-mixed}" ${arch:+--target-arch "$arch"}
                     step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
                         --device cuda --mode ar --json "/tmp/sweep/$name/heldout_target.json"  # not heldout.json: e2e reads its prompts
                     cat "/tmp/sweep/$name/heldout_target.json" >> "$log") &
