@@ -195,6 +195,11 @@ def bench_mla(ceiling, quick):
 EXACT_PRODUCTS = [("qkv_a", 2112, 7168), ("q_b", 12288, 1536), ("o_proj", 7168, 8192), ("shared_gate", 2048, 7168),
                   ("shared_down", 7168, 2048), ("dense_up", 18432, 7168), ("dense_down", 7168, 18432),
                   ("lm_head", 163840, 7168)]
+# A rank's shares of those under TP=8 (parallel/shards.py: q_b, gate/up and the lm head split by rows, o_proj and
+# down by columns, qkv_a replicated): separate (N, K) keys of triton_exact_linear.TILES
+EXACT_PRODUCTS_TP8 = [("q_b/8", 1536, 1536), ("o_proj/8", 7168, 1024), ("shared_gate/8", 256, 7168),
+                      ("shared_down/8", 7168, 256), ("dense_up/8", 2304, 7168), ("dense_down/8", 7168, 2304),
+                      ("lm_head/8", 20480, 7168)]
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split multiplier): triton_exact_linear.TILES's candidates; the first is
 # its DEFAULT_TILE. 32- and 64-row blocks let Hopper use wgmma; all fit an sm_120 block (test_triton_compile.py).
 EXACT_TILES = [(16, 64, 64, 4, 4, 1.0), (16, 64, 128, 4, 3, 1.0), (16, 128, 64, 4, 4, 1.0), (16, 64, 64, 4, 4, 2.0),
@@ -227,9 +232,10 @@ def exact_winners(times: dict, lib: dict) -> dict:
             "fastest_by_m": {m: min(ok, key=lambda t: ok[t][m]) for m in lib}}
 
 
-def bench_exact(ceiling, quick=False, products=True, mla=True):
-    """--only exact (or exact_products, exact_mla: its halves): the row-invariant products
-    (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 / 65 rows against cuBLAS in the same process,
+def bench_exact(ceiling, quick=False, products=True, mla=True, shapes=EXACT_PRODUCTS):
+    """--only exact (or exact_products, exact_mla: its halves; exact_tp8: the products at a TP=8 rank's shapes):
+    the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 / 65 rows against
+    cuBLAS in the same process,
     at every EXACT_TILES candidate (--quick: the table's tile only), then per shape the candidate to put in
     triton_exact_linear.TILES; and the row-invariant MLA against the SM-count split plan, with its sub-chunk
     fold forced off and on at 4 and 8 warps."""
@@ -239,7 +245,7 @@ def bench_exact(ceiling, quick=False, products=True, mla=True):
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     rows, winners, default_warps = [], {}, triton_mla_exact.WARPS
-    for name, n, k in EXACT_PRODUCTS if products else []:
+    for name, n, k in shapes if products else []:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
         lib = {m: 1e3 * graph_ms(lambda: torch.nn.functional.linear(xs[m], w), cold=True) for m in EXACT_ROWS}
@@ -623,6 +629,7 @@ def main():
                      ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling, a.quick)),
                      ("exact_products", lambda: bench_exact(ceiling, a.quick, mla=False)),
                      ("exact_mla", lambda: bench_exact(ceiling, a.quick, products=False)),
+                     ("exact_tp8", lambda: bench_exact(ceiling, a.quick, mla=False, shapes=EXACT_PRODUCTS_TP8)),
                      ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
                      ("ncu", profile_once)):
         if name in only:
