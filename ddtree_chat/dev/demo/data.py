@@ -25,6 +25,7 @@ import torch
 from ...engine.tokenizer import KIMI_PATTERN
 from ...engine.tokenizer import kimi_special_names as special_names
 from .common import BPE_VOCAB, CHAT_TEMPLATE, SEED, write_json
+from .rename import DEFAULT_POOL, rename_copies
 
 MAX_FILE_BYTES = 200_000
 
@@ -193,12 +194,11 @@ def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
 
 
 def distil_sources(src: dict, distil: Path, code_share: float, log=print, renames: int = 0,
-                   rename_pool: str = "names") -> dict:
+                   rename_pool: str = DEFAULT_POOL) -> dict:
     """src with its chat pairs replaced by the distilled answers (split by prompt id), `renames` name-swapped
     copies of each train function answer added (rename.py, new names from rename_pool), and each split's
     source files cut (a seeded choice of whole files, at least one) to about code_share of that split's characters."""
     from .distil_data import PROMPTS, load_dataset, read_jsonl
-    from .rename import rename_copies
 
     meta, recs = load_dataset(Path(distil))
     pairs = {"train": [], "val": [], "test": []}
@@ -234,7 +234,7 @@ def distil_sources(src: dict, distil: Path, code_share: float, log=print, rename
 
 def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None,
             distil: Path | None = None, code_share: float = 0.25, renames: int = 0, name_weight: int = 1,
-            rename_pool: str = "names") -> dict:
+            rename_pool: str = DEFAULT_POOL) -> dict:
     """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata).
     tokenizer_from: a model dir whose tokenizer is reused (drafter-only retraining against an existing
     target); otherwise a BPE is trained on the train split. distil: a distil_data.py output dir whose kept

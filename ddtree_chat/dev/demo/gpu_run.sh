@@ -45,7 +45,7 @@ for s in "$@"; do
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
-                    --rename-pool "${RENAME_POOL:-mixed}" ;;
+                    ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ;;
         draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
@@ -57,7 +57,7 @@ for s in "$@"; do
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
                     step target 500 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
                         --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
-                        --rename-pool "${pool:-mixed}" ${arch:+--target-arch "$arch"}
+                        ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"}
                     step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
                         --device cuda --mode ar --json "/tmp/sweep/$name/heldout_target.json"  # not heldout.json: e2e reads its prompts
                     cat "/tmp/sweep/$name/heldout_target.json" >> "$log") &

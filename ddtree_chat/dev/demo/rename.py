@@ -25,6 +25,7 @@ from .prompts import HELDOUT_NAMES, defines, python_code
 WORD = re.compile(r"^[a-z]{2,12}$")
 PROSE = re.compile(r"\b[a-z]{3,10}\b")
 POOLS = ("names", "prose", "syllables", "mixed")
+DEFAULT_POOL = "mixed"  # held out 9/20 defined vs prose 4/20 (docs/demo-training.md, the fourth GPU run)
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 
 
@@ -73,7 +74,7 @@ def swap(user: str, answer: str, old: str, new: str) -> tuple[str, str] | None:
 
 
 def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copies: int, seed: int,
-                  pool: str = "names"):
+                  pool: str = DEFAULT_POOL):
     """For each (id, user, answer) whose prompt asked for a function names[id]: up to `copies` name-swapped
     copies under distinct new names drawn from `pool` (POOLS), ids suffixed `~k`. Deterministic in (seed, id, k)."""
     if copies <= 0:

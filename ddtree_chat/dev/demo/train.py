@@ -480,7 +480,7 @@ def train_draft(out: Path, a, device) -> dict:
 
 
 def main(argv=None) -> int:
-    from .rename import POOLS
+    from .rename import DEFAULT_POOL, POOLS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -495,7 +495,7 @@ def main(argv=None) -> int:
                     help="with --distil: the share of stdlib source in the target's train characters")
     ap.add_argument("--renames", type=int, default=3,
                     help="with --distil: name-swapped copies of each train function answer (dev/demo/rename.py)")
-    ap.add_argument("--rename-pool", choices=POOLS, default="mixed",
+    ap.add_argument("--rename-pool", choices=POOLS, default=DEFAULT_POOL,
                     help="with --renames: the new names' words (dev/demo/rename.py)")
     ap.add_argument("--name-weight", type=int, default=1,
                     help="with --distil: the train loss weight of the requested name's tokens on a def line")
