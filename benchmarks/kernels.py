@@ -232,20 +232,19 @@ def exact_winners(times: dict, lib: dict) -> dict:
             "fastest_by_m": {m: min(ok, key=lambda t: ok[t][m]) for m in lib}}
 
 
-def bench_exact(ceiling, quick=False, products=True, mla=True, shapes=EXACT_PRODUCTS):
-    """--only exact (or exact_products, exact_mla: its halves; exact_tp8: the products at a TP=8 rank's shapes):
-    the row-invariant products (ops/triton_exact_linear) at K2.6's dense shapes and 1 / 17 / 65 rows against
-    cuBLAS in the same process,
-    at every EXACT_TILES candidate (--quick: the table's tile only), then per shape the candidate to put in
-    triton_exact_linear.TILES; and the row-invariant MLA against the SM-count split plan, with its sub-chunk
-    fold forced off and on at 4 and 8 warps."""
+def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
+    """--only exact (or exact_products, exact_mla: its halves; exact_tp8: the products at a TP=8 rank's shapes): the
+    row-invariant products (ops/triton_exact_linear) at `shapes` and 1 / 17 / 65 rows against cuBLAS in the same
+    process, at every EXACT_TILES candidate (--quick: the table's tile only), then per shape the candidate to
+    put in triton_exact_linear.TILES; and the row-invariant MLA against the SM-count split plan, with its
+    sub-chunk fold forced off and on at 4 and 8 warps."""
     from ddtree_chat.engine.ops import triton_exact_linear as el
     from ddtree_chat.engine.ops import triton_mla_exact
     from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     rows, winners, default_warps = [], {}, triton_mla_exact.WARPS
-    for name, n, k in shapes if products else []:
+    for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
         lib = {m: 1e3 * graph_ms(lambda: torch.nn.functional.linear(xs[m], w), cold=True) for m in EXACT_ROWS}
@@ -628,8 +627,8 @@ def main():
                      ("tiles", lambda: bench_tiles(ceiling)), ("fma", lambda: bench_fma(ceiling)),
                      ("mla_tiles", lambda: bench_mla_tiles(ceiling)), ("exact", lambda: bench_exact(ceiling, a.quick)),
                      ("exact_products", lambda: bench_exact(ceiling, a.quick, mla=False)),
-                     ("exact_mla", lambda: bench_exact(ceiling, a.quick, products=False)),
-                     ("exact_tp8", lambda: bench_exact(ceiling, a.quick, mla=False, shapes=EXACT_PRODUCTS_TP8)),
+                     ("exact_mla", lambda: bench_exact(ceiling, a.quick, shapes=())),
+                     ("exact_tp8", lambda: bench_exact(ceiling, a.quick, EXACT_PRODUCTS_TP8, mla=False)),
                      ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
                      ("ncu", profile_once)):
         if name in only:
