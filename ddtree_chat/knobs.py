@@ -35,8 +35,8 @@ EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16
              "(docs/exactness.md)", ("0", "1"))
 MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton "
            "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
-PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "0 compiles a first start's Triton kernels one by one while recording, instead of "
-                  "side by side before it", ("0", "1"))
+PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "how a first start compiles its Triton kernels: 1 side by side in worker processes "
+                  "before recording, threads in threads of this process, 0 one by one while recording", ("0", "1", "threads"))
 STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines a call it accepted raise instead of "
               "falling back to the reference (the GPU tests)", ("0", "1"))
 

@@ -4,6 +4,7 @@ The GPU half (Triton's hook inside real launches, a cold start's time) runs in t
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -119,6 +120,117 @@ def test_the_pool_compiles_each_kernel_once_while_more_are_handed_over():
         pool.submit(a, "s2")
         assert pool.wait() == 3 and reports == [(1, 2), (2, 2), (3, 3)]
         assert pool.names == {"k": 3}  # the specialisations per kernel name (the first start's log lists them)
+
+
+class _Kernel:
+    """Stands for a module-level Triton kernel (a decorator over its function, with Triton's preload):
+    preload(path) appends the pid of the process that compiles to the file; a spec ending in '!' fails in any
+    process but the one that created the pool."""
+
+    def __init__(self, fn):
+        self.fn, self.__name__ = fn, fn.__name__
+
+    def preload(self, spec):
+        path, _, owner = spec.partition("!")
+        if owner and int(owner) != os.getpid():
+            raise RuntimeError("no GPU in this worker")
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+@_Kernel
+def module_kernel():
+    pass
+
+
+def test_worker_processes_compile_importable_kernels_and_this_process_loads_them(tmp_path):
+    """The GIL-free path: a kernel another process can import compiles in a worker (then this process loads
+    it, from Triton's file cache on a GPU); one the worker fails on, or one built inside a function, compiles
+    here. Both count as compiled."""
+    assert precompile.importable(module_kernel) == (__name__, "module_kernel")
+    local = _Kernel(lambda: None)
+    assert precompile.importable(local) is None and precompile.importable(object()) is None
+    a, b, c = (tmp_path / n for n in "abc")
+    with precompile.Pool(workers=2, processes=True) as pool:
+        pool.submit(module_kernel, str(a))
+        pool.submit(module_kernel, f"{b}!{os.getpid()}")  # the worker fails: compiled here
+        pool.submit(local, str(c))
+        assert pool.wait() == 3 and pool.elsewhere == 1
+    worker, here = a.read_text().split()
+    assert int(worker) != os.getpid() and int(here) == os.getpid()
+    assert b.read_text().split() == c.read_text().split() == [str(os.getpid())]
+
+
+def test_workers_started_early_serve_the_next_pool_or_are_stopped(tmp_path):
+    """A first start starts the compile workers before loading; the precompile's pool takes them (no second
+    start), and a start that compiles nothing stops them."""
+    precompile.start_workers(workers=2)
+    early = precompile._early
+    with precompile.Pool(workers=2, processes=True) as pool:
+        assert pool._procs is early and precompile._early is None
+        pool.submit(module_kernel, str(tmp_path / "a"))
+        assert pool.wait() == 1 and pool.elsewhere == 1
+    precompile.start_workers(workers=1)
+    early = precompile._early
+    precompile.stop_workers()
+    assert precompile._early is None
+    with pytest.raises(RuntimeError, match="exited|no compile worker"):
+        early.compile(__name__, "module_kernel", str(tmp_path / "b"))  # ended
+    with precompile.Pool(workers=1, processes=True) as pool:  # none started early: its own
+        assert pool._procs is not None and pool._procs is not early
+
+
+def test_workers_that_cannot_start_leave_the_load_going(monkeypatch, tmp_path):
+    def no_processes(*a, **k):
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(precompile, "Workers", no_processes)
+    precompile.start_workers(workers=2)  # no exception: a first start goes on without them
+    assert precompile._early is None
+    with precompile.Pool(workers=1, processes=True) as pool:  # the compiles go to threads
+        pool.submit(module_kernel, str(tmp_path / "a"))
+        assert pool._procs is None and pool.wait() == 1 and pool.elsewhere == 0
+
+
+def test_a_dead_worker_is_left_out_and_the_last_one_dying_is_an_error(tmp_path):
+    from ddtree_chat.engine.ops.compile_workers import Workers
+
+    w = Workers(2)
+    try:
+        w._procs[0].kill()
+        w._procs[0].wait(10)
+        for _ in range(2):  # whichever worker each call takes, the dead one fails once and is dropped
+            try:
+                w.compile(__name__, "module_kernel", str(tmp_path / "a"))
+            except RuntimeError as e:
+                assert "exited" in str(e)
+        assert w.alive == 1
+        w.compile(__name__, "module_kernel", str(tmp_path / "a"))  # the live one compiles
+        with pytest.raises(RuntimeError, match="no GPU in this worker"):  # its error comes back as text
+            w.compile(__name__, "module_kernel", f"{tmp_path / 'b'}!{os.getpid()}")
+        w._procs[1].kill()
+        w._procs[1].wait(10)
+        with pytest.raises(RuntimeError, match="exited"):
+            w.compile(__name__, "module_kernel", str(tmp_path / "a"))
+        with pytest.raises(RuntimeError, match="no compile worker left"):  # no wait for a worker that never comes
+            w.compile(__name__, "module_kernel", str(tmp_path / "a"))
+    finally:
+        w.close()
+
+
+def test_a_first_build_is_one_with_no_library_for_these_sources(monkeypatch, tmp_path):
+    from ddtree_chat.engine.ops import build
+
+    monkeypatch.setenv("DDTREE_CHAT_HOME", str(tmp_path))
+    monkeypatch.setattr(build, "_LIB", None)
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    assert not build.first_build()  # no nvcc: nothing will be built
+    monkeypatch.setattr(build, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(build, "_key", lambda nvcc: "k")
+    assert build.first_build()
+    build._lib_path("nvcc").parent.mkdir(parents=True)
+    build._lib_path("nvcc").write_bytes(b"")
+    assert not build.first_build()
 
 
 def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch):

@@ -276,13 +276,14 @@ class StaticRound:
 
     def _precompile(self, keys, progress=None) -> None:
         """Before recording (the first start): run each program once with its new Triton kernels recorded
-        instead of compiled (their ops served by the reference), each handed as it is found to compile threads
-        (ops/precompile.py) that work while discovery goes on; the recording then finds them compiled. An op
+        instead of compiled (their ops served by the reference), each handed as it is found to the compile pool
+        (ops/precompile.py), which works while discovery goes on; the recording then finds them compiled. An op
         launching kernels one after another shows its later ones only once its first are compiled (the first
         skipped launch hands the op to its reference), so discovery repeats until it finds nothing new. Leaves
         the device state as it was. One GPU only: under tensor parallelism the recording compiles one by one."""
         keys = [k for k in dict.fromkeys(map(graph_key, keys)) if k not in self.graphs and self.recordable(k)]
-        if not keys or self.dec.device.type != "cuda" or knobs.get(knobs.PRECOMPILE) == "0":
+        how = knobs.get(knobs.PRECOMPILE)
+        if not keys or self.dec.device.type != "cuda" or how == "0":
             return
         if self.dec.target.tp.world > 1:  # NOTE: ranks with different kernels in memory would skip different
             return  # launches: a collective launched by one rank alone waits forever
@@ -290,7 +291,7 @@ class StaticRound:
 
         t0 = time.perf_counter()
         report = (lambda done, total: progress(done, total, Stage.COMPILING)) if progress else None
-        with precompile.Pool(self.dec.device, report=report) as pool:
+        with precompile.Pool(self.dec.device, report=report, processes=how == "1") as pool:
             for i in range(PRECOMPILE_PASSES):
                 t, before = time.perf_counter(), pool.submitted
                 took = self._discover(keys, precompile, pool.submit)
@@ -305,8 +306,9 @@ class StaticRound:
                 if pool.submitted == before:
                     break
         self.capture_s += time.perf_counter() - t0
-        log.info("precompiled %d of %d Triton kernels in %.1f s (%s)", pool.compiled, pool.submitted,
-                 time.perf_counter() - t0, ", ".join(f"{n} x{c}" for n, c in pool.names.most_common()))
+        log.info("precompiled %d of %d Triton kernels in %.1f s, %d by worker processes (%s)", pool.compiled,
+                 pool.submitted, time.perf_counter() - t0, pool.elsewhere,
+                 ", ".join(f"{n} x{c}" for n, c in pool.names.most_common()))
 
     def _discover(self, keys, precompile, start) -> list[tuple[float, GraphKey]] | None:
         """Run each program once under precompile.discovery(start): start(kernel, spec) for each Triton kernel

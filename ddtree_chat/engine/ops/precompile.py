@@ -1,11 +1,14 @@
 """A first start's Triton compiles, in parallel.
 
 Recording the CUDA graphs compiles every Triton kernel the programs launch, one after another (a cold start
-of the demo: ~40 compiles, over a minute). Instead the programs first run once under `discovery()`: each
-Triton kernel not compiled yet is recorded (Triton's specialisation data) instead of compiled, and its op
-is served by its pure-torch reference (registry.Op.run catches `Skipped`), so every value downstream stays
-real; each one found goes at once to a thread pool (`Pool`: Triton compiles mostly without the GIL),
-which compiles it while discovery goes on; the recording that follows finds them compiled."""
+of the demo: ~100 compiles, over half a minute). Instead the programs first run once under `discovery()`:
+each Triton kernel not compiled yet is recorded (Triton's specialisation data) instead of compiled, and its
+op is served by its pure-torch reference (registry.Op.run catches `Skipped`), so every value downstream stays
+real; each one found goes at once to `Pool`, which compiles it while discovery goes on; the recording that
+follows finds them compiled. The compiles run in worker processes (compile_workers.py): Triton's front end (the kernel's AST to
+IR) is Python, so compile threads would hold the GIL that discovery needs. A worker compiles into Triton's
+file cache; a thread of this process then loads the kernel from there (or compiles it itself when the
+worker could not)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterator
+
+from .compile_workers import Workers, resolve
 
 log = logging.getLogger(__name__)
 
@@ -100,20 +105,76 @@ def _preload(kernel, spec) -> bool:
         return False
 
 
-class Pool:
-    """Compile threads fed as kernels are found: each (kernel, spec) compiles once however often it is
-    submitted. device: the CUDA device each thread compiles for (a thread starts on device 0);
-    report(done, total) after each compile, from the thread that waits."""
+def importable(kernel) -> tuple[str, str] | None:
+    """(module, name) under which another process finds this very kernel, or None (a kernel built inside a
+    function, or not a Triton kernel)."""
+    fn = getattr(kernel, "fn", None)
+    where = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", ""))
+    if where[0] is None or "<locals>" in where[1]:
+        return None
+    try:
+        return where if resolve(*where) is kernel else None
+    except (ImportError, AttributeError):
+        return None
 
-    def __init__(self, device=None, workers: int | None = None, report=None):
+
+def _index(device) -> int | None:
+    import torch
+
+    return None if device is None else torch.device(device).index
+
+
+_early: Workers | None = None  # started by start_workers, taken by the next Pool(processes=True)
+
+
+def start_workers(device=None, workers: int | None = None) -> None:
+    """Start the compile workers now, for the next Pool: a first start calls it before loading, so their
+    start (torch and Triton imports, seconds each) runs while nvcc builds and the checkpoint loads."""
+    global _early
+    if _early is None:
+        try:
+            _early = Workers(workers or default_workers(MAX_WORKERS), _index(device))
+        except Exception as e:  # noqa: BLE001 - e.g. no processes left: the pool starts its own, or compiles here
+            log.info("compile workers could not start early (%s)", e)
+
+
+def stop_workers() -> None:
+    """End early workers no Pool took (nothing was left to compile)."""
+    global _early
+    if _early is not None:
+        _early.close()
+        _early = None
+
+
+def _take_workers(n: int, index: int | None) -> Workers:
+    global _early
+    taken, _early = _early, None
+    return taken if taken is not None else Workers(n, index)
+
+
+class Pool:
+    """Compiles fed as kernels are found: each (kernel, spec) compiles once however often it is submitted.
+    Each compile is a thread of this process that hands an importable kernel to a worker process (processes
+    True) and then loads it from Triton's cache, or compiles it itself. device: the CUDA device the compiles
+    target (a thread or worker starts on device 0); report(done, total) after each compile, from the thread
+    that waits."""
+
+    def __init__(self, device=None, workers: int | None = None, report=None, processes: bool = False):
         import torch
 
         start = (lambda: torch.cuda.set_device(device)) if device is not None else None
-        self._ex = ThreadPoolExecutor(max_workers=workers or default_workers(MAX_WORKERS), initializer=start)
+        n = workers or default_workers(MAX_WORKERS)
+        self._ex = ThreadPoolExecutor(max_workers=n, initializer=start)
+        self._procs = None
+        if processes:
+            try:
+                self._procs = _take_workers(n, _index(device))
+            except Exception as e:  # noqa: BLE001 - e.g. no processes left: threads compile
+                log.info("no compile workers (%s): compiling in threads", e)
         self._seen: set = set()
         self.names: Counter = Counter()  # kernel name -> specialisations handed over (each one a compile)
         self._pending: list = []
-        self.report, self.done, self.compiled = report, 0, 0
+        self.report, self.done, self.compiled, self.elsewhere = report, 0, 0, 0
 
     @property
     def submitted(self) -> int:
@@ -123,14 +184,26 @@ class Pool:
         if (id(kernel), spec) not in self._seen:
             self._seen.add((id(kernel), spec))
             self.names[getattr(kernel, "__name__", str(kernel))] += 1
-            self._pending.append(self._ex.submit(_preload, kernel, spec))
+            self._pending.append(self._ex.submit(self._compile, kernel, spec))
+
+    def _compile(self, kernel, spec) -> tuple[bool, bool]:
+        """(compiled, by a worker)."""
+        where = importable(kernel) if self._procs is not None else None
+        there = False
+        if where is not None:
+            try:
+                self._procs.compile(*where, spec)
+                there = True
+            except Exception as e:  # noqa: BLE001 - e.g. a worker that died: this process compiles it
+                log.debug("a worker could not compile %s (%s): compiling it here", where[1], e)
+        return _preload(kernel, spec), there
 
     def wait(self) -> int:
         """Wait for every compile submitted so far; the number that compiled, in all."""
         pending, self._pending = self._pending, []
         for future in as_completed(pending):
-            self.done += 1
-            self.compiled += future.result()
+            compiled, there = future.result()
+            self.done, self.compiled, self.elsewhere = self.done + 1, self.compiled + compiled, self.elsewhere + there
             if self.report:
                 self.report(self.done, self.submitted)
         return self.compiled
@@ -140,3 +213,5 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self._ex.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        if self._procs is not None:
+            self._procs.close()
