@@ -243,7 +243,7 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
     from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
-    rows, winners, default_warps = [], {}, triton_mla_exact.WARPS
+    rows, winners, default_warps = [], {}, (triton_mla_exact.WARPS, triton_mla_exact.HOPPER_BF16_WARPS)
     for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
@@ -296,11 +296,13 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
                 fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
                 for fold, warps in [] if quick else [(f, w) for f in (False, True) for w in (4, 8)]:
-                    triton_mla_exact.FOLD, triton_mla_exact.WARPS = fold, warps  # the alternatives, same process
+                    triton_mla_exact.FOLD = fold  # the alternatives, same process
+                    triton_mla_exact.WARPS = triton_mla_exact.HOPPER_BF16_WARPS = warps
                     try:
                         by_fold[f"{'sub' if fold else 'chunk'} w{warps}"] = 1e3 * graph_ms(fn, cold=True)
                     finally:
-                        triton_mla_exact.FOLD, triton_mla_exact.WARPS = None, default_warps
+                        triton_mla_exact.FOLD = None
+                        triton_mla_exact.WARPS, triton_mla_exact.HOPPER_BF16_WARPS = default_warps
                 rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops,
                                 extra={"us_by_fold": by_fold,
                                        "layout": triton_mla_exact.layout(t, nh, ctx, ckv.device)}))

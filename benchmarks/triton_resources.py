@@ -57,13 +57,13 @@ def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), war
     """[(name, ASTSource, options)]: _mla_exact_kernel as mla_attention_exact launches it on sm_<arch> (K2.6's
     latent: 512 + 64 columns; the key tile block_n picks for that arch's shared memory per block) per head
     count and dtype, and its _merge_kernel per head count (CHUNK) and output dtype. warps: the main kernel's
-    num_warps (default: triton_mla_exact.WARPS)."""
+    num_warps (default: the launch's, triton_mla_exact.main_warps)."""
     out = []
     for dtype in dtypes:
         ty = _TY[dtype]
         bn = ex.block_n(dtype, 512 + 64, SHARED_PER_BLOCK[arch])
         for nh in heads:
-            for w in warps or (ex.WARPS,):
+            for w in warps or (ex.main_warps(dtype, arch // 10),):
                 out.append((f"_mla_exact_kernel {ty} heads={nh} warps={w} BLOCK_N={bn}",
                             _main_src(dtype, 512, 64, ex.chunk_keys(nh), bn), {"num_warps": w, "num_stages": 2}))
             msig = dict({"OP": "*fp32", "LP": "*fp32", "O": f"*{ty}", "PLEN": "*i64"},
@@ -117,7 +117,7 @@ def shapes(arch: int):
             pick = ex.block_n(dtype, r + p, SHARED_PER_BLOCK[arch])
             for bn in ex.BLOCK_NS[dtype]:
                 k = triton.compile(_main_src(dtype, r, p, 1024, bn), target=GPUTarget("cuda", arch, 32),
-                                   options={"num_warps": ex.WARPS, "num_stages": 2})
+                                   options={"num_warps": ex.main_warps(dtype, arch // 10), "num_stages": 2})
                 print(f"{'':25}{_TY[dtype]:>5} {r:4} {p:4} {bn:7} {k.metadata.shared:7} "
                       f"{ex.shared_bytes(bn, dtype.itemsize, r + p):7} {'yes' if bn == pick else '':>6}", flush=True)
 
@@ -125,7 +125,7 @@ def shapes(arch: int):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_PER_BLOCK))
-    ap.add_argument("--warps", default=None, help="main kernel num_warps to compile, e.g. 4,8 (default: WARPS)")
+    ap.add_argument("--warps", default=None, help="main kernel num_warps to compile, e.g. 4,8 (default: the launch's)")
     ap.add_argument("--shapes", action="store_true", help="shared memory of every tile at several latent widths")
     a = ap.parse_args()
     if a.shapes:

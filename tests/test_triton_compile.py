@@ -203,15 +203,18 @@ def _exact_mla_resources(arch: int, bf16_heads: tuple) -> dict:
     return found
 
 
-def test_row_invariant_mla_compiles_without_spills_for_hopper():
+def test_row_invariant_mla_compiles_for_hopper_within_its_spill_budget():
     """The row-invariant MLA kernel and its merge as mla_attention_exact launches them on sm_90 (bf16 at 8 and
-    64 heads' chunks, float32 at 64; the launch's 16-divisible pointers and strides): ptxas -v reports no
-    spill stores or loads and no stack frame (benchmarks/triton_resources.py prints the registers, every
-    configuration); the key tiles are sm_90's (32 float32, 64 bf16)."""
+    64 heads' chunks, float32 at 64; the launch's 16-divisible pointers and strides), from ptxas -v
+    (benchmarks/triton_resources.py prints every configuration): float32 (8 warps) and the merges spill nothing;
+    bf16 runs at 4 warps, whose few spilled bytes cost less than 8 warps' (timed side by side on the H200,
+    BENCHMARKS.md), within 256 B; the key tiles are sm_90's (32 float32, 64 bf16)."""
     found = _exact_mla_resources(90, (8, 64))
     assert sum("BLOCK_N=32" in n for n in found) == 1 and sum("BLOCK_N=64" in n for n in found) == 2, sorted(found)
-    spilled = {name: r for name, r in found.items() if r["spill_stores"] or r["spill_loads"] or r["stack"]}
-    assert not spilled, spilled
+    assert sum("bf16" in n and "warps=4" in n for n in found) == 2, sorted(found)  # the launch's warps
+    over = {name: r for name, r in found.items()
+            if max(r["spill_stores"], r["spill_loads"], r["stack"]) > (256 if "bf16" in name and "warps=4" in name else 0)}
+    assert not over, over
 
 
 def test_row_invariant_mla_fits_an_sm120_block_without_spills():

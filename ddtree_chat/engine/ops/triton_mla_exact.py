@@ -37,6 +37,7 @@ FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layou
 # so they are part of the arithmetic; at 8 a thread holds 32 + 32 registers of the [16, 512] fp32 accumulator and
 # fold state (64 + 64 at 4, which spill on sm_90: benchmarks/triton_resources.py)
 WARPS = 8
+HOPPER_BF16_WARPS = 4  # sm_90 bf16: 224 B of spills at 4 warps, yet faster than 8 on the H200 (BENCHMARKS.md)
 MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas)
 
 
@@ -69,20 +70,38 @@ def block_n(dtype: torch.dtype, width: int, shared: int | None = None) -> int | 
     return None
 
 
-_SHARED: dict[int, int] = {}
+_DEVICE: dict[int, tuple[int, int]] = {}  # device index -> (shared memory per program, major capability)
+
+
+def _device_facts(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE:
+        from triton.runtime import driver
+
+        _DEVICE[idx] = (driver.active.utils.get_device_properties(idx)["max_shared_mem"],
+                        torch.cuda.get_device_capability(idx)[0])
+    return _DEVICE[idx]
 
 
 def shared_per_block(device: torch.device) -> int | None:
     """The most shared memory one program may use on `device` (Triton's own launch check: the opt-in limit,
     227 KB on sm_90, 99 KB on sm_120), once per device; None off CUDA (the interpreter)."""
-    if device.type != "cuda":
-        return None
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SHARED:
-        from triton.runtime import driver
+    facts = _device_facts(device)
+    return None if facts is None else facts[0]
 
-        _SHARED[idx] = driver.active.utils.get_device_properties(idx)["max_shared_mem"]
-    return _SHARED[idx]
+
+def major(device: torch.device) -> int | None:
+    """The device's major compute capability, once per device; None off CUDA."""
+    facts = _device_facts(device)
+    return None if facts is None else facts[1]
+
+
+def main_warps(dtype: torch.dtype, major: int | None) -> int:
+    """The main kernel's warps, by dtype and the GPU's major architecture only (never by T; None: the
+    interpreter). Other GPUs keep the spill-free 8 until measured."""
+    return HOPPER_BF16_WARPS if dtype == torch.bfloat16 and major == 9 else WARPS
 
 
 @triton.jit
@@ -305,7 +324,8 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             scale * 1.4426950408889634, ckv.stride(0), kpe.stride(0), ql.stride(0), ql.stride(1),
                             qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
-                            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_T=BLOCK_T, num_warps=WARPS,
+                            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_T=BLOCK_T,
+                            num_warps=main_warps(ql.dtype, major(dev)),
                             num_stages=2)
     block_r = min(r, 128)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, f, slots * m, CHUNK=chunk, R=r,
