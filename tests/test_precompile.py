@@ -218,6 +218,31 @@ def test_a_dead_worker_is_left_out_and_the_last_one_dying_is_an_error(tmp_path):
         w.close()
 
 
+@_Kernel
+def env_kernel():
+    pass
+
+
+env_kernel.preload = lambda path: open(path, "w").write(f"{os.environ.get('CUDA_VISIBLE_DEVICES')} {os.nice(0)}")
+
+
+def test_a_worker_sees_only_its_gpu_and_yields_the_cores_to_the_load(monkeypatch, tmp_path):
+    """A worker compiling for device 1 of this process's visible list sees that one GPU alone (so it never needs
+    a CUDA context of its own), and runs at a lower priority than the load and nvcc build beside it."""
+    from ddtree_chat.engine.ops.compile_workers import Workers, visible_device
+
+    assert visible_device(None, 2) == "2" and visible_device("", 0) == "0"
+    assert visible_device("3, GPU-ab12", 1) == "GPU-ab12"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    w = Workers(1, device=1)
+    try:
+        w.compile(__name__, "env_kernel", str(tmp_path / "env"))
+    finally:
+        w.close()
+    seen, niceness = (tmp_path / "env").read_text().split()
+    assert seen == "5" and int(niceness) >= min(19, os.nice(0) + 10)
+
+
 def test_a_first_build_is_one_with_no_library_for_these_sources(monkeypatch, tmp_path):
     from ddtree_chat.engine.ops import build
 

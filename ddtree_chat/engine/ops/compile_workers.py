@@ -14,6 +14,13 @@ import sys
 import threading
 
 
+def visible_device(visible: str | None, index: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a process that must see only device `index` of this process's visible list."""
+    if not visible:
+        return str(index)
+    return visible.split(",")[index].strip()
+
+
 def resolve(module: str, name: str):
     """The Triton kernel a module defines under name (through an autotuner's or heuristics' wrapping)."""
     obj = importlib.import_module(module)
@@ -31,7 +38,9 @@ class Workers:
     def __init__(self, n: int, device: int | None = None):
         # NOTE: the workers import kernels by module name: they get this process's import path
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        cmd = [sys.executable, "-m", __name__, "" if device is None else str(device)]
+        if device is not None:  # NOTE: seeing one GPU, a worker compiles for it without creating a CUDA context
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), device)
+        cmd = [sys.executable, "-m", __name__]
         self._idle: queue.Queue = queue.Queue()
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
@@ -82,13 +91,11 @@ class Workers:
                 pass
 
 
-def main(argv: list[str]) -> None:
+def main() -> None:
+    if hasattr(os, "nice"):
+        os.nice(10)  # NOTE: a first start's load and nvcc build run beside the workers' imports: they go first
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # NOTE: a print from Triton or ptxas would corrupt the replies
-    if argv and argv[0]:
-        import torch
-
-        torch.cuda.set_device(int(argv[0]))
     import triton  # noqa: F401 - paid before the first kernel arrives
 
     for line in sys.stdin:
@@ -102,4 +109,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
