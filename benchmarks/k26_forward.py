@@ -21,6 +21,7 @@ against memory.layer_bytes."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -35,6 +36,7 @@ from kernels import copy_ceiling, events_ms  # noqa: E402
 
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
 from ddtree_chat.engine.memory import forward_bytes, layer_bytes, weight_bytes  # noqa: E402
+from ddtree_chat.engine.ops.registry import Op  # noqa: E402
 from ddtree_chat.engine.parallel import SINGLE, TPGroup  # noqa: E402
 from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
 from ddtree_chat.engine.tree import build_tree  # noqa: E402
@@ -119,18 +121,49 @@ def _measure(model, cfg, cache, t: int, ctx: int, a, gen, dev, dtype, ceiling) -
             "ratio_to_bound": best / bound_ms if bound_ms else None}
 
 
+@contextlib.contextmanager
+def ops_labelled():
+    """Each registry Op call as a profiler range named by the op and its tensor arguments' shapes, so a
+    profile attributes kernel time to the op and shape that launched it (a kernel name alone, e.g. one
+    product kernel for every shape, does not say which)."""
+    run = Op.run
+
+    def labelled(self, ref, x, args):
+        shapes = " ".join("x".join(map(str, a.shape)) for a in args if torch.is_tensor(a))
+        with torch.profiler.record_function(f"op {self.name} {shapes}"):
+            return run(self, ref, x, args)
+
+    Op.run = labelled
+    try:
+        yield
+    finally:
+        Op.run = run
+
+
+def op_rows(prof) -> list[tuple[str, int, float]]:
+    """(op and shapes, calls, GPU us in all) of a profile taken under ops_labelled, most time first."""
+    rows = [(e.key, e.count, e.device_time_total) for e in prof.key_averages() if e.key.startswith("op ")]
+    return sorted(rows, key=lambda r: -r[2])
+
+
 def _profile(model, cfg, cache, t: int, ctx: int, gen, dev) -> None:
-    """GPU time of one eager forward by kernel (a graph replays the same kernels): top 20 by total time."""
+    """GPU time of one eager forward (a graph replays the same kernels) by kernel, top 20, and by op and
+    shape."""
     mask, depth = _tree(t, 7, gen, dev)
     toks = torch.randint(0, cfg.vocab_size, (t,), generator=gen).to(dev)
-    with torch.no_grad():
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.no_grad(), ops_labelled():
         model.logits(model(toks, depth + ctx, mask, cache)[0])
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(activities=activities) as prof:
             model.logits(model(toks, depth + ctx, mask, cache)[0])
             torch.cuda.synchronize()
     print(f"GPU time by kernel, one forward over {t} tokens after {ctx}:")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    print("GPU time by op and argument shapes (us in all, calls; an op served by its reference of other ops "
+          "counts them too), the same forward:")
+    for key, calls, us in op_rows(prof):
+        print(f"{us:9.1f} {calls:4d}  {key}")
 
 
 def main(argv=None) -> int:

@@ -111,6 +111,26 @@ def test_k26_forward_times_one_tensor_parallel_rank_on_cpu(tmp_path):
     assert got["rows"][1]["bytes"] == rank["total"] < whole["total"] and rank["kv_cache"] == whole["kv_cache"]
 
 
+def test_a_profile_attributes_time_to_each_op_and_its_shapes():
+    """k26_forward --profile's second table: every registry op call is a range named by the op and its tensor
+    arguments' shapes, so two shapes of one product are two rows; the registry is left as it was."""
+    import k26_forward
+    import torch
+
+    from ddtree_chat.engine import ops
+    from ddtree_chat.engine.ops.registry import Op
+
+    run = Op.run
+    x, w1, w2 = torch.randn(3, 8), torch.randn(5, 8), torch.randn(6, 8)
+    with k26_forward.ops_labelled(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ops.linear(x, w1)
+        ops.linear(x, w1)
+        ops.linear(x, w2)
+    assert Op.run is run
+    got = {key: calls for key, calls, _ in k26_forward.op_rows(prof)}
+    assert got == {"op matmul_nt 3x8 5x8": 2, "op matmul_nt 3x8 6x8": 1}
+
+
 def test_load_speed_writes_a_k26_layout_checkpoint_and_times_a_rank_on_cpu(tmp_path):
     """benchmarks/load_speed.py at tiny dims: the checkpoint it writes loads through the engine's loader (in a
     child process), and a rank of two needs less than the files hold (one rank needs all of it)."""
