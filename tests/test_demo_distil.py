@@ -247,6 +247,54 @@ def test_distil_data_main_writes_meta_and_resumes(tmp_path, monkeypatch, funcs):
         distil_data.main(["--out", str(out), "--prompts", "12", "--seed", "6"])
 
 
+def test_everyday_tasks_are_new_and_their_prompts_seeded_and_distinct():
+    """everyday.py: no held-out name or task (nor one containing a held-out name), no prompts.SIMPLE name, each
+    task in two phrasings, the held-out requests' own among them; the same seed gives the same prompts."""
+    from ddtree_chat.dev.demo import everyday
+
+    names = [n for n, _, _ in everyday.tasks()]
+    assert len(names) >= 150 and len(set(names)) == len(names) == len({n for n, _, _ in everyday.TASKS}) - 1
+    assert not set(names) & (prompts.HELDOUT_NAMES | {n for n, _, _ in prompts.SIMPLE})
+    assert not any(h in n for n in names for h in prompts.HELDOUT_NAMES)  # moving_average is left out
+    assert not {d for _, _, d in everyday.TASKS} & {h.does for h in HELDOUT}
+    ps = everyday.prompts(31)
+    assert ps == everyday.prompts(31) and len(ps) == len({p["id"] for p in ps}) > 1.9 * len(names)
+    assert not any(h in p["user"] for p in ps for h in prompts.HELDOUT_NAMES)
+    first = prompts.FUNCTION_TEMPLATES[0].split("{")[0]
+    assert sum(p["user"].startswith(first) for p in ps) >= 0.95 * len(names)
+    assert all(p["kind"] == "function" and f"{p['name']}(" in p["user"] for p in ps)
+
+
+def test_distil_data_everyday_run_and_training_on_two_data_sets(tmp_path, monkeypatch, funcs):
+    """distil_data --everyday answers everyday.py's prompts into a data set of its own (a resume without the
+    flag is refused); data.distil_sources trains on it beside another of the same teacher, and refuses a set
+    of another teacher file."""
+    import ddtree_chat.dev.demo.teacher as teacher
+    from ddtree_chat.dev.demo import data, everyday
+
+    monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
+    monkeypatch.setattr(distil_data, "PromptGen", lambda seed: PromptGen(seed, funcs=funcs))
+    monkeypatch.setattr(everyday, "TASKS", everyday.TASKS[:6])
+    first, extra = tmp_path / "first", tmp_path / "extra"
+    assert distil_data.main(["--out", str(first), "--prompts", "12", "--batch", "8", "--seed", "5"]) == 0
+    assert distil_data.main(["--out", str(extra), "--everyday", "--batch", "8", "--seed", "5"]) == 0
+    meta = json.loads((extra / "meta.json").read_text())
+    assert meta["prompt_source"] == "everyday" and meta["n_prompts"] == 12 and meta["tasks"] == 6
+    with pytest.raises(SystemExit):
+        distil_data.main(["--out", str(extra), "--prompts", "12", "--seed", "5"])
+    src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
+    one = data.distil_sources(src, first, 0.25, log=lambda *a: None)
+    both = data.distil_sources(src, [first, extra], 0.25, log=lambda *a: None)
+    n = {k: len(v) for k, v in one["pairs"].items()}
+    kept = len(distil_data.load_dataset(extra)[1])
+    assert kept and sum(len(v) for v in both["pairs"].values()) == sum(n.values()) + kept
+    assert both["meta"]["distil"]["dir"] == f"{first} {extra}"
+    meta["teacher_sha256"] = "cd" * 32
+    (extra / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="different teacher"):
+        data.distil_sources(src, [first, extra], 0.25, log=lambda *a: None)
+
+
 # ----------------------------------------------------------------------------- teacher: torch Llama
 
 def test_name_swap_renames_the_function_not_methods_or_prose():

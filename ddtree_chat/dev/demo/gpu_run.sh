@@ -12,15 +12,20 @@
 # data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT,
 # RENAME_POOL), eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra
 # train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed),
-# sweep (several targets side by side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL]] ...",
-# each with its eval-target), pick ($PICK: the sweep target the later steps use).
+# sweep (several targets side by side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:everyday]]] ...",
+# each with its eval-target; "everyday" adds everyday.py's data set), EVERYDAY=0 (target and draft without it), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
-T=/tmp/teacher D=/tmp/distil M=/tmp/demo31
+T=/tmp/teacher D=/tmp/distil E=/tmp/everyday M=/tmp/demo31
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
 log="$OUT/demo_log.txt"
+
+data_dirs() {  # the distilled data sets the target and draft steps train on: everyday.py's too unless EVERYDAY=0
+    echo $D
+    [ "${EVERYDAY:-1}" = 1 ] && echo $E
+}
 
 step() {  # name, seconds, command...
     local name=$1 limit=$2 t0
@@ -42,20 +47,22 @@ for s in "$@"; do
                   --prompts 12000 --sampled "${SAMPLED:-1}" --device cuda --batch "${BATCH:-1024}" --max-new 384 \
                   --max-seconds "${DATA_SECONDS:-420}" ;;
         pack-data) tar cJf "$OUT/distil.tar.xz" -C /tmp distil ;;
-        unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp ;;
-        target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $D --stages data,target \
+        unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp
+                     [ -d $E ] || tar xJf training/demo-distil-everyday.tar.xz -C /tmp ;;
+        target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
                     ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ;;
         draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
-                   --distil $D --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
+                   --distil $(data_dirs) --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
-        sweep) for cfg in ${TARGETS:-8:4:2000::mixed 8:4:2000:hidden=384,inter=1152:mixed}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
-                   IFS=: read -r r w n arch pool <<< "$cfg"  # side by side on one GPU, each evaluated held out
+        sweep) for cfg in ${TARGETS:-8:4:2000::mixed:everyday 8:4:2000:hidden=384,inter=1152:mixed:everyday}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
+                   IFS=: read -r r w n arch pool extra <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,' '-__')
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
                     step target 500 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
+                        ${extra:+$E} \
                         --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
                         ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"}
                     step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \

@@ -5,6 +5,7 @@
     python -m ddtree_chat.dev.demo.train --out DIR --target-from ddtree_chat/assets/demo/target   # drafter only
     python -m ddtree_chat.dev.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA        # chat distilled from a teacher (issue 31)
+    python -m ddtree_chat.dev.demo.train --out DIR --distil DATA EVERYDAY   # with everyday.py's answers too
     python -m ddtree_chat.dev.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA --target-arch hidden=384,inter=1152  # a wider target
 
@@ -489,8 +490,8 @@ def main(argv=None) -> int:
                     help="an existing target dir (e.g. ddtree_chat/assets/demo/target): reuse its tokenizer in the data "
                          "stage and train only the drafter against it")
     ap.add_argument("--toy", "--tiny", action="store_true", help="tiny CPU smoke run (150 files, seconds of training)")
-    ap.add_argument("--distil", type=Path, default=None,
-                    help="a distil_data.py output dir: the target learns the teacher's answers (issue 31)")
+    ap.add_argument("--distil", type=Path, nargs="+", default=None,
+                    help="distil_data.py output dir(s) of one teacher: the target learns their answers (issue 31)")
     ap.add_argument("--code-share", type=float, default=0.25,
                     help="with --distil: the share of stdlib source in the target's train characters")
     ap.add_argument("--renames", type=int, default=3,
