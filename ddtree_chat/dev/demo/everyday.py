@@ -207,9 +207,13 @@ def prompts(seed: int, phrasings: int = 2) -> list[dict]:
     always among them: the held-out requests' phrasing) -> prompt dicts as PromptGen makes them; as there, a
     prompt whose text holds a held-out name (a task saying "the largest number") is left out."""
     rng = random.Random(seed)
-    out = []
-    for name, args, does in tasks():
+    out, kept = [], set(tasks())
+    for task in TASKS:
+        # NOTE: every task draws its phrasings, kept or not: leaving one out changes no other prompt
         others = rng.sample(FUNCTION_TEMPLATES[1:], max(0, phrasings - 1))
+        if task not in kept:
+            continue
+        name, args, does = task
         for t in [FUNCTION_TEMPLATES[0], *others]:
             user = t.format(head=f"{name}({args})", does=does)
             if any(h in user for h in HELDOUT_NAMES):
