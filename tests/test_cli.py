@@ -163,7 +163,10 @@ def test_ctrl_c_under_json_ends_with_an_interrupted_done_event(model_args, tmp_p
                          env=dict(os.environ, DDTREE_CHAT_HOME=str(tmp_path)))
     first = json.loads(p.stdout.readline())  # the reply is under way
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
+    # NOTE: read on through p.stdout: readline may have buffered more lines, which communicate() (reading the
+    # pipe's descriptor) would skip; stderr holds a few lines only, so reading it second cannot block the child
+    out, err = p.stdout.read(), p.stderr.read()
+    p.wait(timeout=120)
     events = [first] + [json.loads(line) for line in out.splitlines()]
     assert p.returncode == 130 and "Traceback" not in err
     assert events[-1]["event"] == "done" and events[-1]["stop_reason"] == "interrupted"
