@@ -161,32 +161,11 @@ def test_worker_processes_compile_importable_kernels_and_this_process_loads_them
     assert b.read_text().split() == c.read_text().split() == [str(os.getpid())]
 
 
-def test_workers_started_early_serve_the_next_pool_or_are_stopped(tmp_path):
-    """A first start starts the compile workers before loading; the precompile's pool takes them (no second
-    start), and a start that compiles nothing stops them."""
-    precompile.start_workers(workers=2)
-    early = precompile._early
-    with precompile.Pool(workers=2, processes=True) as pool:
-        assert pool._procs is early and precompile._early is None
-        pool.submit(module_kernel, str(tmp_path / "a"))
-        assert pool.wait() == 1 and pool.elsewhere == 1
-    precompile.start_workers(workers=1)
-    early = precompile._early
-    precompile.stop_workers()
-    assert precompile._early is None
-    with pytest.raises(RuntimeError, match="exited|no compile worker"):
-        early.compile(__name__, "module_kernel", str(tmp_path / "b"))  # ended
-    with precompile.Pool(workers=1, processes=True) as pool:  # none started early: its own
-        assert pool._procs is not None and pool._procs is not early
-
-
 def test_workers_that_cannot_start_leave_the_load_going(monkeypatch, tmp_path):
     def no_processes(*a, **k):
         raise OSError("Resource temporarily unavailable")
 
     monkeypatch.setattr(precompile, "Workers", no_processes)
-    precompile.start_workers(workers=2)  # no exception: a first start goes on without them
-    assert precompile._early is None
     with precompile.Pool(workers=1, processes=True) as pool:  # the compiles go to threads
         pool.submit(module_kernel, str(tmp_path / "a"))
         assert pool._procs is None and pool.wait() == 1 and pool.elsewhere == 0
@@ -241,21 +220,6 @@ def test_a_worker_sees_only_its_gpu_and_yields_the_cores_to_the_load(monkeypatch
         w.close()
     seen, niceness = (tmp_path / "env").read_text().split()
     assert seen == "5" and int(niceness) >= min(19, os.nice(0) + 10)
-
-
-def test_a_first_build_is_one_with_no_library_for_these_sources(monkeypatch, tmp_path):
-    from ddtree_chat.engine.ops import build
-
-    monkeypatch.setenv("DDTREE_CHAT_HOME", str(tmp_path))
-    monkeypatch.setattr(build, "_LIB", None)
-    monkeypatch.setattr(build, "find_nvcc", lambda: None)
-    assert not build.first_build()  # no nvcc: nothing will be built
-    monkeypatch.setattr(build, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(build, "_key", lambda nvcc: "k")
-    assert build.first_build()
-    build._lib_path("nvcc").parent.mkdir(parents=True)
-    build._lib_path("nvcc").write_bytes(b"")
-    assert not build.first_build()
 
 
 def test_the_cuda_build_in_the_background_is_the_one_the_kernels_get(monkeypatch):

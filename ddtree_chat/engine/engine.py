@@ -23,7 +23,7 @@ from .generation import AUTO_BUDGETS, GenerationConfig
 from .loader import load_drafter, load_target
 from .memory import plan_memory
 from .model import causal_mask
-from .ops import build, precompile
+from .ops import build
 from .ops.registry import prefer_library
 from .parallel import SINGLE, TPGroup, Workers, abort_on_lost_rank, checkpoint_fingerprint, join_group, rank_device
 from .progress import Progress
@@ -74,15 +74,9 @@ class Engine:
         if plan_for is not None and not shared_gpu:
             plan_for(tp).check()
         if tp == 1:
-            if (graphs and dev.type == "cuda" and knobs.get(knobs.PRECOMPILE) == "1" and knobs.get(knobs.KERNELS) != "0"
-                    and build.first_build()):
-                precompile.start_workers(dev)  # NOTE: a first start: Triton's compile workers start during the load
-            try:
-                engine = cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
-                if graphs and dev.type == "cuda":
-                    engine.use_graphs(progress=progress)
-            finally:
-                precompile.stop_workers()  # NOTE: those the recording did not take (nothing new to compile)
+            engine = cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
+            if graphs and dev.type == "cuda":
+                engine.use_graphs(progress=progress)
             return engine
         workers = Workers(tp, str(dev), dict(kwargs, expert_parallel=expert_parallel), load_worker_rank)
         try:

@@ -7,7 +7,6 @@ Failures raise KernelBuildError with a readable reason; callers then keep the re
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import logging
 import os
@@ -58,7 +57,6 @@ def sources() -> list[Path]:
     return sorted(CSRC.glob("*.cu"))
 
 
-@functools.lru_cache(maxsize=None)  # NOTE: once per process: first_build() and the build both ask (nvcc --version)
 def _key(nvcc: str) -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.glob("*.cu")) + sorted(CSRC.glob("*.cuh")) + sorted(CSRC.glob("*.h")):
@@ -91,25 +89,15 @@ def run_nvcc(nvcc: str, cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
-def _lib_path(nvcc: str) -> Path:
-    from ...paths import cache_dir
-
-    return cache_dir() / "kernels" / _key(nvcc) / "libddtree_kernels.so"
-
-
-def first_build() -> bool:
-    """Whether library() will run nvcc (none built for these sources and this nvcc yet): a first start."""
-    nvcc = find_nvcc()
-    return _LIB is None and nvcc is not None and not _lib_path(nvcc).exists()
-
-
 def _build() -> ctypes.CDLL:
     global build_seconds
     nvcc = find_nvcc()
     if nvcc is None:
         raise KernelBuildError("nvcc not found (set DDTREE_NVCC or CUDA_HOME); using the reference ops")
-    lib = _lib_path(nvcc)
-    d = lib.parent
+    from ...paths import cache_dir
+
+    d = cache_dir() / "kernels" / _key(nvcc)
+    lib = d / "libddtree_kernels.so"
     if not lib.exists():
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f"tmp-{os.getpid()}.so"

@@ -124,34 +124,6 @@ def _index(device) -> int | None:
     return None if device is None else torch.device(device).index
 
 
-_early: Workers | None = None  # started by start_workers, taken by the next Pool(processes=True)
-
-
-def start_workers(device=None, workers: int | None = None) -> None:
-    """Start the compile workers now, for the next Pool: a first start calls it before loading, so their
-    start (torch and Triton imports, seconds each) runs while nvcc builds and the checkpoint loads."""
-    global _early
-    if _early is None:
-        try:
-            _early = Workers(workers or default_workers(MAX_WORKERS), _index(device))
-        except Exception as e:  # noqa: BLE001 - e.g. no processes left: the pool starts its own, or compiles here
-            log.info("compile workers could not start early (%s)", e)
-
-
-def stop_workers() -> None:
-    """End early workers no Pool took (nothing was left to compile)."""
-    global _early
-    if _early is not None:
-        _early.close()
-        _early = None
-
-
-def _take_workers(n: int, index: int | None) -> Workers:
-    global _early
-    taken, _early = _early, None
-    return taken if taken is not None else Workers(n, index)
-
-
 class Pool:
     """Compiles fed as kernels are found: each (kernel, spec) compiles once however often it is submitted.
     Each compile is a thread of this process that hands an importable kernel to a worker process (processes
@@ -168,7 +140,7 @@ class Pool:
         self._procs = None
         if processes:
             try:
-                self._procs = _take_workers(n, _index(device))
+                self._procs = Workers(n, _index(device))
             except Exception as e:  # noqa: BLE001 - e.g. no processes left: threads compile
                 log.info("no compile workers (%s): compiling in threads", e)
         self._seen: set = set()
