@@ -54,9 +54,11 @@ def weight(n, k, seed, dtype=BF16):
 # K2.6's dense products: q_a + kv_a (fused), q_b, o_proj, the shared expert, the dense MLP, the lm head
 PRODUCTS = [(1536 + 576, H), (64 * 192, 1536), (H, 64 * 128), (2048, H), (H, 2048), (18432, H), (H, 18432),
             (163840, H)]
+# the same at a TP=8 rank (8 heads, an eighth of each MLP and of the vocabulary): their own TILES entries
+RANK_PRODUCTS = [(1536, 1536), (H, 1024), (256, H), (H, 256), (2304, H), (H, 2304), (20480, H)]
 
 
-@pytest.mark.parametrize("n,k", PRODUCTS)
+@pytest.mark.parametrize("n,k", PRODUCTS + RANK_PRODUCTS)
 def test_dense_products_are_row_invariant(n, k):
     w = weight(n, k, n + k)
     assert_row_invariant(lambda x: ops.linear(x, w), k)

@@ -34,6 +34,13 @@ TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {
     (18432, 7168): (64, 64, 64, 4, 4, 1.0),  # dense MLP gate / up
     (7168, 18432): (32, 64, 64, 4, 4, 1.0),  # dense MLP down
     (163840, 7168): (64, 64, 128, 4, 3, 1.0),  # lm head
+    # a TP=8 rank's shares (kernels.py --only exact_tp8); its dense MLP up (2304, 7168) keeps DEFAULT_TILE
+    (1536, 1536): (16, 64, 64, 4, 4, 0.5),  # q_b / 8
+    (7168, 1024): (16, 64, 128, 4, 3, 1.0),  # o_proj / 8
+    (256, 7168): (16, 64, 128, 4, 3, 1.0),  # shared expert gate / up / 8
+    (7168, 256): (64, 64, 128, 4, 3, 1.0),  # shared expert down / 8
+    (7168, 2304): (16, 64, 128, 4, 3, 1.0),  # dense MLP down / 8
+    (20480, 7168): (64, 128, 64, 4, 3, 1.0),  # lm head / 8
 }
 
 
