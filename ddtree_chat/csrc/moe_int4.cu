@@ -317,10 +317,12 @@ struct Variant {
   int gu_warps, gu_unroll, dn_warps, dn_unroll;
   bool dn_two, checked;  // dn_two: kDown2 (two row tiles per CTA); checked: every load bounds-checked (no kFull)
   bool pdl;              // align, gate/up, down and combine launched with programmatic dependent launch
-  bool pipe;             // kPipe GEMMs: gate/up 4 x 2, down kDown2 2 x 2 (the tile fields say so)
+  bool gu_pipe;          // a kPipe gate/up GEMM (4 warps x 2 or 4 k-steps: the tile fields say which)
+  bool dn_pipe;          // a kPipe down GEMM (kDown2, 2 x 2)
 };
 // 0-3: one tile set; 4-7: the same, bounds-checked; 8-13: down tiles paired apart from gate/up, kDown2;
-// 14, 15: 10 and 4 with programmatic dependent launch; 16, 17: kPipe, with and without PDL.
+// 14, 15: 10 and 4 with programmatic dependent launch; 16, 17: kPipe, with and without PDL; 18: 14's tiles with
+// its gate/up pipelined (the same k-steps per warp in the same order as 14 and 10: row-invariant beside them).
 constexpr Variant kVariants[] = {
     {2, 8, 2, 8, false, false, false}, {4, 4, 4, 4, false, false, false},  // 0, 1
     {2, 4, 2, 4, false, false, false}, {4, 8, 4, 4, false, false, false},  // 2, 3
@@ -330,15 +332,17 @@ constexpr Variant kVariants[] = {
     {4, 4, 2, 8, true, false, false}, {4, 4, 2, 4, true, false, false},  // 10, 11
     {2, 8, 2, 8, true, true, false}, {2, 8, 2, 4, true, true, false},  // 12, 13
     {4, 4, 2, 8, true, false, true}, {2, 8, 2, 8, false, true, true},  // 14, 15
-    {4, 2, 2, 2, true, false, true, true}, {4, 2, 2, 2, true, false, false, true},  // 16, 17
+    {4, 2, 2, 2, true, false, true, true, true}, {4, 2, 2, 2, true, false, false, true, true},  // 16, 17
+    {4, 4, 2, 8, true, false, true, true, false},                                                // 18
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 // launch_gateup / launch_down instantiate the kPipe GEMMs at fixed tiles: the table's rows must say the same.
 constexpr bool pipe_rows_match(int i = 0) {
   return i == kNumVariants ||
-         ((!kVariants[i].pipe || (kVariants[i].gu_warps == 4 && kVariants[i].gu_unroll == 2 &&
-                                  kVariants[i].dn_warps == 2 && kVariants[i].dn_unroll == 2 && kVariants[i].dn_two)) &&
+         ((!kVariants[i].gu_pipe || (kVariants[i].gu_warps == 4 && (kVariants[i].gu_unroll == 2 ||
+                                                                     kVariants[i].gu_unroll == 4))) &&
+          (!kVariants[i].dn_pipe || (kVariants[i].dn_warps == 2 && kVariants[i].dn_unroll == 2 && kVariants[i].dn_two)) &&
           pipe_rows_match(i + 1));
 }
 static_assert(pipe_rows_match(), "a kPipe variant's tile fields differ from the tiles launch_gateup/launch_down use");
@@ -378,16 +382,19 @@ void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, cons
 using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
                        const __nv_bfloat16*, int, __nv_bfloat16*, float*);
 
-// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 8 GEMM kernels
-// instead of all 24): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
-constexpr bool picked(int i) { return i == 10 || i == 14 || i == 16; }
+// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 10 GEMM kernels
+// instead of all 26): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
+constexpr bool picked(int i) { return i == 10 || i == 14 || i == 16 || i == 18; }
 constexpr bool picked_tiles_match() {
   return kVariants[10].gu_warps == 4 && kVariants[10].gu_unroll == 4 && kVariants[10].dn_two && kVariants[10].dn_warps == 2 &&
-         kVariants[10].dn_unroll == 8 && !kVariants[10].pipe && !kVariants[10].checked &&
+         kVariants[10].dn_unroll == 8 && !kVariants[10].gu_pipe && !kVariants[10].dn_pipe && !kVariants[10].checked &&
          kVariants[14].gu_warps == 4 && kVariants[14].gu_unroll == 4 && kVariants[14].dn_two && kVariants[14].dn_warps == 2 &&
-         kVariants[14].dn_unroll == 8 && !kVariants[14].pipe && !kVariants[14].checked && kVariants[16].pipe;
+         kVariants[14].dn_unroll == 8 && !kVariants[14].gu_pipe && !kVariants[14].dn_pipe && !kVariants[14].checked &&
+         kVariants[16].gu_pipe && kVariants[16].gu_unroll == 2 && kVariants[16].dn_pipe && !kVariants[16].checked &&
+         kVariants[18].gu_pipe && kVariants[18].gu_warps == 4 && kVariants[18].gu_unroll == 4 && !kVariants[18].dn_pipe &&
+         kVariants[18].dn_two && kVariants[18].dn_warps == 2 && kVariants[18].dn_unroll == 8 && !kVariants[18].checked;
 }
-static_assert(picked_tiles_match(), "variants 10 and 14 must keep the tiles the default build instantiates");
+static_assert(picked_tiles_match(), "variants 10, 14, 16 and 18 must keep the tiles the default build instantiates");
 #ifdef DDT_MOE_SWEEP
 constexpr bool kAllVariants = true;
 #else
@@ -398,11 +405,12 @@ void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const u
                    const uint32_t* su, const __nv_bfloat16* x, int topk, int NT, int KT, __nv_bfloat16* h) {
 #ifdef DDT_MOE_SWEEP
   GemmFn f = gemm<kGateUp, 2, 8>;
-  if (v.pipe) f = gemm<kGateUp, 4, 2, true>;
+  if (v.gu_pipe) f = v.gu_unroll == 4 ? gemm<kGateUp, 4, 4, true> : gemm<kGateUp, 4, 2, true>;
   else if (v.gu_warps == 4) f = v.gu_unroll == 8 ? gemm<kGateUp, 4, 8> : gemm<kGateUp, 4, 4>;
   else if (v.gu_unroll == 4) f = gemm<kGateUp, 2, 4>;
 #else
-  GemmFn f = v.pipe ? gemm<kGateUp, 4, 2, true> : gemm<kGateUp, 4, 4>;  // 16 | 10, 14
+  GemmFn f = !v.gu_pipe ? gemm<kGateUp, 4, 4> : v.gu_unroll == 4 ? gemm<kGateUp, 4, 4, true>  // 10, 14 | 18
+                                                                  : gemm<kGateUp, 4, 2, true>;  // 16
 #endif
   f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
 }
@@ -412,11 +420,11 @@ void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uin
                  int NT, int KT, float* y) {
 #ifdef DDT_MOE_SWEEP
   GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
-  if (v.pipe) f = gemm<kDown2, 2, 2, true>;  // the kPipe variants pair it with kDown2
+  if (v.dn_pipe) f = gemm<kDown2, 2, 2, true>;  // the kPipe down GEMM is kDown2's
   else if (v.dn_warps == 4) f = v.dn_two ? gemm<kDown2, 4, 4> : gemm<kDown, 4, 4>;
   else if (v.dn_unroll == 4) f = v.dn_two ? gemm<kDown2, 2, 4> : gemm<kDown, 2, 4>;
 #else
-  GemmFn f = v.pipe ? gemm<kDown2, 2, 2, true> : gemm<kDown2, 2, 8>;  // 16 | 10, 14
+  GemmFn f = v.dn_pipe ? gemm<kDown2, 2, 2, true> : gemm<kDown2, 2, 8>;  // 16 | 10, 14, 18
 #endif
   f(v.checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
 }

@@ -92,9 +92,10 @@ def pack_experts(experts: ExpertWeights, chunk: int = 8) -> PackedExperts:
 
 
 _FORCED = __import__("os").environ.get("DDTREE_MOE_VARIANT")  # a fixed variant (benchmarks), else by token count
-# moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL, 16-17 kPipe
-N_VARIANTS = 18
-PICKED = (10, 14, 16)  # what default_variant returns; the only ones built unless DDTREE_MOE_SWEEP=1
+# moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL, 16-17 kPipe,
+# 18 14's tiles with a kPipe gate/up
+N_VARIANTS = 19
+PICKED = (10, 14, 16, 18)  # what default_variant returns; the only ones built unless DDTREE_MOE_SWEEP=1
 
 
 def built_variants() -> tuple[int, ...]:
@@ -109,11 +110,11 @@ def default_variant(tokens: int) -> int:
     tokens the register-pipelined tiles (16: gate/up 4 warps x 2, two down row tiles per CTA of 2 x 2, each
     stage's loads issued before the previous stage's MMAs, with programmatic dependent launch); at 5-8 tokens
     14 (gate/up 4 x 4, down two row tiles of 2 x 8, PDL); beyond, 10 (14 without PDL, which lost from 16
-    tokens)."""
+    tokens). Row-invariant (the default on GPUs, docs/exactness.md): 18 up to 4 tokens, then 14, then 10."""
     if _FORCED is not None:
         return int(_FORCED)
-    if exact():  # NOTE: 14 and 10 share every tile (14 adds PDL): each output sums its K steps in one order
-        return 14 if tokens <= 8 else 10
+    if exact():  # NOTE: 18, 14 and 10 share every tile (14 adds PDL, 18 pipelines gate/up): one K order per output
+        return 18 if tokens <= 4 else 14 if tokens <= 8 else 10
     return 16 if tokens <= 4 else 14 if tokens <= 8 else 10
 
 
