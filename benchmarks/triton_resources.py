@@ -56,7 +56,7 @@ def _main_src(dtype, r: int, p: int, chunk: int, block_n: int) -> ASTSource:
 def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), warps=None, arch: int = 90):
     """[(name, ASTSource, options)]: _mla_exact_kernel as mla_attention_exact launches it on sm_<arch> (K2.6's
     latent: 512 + 64 columns; the key tile block_n picks for that arch's shared memory per block) per head
-    count and dtype, and its _merge_kernel per head count (CHUNK) and output dtype. warps: the main kernel's
+    count and dtype, and its _merge_kernel per head count (CHUNK), states per chunk and output dtype. warps: the main kernel's
     num_warps (default: the launch's, triton_mla_exact.main_warps)."""
     out = []
     for dtype in dtypes:
@@ -67,11 +67,12 @@ def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), war
                 out.append((f"_mla_exact_kernel {ty} heads={nh} warps={w} BLOCK_N={bn}",
                             _main_src(dtype, 512, 64, ex.chunk_keys(nh), bn), {"num_warps": w, "num_stages": 2}))
             msig = dict({"OP": "*fp32", "LP": "*fp32", "O": f"*{ty}", "PLEN": "*i64"},
-                        **dict.fromkeys(["M", "NCS", "NTL", "F", "s_lp"], "i32"),
-                        **dict.fromkeys(["CHUNK", "R", "BLOCK_S", "BLOCK_R"], "constexpr"))
-            mconsts = {"CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}
-            out.append((f"_merge_kernel {ty} heads={nh}", _src(ex._merge_kernel, msig, mconsts, _MERGE_PTRS),
-                        {"num_warps": ex.MERGE_WARPS}))
+                        **dict.fromkeys(["M", "NCS", "NTL", "s_lp"], "i32"),
+                        **dict.fromkeys(["F", "CHUNK", "R", "BLOCK_S", "BLOCK_R"], "constexpr"))
+            for f in (1, ex.chunk_keys(nh) // ex.SUB_KEYS):  # a state per chunk, or one per sub-chunk (the fold)
+                mconsts = {"F": f, "CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}
+                out.append((f"_merge_kernel {ty} heads={nh} F={f}", _src(ex._merge_kernel, msig, mconsts, _MERGE_PTRS),
+                            {"num_warps": ex.MERGE_WARPS}))
     return out
 
 

@@ -212,15 +212,16 @@ def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F
 
 
 @triton.jit
-def _chunk_state(OP, LP, M, m, c, n, base, NCS, F, s_lp, offs_r, R: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_R: tl.constexpr, ACC: tl.constexpr):
+def _chunk_state(OP, LP, M, m, c, n, base, NCS, F: tl.constexpr, s_lp, offs_r, R: tl.constexpr,
+                 BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, ACC: tl.constexpr):
     """Chunks c (one per lane) of row m: their F stored states folded in sub-chunk order (the kernel's fold),
-    -> (max, sum, accumulator [BLOCK_S, BLOCK_R] if ACC)."""
+    -> (max, sum, accumulator [BLOCK_S, BLOCK_R] if ACC). Unrolled: the F states' loads do not depend on the
+    folds, so they are all in flight at once instead of one round trip per state."""
     slot = tl.where(c < base, c, NCS + c - base) * F
     fm = tl.full([BLOCK_S], -1e30, tl.float32)
     fl = tl.zeros([BLOCK_S], tl.float32)
     fa = tl.zeros([BLOCK_S, BLOCK_R], tl.float32)
-    for j in range(0, F):
+    for j in tl.static_range(F):
         row = (slot + j) * M + m
         ms = tl.load(LP + row, mask=c < n, other=-1e30)
         ls = tl.load(LP + s_lp + row, mask=c < n, other=0.0)
@@ -233,9 +234,9 @@ def _chunk_state(OP, LP, M, m, c, n, base, NCS, F, s_lp, offs_r, R: tl.constexpr
     return fm, fl, fa
 
 
-@triton.jit(do_not_specialize=["M", "NCS", "NTL", "F", "s_lp"])
-def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, F, s_lp, CHUNK: tl.constexpr, R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_R: tl.constexpr):
+@triton.jit(do_not_specialize=["M", "NCS", "NTL", "s_lp"])
+def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, s_lp, F: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
+                  BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
     """Row m's chunks in absolute chunk order c = 0, 1, ...: c < base from the shared slots, the rest from
     the row's tail slots; each chunk's F stored states folded first (_chunk_state), then normalised. Chunk c
     always sits in lane c % BLOCK_S of step c // BLOCK_S, so rows whose launches hold different numbers of
@@ -328,6 +329,6 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             num_warps=main_warps(ql.dtype, major(dev)),
                             num_stages=2)
     block_r = min(r, 128)
-    _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, f, slots * m, CHUNK=chunk, R=r,
+    _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, slots * m, F=f, CHUNK=chunk, R=r,
                                      BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS)
     return out
