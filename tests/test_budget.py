@@ -176,22 +176,24 @@ def _simulate(auto, rounds: int, accepted: int) -> list[int]:
 
 def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
     """Drafting costs most of a plain step and the target rarely agrees (T > 0 on a CPU): after the
-    first explorations every round is a plain step but for an exploration every EXPLORE_MAX rounds;
-    once trees pay again they come back within a few explorations."""
-    from ddtree_chat.engine.budget import EXPLORE_MAX
+    first explorations every round is a plain step but for an exploration every PLAIN_EXPLORE_MAX rounds
+    (each one also pays the drafter's catch-up); an exploring tree that beats them brings the next exploration
+    within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations."""
+    from ddtree_chat.engine.budget import EXPLORE_MAX, PLAIN_EXPLORE_MAX
 
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
     auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
     poor = _simulate(auto, 400, accepted=1)
-    assert auto.last == PLAIN and auto.interval == EXPLORE_MAX
+    assert auto.last == PLAIN and auto.interval == PLAIN_EXPLORE_MAX > EXPLORE_MAX
     late = poor[200:]
-    assert 0 < sum(b != PLAIN for b in late) <= len(late) // EXPLORE_MAX + 1  # still explores, rarely
+    assert 0 < sum(b != PLAIN for b in late) <= len(late) // PLAIN_EXPLORE_MAX + 1  # still explores, rarely
     assert auto.catch_up_s == pytest.approx(0.05)
-    good = _simulate(auto, 4 * EXPLORE_MAX, accepted=6)  # 6 tokens in 1.8 s: trees beat 1 in 0.55 s
+    # 6 tokens in 1.8 s: trees beat 1 in 0.55 s; after the first such exploration they are checked every EXPLORE_MAX
+    good = _simulate(auto, PLAIN_EXPLORE_MAX + 4 * EXPLORE_MAX, accepted=6)
     assert auto.last != PLAIN and all(b != PLAIN for b in good[-EXPLORE_MAX:])
 
 
-def test_a_near_tie_keeps_trees_and_a_new_temperature_explores_afresh():
+def test_a_near_tie_keeps_the_choice_in_force_and_a_new_temperature_explores_afresh():
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
     auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
     auto.trees = [1.0, 0.51]  # tree rounds gave 1.96 tokens/s, plain steps would give 2
@@ -200,6 +202,14 @@ def test_a_near_tie_keeps_trees_and_a_new_temperature_explores_afresh():
     auto.rounds = auto.interval
     auto.choose(_tree(False))
     assert auto.last == PLAIN
+    auto.trees = [1.0, 0.49]  # the margin goes to the choice in force: 2.04 tokens/s do not leave plain steps
+    auto.rounds = auto.interval
+    auto.choose(_tree(False))
+    assert auto.last == PLAIN
+    auto.trees = [1.0, 0.45]  # 2.22 do
+    auto.rounds = auto.interval
+    auto.choose(_tree(False))
+    assert auto.last != PLAIN
     auto.start_reply(0.0)  # the first reply: it was never told a temperature
     assert auto.last is None and auto.exploring and auto.tree_rate == 0.0
     auto.last, auto.trees = PLAIN, [1.0, 0.6]

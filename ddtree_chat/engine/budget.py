@@ -27,8 +27,12 @@ from .tree import DraftTree, path_scores
 
 EXPLORE = 8  # every EXPLORE-th round drafts past the last choice, to find out whether a larger tree pays ...
 EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles that interval, up to this
+PLAIN_EXPLORE_MAX = 256  # the same for plain steps: their exploration also pays the drafter's catch-up
 PLAIN = 0  # the choice that drafts nothing: plain `ar` rounds until the next exploring round
-PLAIN_MARGIN = 1.05  # plain steps must beat the trees' rate by this factor (a near-tie keeps trees)
+PLAIN_MARGIN = 1.05  # what the choice not in force must beat the other by (plain steps vs trees)
+# what tree rounds gave decays by this per tree round: under plain steps only exploring rounds add to it, one a
+# few dozen rounds, and at T > 0 one round's acceptance varies 1-5x (at 0.7 one lucky tree chose trees)
+TREE_DECAY = 0.9
 log = logging.getLogger(__name__)
 
 
@@ -162,10 +166,15 @@ class AutoBudget:
         # NOTE: this round's tree is drafted (paid for), so it is verified; plain steps are for the later rounds.
         # Against the rate tree rounds gave, not this tree's prediction: at T > 0 a confident tree is followed by
         # average ones (choosing by it, CPU auto at T=0.7 verified trees in 60% of its rounds: 0.80x of ar).
-        plain = self.plain_rate() > PLAIN_MARGIN * (self.tree_rate or best_rate)
+        trees = self.tree_rate or best_rate
+        # NOTE: the margin goes to the choice in force: a tie between plain steps and trees flipped to trees for
+        # a stretch after every lucky exploring tree (CPU auto at T=0.7 ran 0.92x of ar, with ~5% tree rounds)
+        plain = (PLAIN_MARGIN * self.plain_rate() > trees if self.last == PLAIN
+                 else self.plain_rate() > PLAIN_MARGIN * trees)
         best, later = self.tp.broadcast((best, PLAIN if plain else best))
         # a stable choice needs ever fewer checks; a change goes back to EXPLORE
-        self.interval = min(2 * self.interval, EXPLORE_MAX) if later == self.last else EXPLORE
+        cap = PLAIN_EXPLORE_MAX if later == PLAIN else EXPLORE_MAX
+        self.interval = min(2 * self.interval, cap) if later == self.last else EXPLORE
         self.last = later
         return best
 
@@ -205,7 +214,10 @@ class AutoBudget:
             self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s
         elif self.rounds > 1:
             self._observe_costs(tree.size - 1, draft_s, target_s)
-            self.trees = [0.7 * self.trees[0] + accepted, 0.7 * self.trees[1] + s]
+            self.trees = [TREE_DECAY * self.trees[0] + accepted, TREE_DECAY * self.trees[1] + s]
+            if self.last == PLAIN and accepted / s > PLAIN_MARGIN * self.plain_rate():
+                # NOTE: an exploring tree that beat plain steps: look again sooner (trees may pay now)
+                self.interval = min(self.interval, EXPLORE_MAX)
         if predicted > 1e-6:
             ratio = min((accepted - 1) / predicted, 4.0)
             self.calib = 0.9 * self.calib + 0.1 * ratio
