@@ -140,10 +140,22 @@ def ops_labelled():
         Op.run = run
 
 
-def op_rows(prof) -> list[tuple[str, int, float]]:
-    """(op and shapes, calls, GPU us in all) of a profile taken under ops_labelled, most time first."""
-    rows = [(e.key, e.count, e.device_time_total) for e in prof.key_averages() if e.key.startswith("op ")]
-    return sorted(rows, key=lambda r: -r[2])
+def op_rows(events) -> list[tuple[str, int, float]]:
+    """(op and shapes, calls, GPU us in all) from a profile's events taken under ops_labelled, most time first.
+    An op call's GPU time is the kernels' (and copies') own time inside its range on the GPU timeline, not the
+    range's span: an eager forward leaves the GPU idle between launches, and the span counts that idle too."""
+    ranges = [e for e in events if e.name.startswith("op ")]
+    work = sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.device_type != torch.autograd.DeviceType.CPU and not e.name.startswith("op "))
+    rows: dict[str, list] = {}
+    for e in ranges:
+        row = rows.setdefault(e.name, [0, 0.0])
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            row[0] += 1  # NOTE: one CPU range per call; its GPU range exists only when it launched something
+        else:
+            a, b = e.time_range.start, e.time_range.end
+            row[1] += sum(end - start for start, end in work if start >= a and end <= b)
+    return sorted(((key, calls, us) for key, (calls, us) in rows.items()), key=lambda r: (-r[2], r[0]))
 
 
 def _profile(model, cfg, cache, t: int, ctx: int, gen, dev) -> None:
@@ -162,7 +174,7 @@ def _profile(model, cfg, cache, t: int, ctx: int, gen, dev) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
     print("GPU time by op and argument shapes (us in all, calls; an op served by its reference of other ops "
           "counts them too), the same forward:")
-    for key, calls, us in op_rows(prof):
+    for key, calls, us in op_rows(prof.events()):
         print(f"{us:9.1f} {calls:4d}  {key}")
 
 

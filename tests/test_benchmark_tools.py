@@ -127,8 +127,25 @@ def test_a_profile_attributes_time_to_each_op_and_its_shapes():
         ops.linear(x, w1)
         ops.linear(x, w2)
     assert Op.run is run
-    got = {key: calls for key, calls, _ in k26_forward.op_rows(prof)}
+    got = {key: calls for key, calls, _ in k26_forward.op_rows(prof.events())}
     assert got == {"op matmul_nt 3x8 5x8": 2, "op matmul_nt 3x8 6x8": 1}
+
+
+def test_an_ops_gpu_time_is_its_kernels_time_not_its_ranges_span():
+    """op_rows on a made-up GPU timeline: an op's time is the kernels inside its GPU range (idle gaps between
+    launches excluded), an op served by other ops counts theirs too, and a range without kernels adds nothing."""
+    from types import SimpleNamespace as NS
+
+    import k26_forward
+    import torch
+
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    ev = lambda name, dev, a, b: NS(name=name, device_type=dev, time_range=NS(start=a, end=b))  # noqa: E731
+    events = [ev("op outer", cpu, 0, 50), ev("op inner", cpu, 5, 40), ev("op idle", cpu, 60, 70),
+              ev("op outer", gpu, 100, 190), ev("op inner", gpu, 100, 130),  # GPU ranges: first to last kernel
+              ev("k1", gpu, 100, 110), ev("k2", gpu, 120, 130), ev("k3", gpu, 180, 190),  # 10 us each, gaps
+              ev("aten::mm", cpu, 6, 8), ev("k4", gpu, 200, 290)]  # a kernel outside every op range
+    assert k26_forward.op_rows(events) == [("op outer", 1, 30), ("op inner", 1, 20), ("op idle", 1, 0.0)]
 
 
 def test_load_speed_writes_a_k26_layout_checkpoint_and_times_a_rank_on_cpu(tmp_path):

@@ -110,11 +110,12 @@ def default_variant(tokens: int) -> int:
     tokens the register-pipelined tiles (16: gate/up 4 warps x 2, two down row tiles per CTA of 2 x 2, each
     stage's loads issued before the previous stage's MMAs, with programmatic dependent launch); at 5-8 tokens
     14 (gate/up 4 x 4, down two row tiles of 2 x 8, PDL); beyond, 10 (14 without PDL, which lost from 16
-    tokens). Row-invariant (the default on GPUs, docs/exactness.md): 18 up to 4 tokens, then 14, then 10."""
+    tokens). Row-invariant (the default on GPUs, docs/exactness.md): 18 for one token, 14 up to 8, then 10
+    (18's pipelined gate/up lost to 14 at 2-4 tokens)."""
     if _FORCED is not None:
         return int(_FORCED)
     if exact():  # NOTE: 18, 14 and 10 share every tile (14 adds PDL, 18 pipelines gate/up): one K order per output
-        return 18 if tokens <= 4 else 14 if tokens <= 8 else 10
+        return 18 if tokens == 1 else 14 if tokens <= 8 else 10
     return 16 if tokens <= 4 else 14 if tokens <= 8 else 10
 
 
