@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels exacttp8 e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e
 #                                               programs k26 layer kernels
 #                                               moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
@@ -93,6 +93,7 @@ for s in "$@"; do
         exactcuda) DDTREE_MLA=cuda step exact-cuda-mla 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactkernels) step exactkernels 300 python benchmarks/kernels.py --only exact --json "$OUT/exact_kernels.json" ;;
         exacttp8) step exacttp8 300 python benchmarks/kernels.py --only exact_tp8 --json "$OUT/exact_tp8.json" ;;
+        blockm) step blockm 200 python benchmarks/kernels.py --only exact_block_m --json "$OUT/blockm.json" ;;
         e2ebf16) step e2ebf16 300 python benchmarks/e2e.py --device cuda --dtype bfloat16 --prompts 12 --max-new 128 \
                      --budgets 16 32 64 --json "$OUT/e2e_bf16.json" ;;
         smoke) step smoke 420 python benchmarks/cli_smoke.py --device cuda --max-new 64 \

@@ -311,6 +311,44 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
     return rows
 
 
+def bench_exact_block_m(ceiling, shapes=EXACT_PRODUCTS):
+    """--only exact_block_m: whether the row-invariant product's BLOCK_M may follow the row count. For each
+    shape's table tile, BLOCK_M = 16 / 32 / 64 with the rest fixed (same BLOCK_N, BLOCK_K, split) at 1 / 17 / 65
+    rows: every output bit compared with BLOCK_M = 16's on the same rows (Hopper: mma.sync vs wgmma), and
+    the first row against the one-row launch's; the times beside them."""
+    from ddtree_chat.engine.ops import triton_exact_linear as el
+    from ddtree_chat.engine.ops.triton_mla import graph_ms
+
+    rows = []
+    for name, n, k in shapes:
+        w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        x = torch.randn(max(EXACT_ROWS), k, device="cuda").to(torch.bfloat16)
+        table = el.TILES.get((n, k), el.DEFAULT_TILE)
+        outs, us = {}, {}
+        try:
+            for bm in (16, 32, 64):
+                el.TILES[(n, k)] = (bm,) + tuple(table[1:])
+                for m in EXACT_ROWS:
+                    outs[bm, m] = el.matmul_nt_exact(x[:m], w)
+                    us[bm, m] = 1e3 * graph_ms(lambda: el.matmul_nt_exact(x[:m], w), cold=True)
+        finally:
+            el.TILES.pop((n, k))
+            el.TILES.update({(n, k): table} if table is not el.DEFAULT_TILE else {})
+        same = {f"bm{bm} M={m}": bool(torch.equal(outs[bm, m].view(torch.int16), outs[16, m].view(torch.int16)))
+                for bm in (32, 64) for m in EXACT_ROWS}
+        first_row = {f"bm{bm} M={m}": bool(torch.equal(outs[bm, m][:1].view(torch.int16),
+                                                       outs[16, 1].view(torch.int16)))
+                     for bm in (16, 32, 64) for m in EXACT_ROWS}
+        r = {"kernel": "exact_block_m", "shape": name, "us": us[16, 1], "GBps": float("nan"),
+             "frac_ceiling": float("nan"), "same_as_bm16": same, "first_row_as_one_row_bm16": first_row,
+             "us_by_bm": {f"bm{bm} M={m}": t for (bm, m), t in us.items()}, "tile": list(table)}
+        rows.append(r)
+        print(name, "all bits equal" if all(same.values()) and all(first_row.values()) else "DIFFER",
+              same, first_row, {kk: round(v, 1) for kk, v in r["us_by_bm"].items()}, flush=True)
+        del w, x, outs
+    return rows
+
+
 def bench_cuda_mla(ceiling, quick=False):
     """--only cuda_mla: csrc/mla_attention.cu (its default plan and the alternatives) side by side with the
     row-invariant Triton kernel and the SM-count-planned Triton kernel, cold L2, same inputs."""
@@ -631,6 +669,7 @@ def main():
                      ("exact_products", lambda: bench_exact(ceiling, a.quick, mla=False)),
                      ("exact_mla", lambda: bench_exact(ceiling, a.quick, shapes=())),
                      ("exact_tp8", lambda: bench_exact(ceiling, a.quick, EXACT_PRODUCTS_TP8, mla=False)),
+                     ("exact_block_m", lambda: bench_exact_block_m(ceiling)),
                      ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
                      ("ncu", profile_once)):
         if name in only:
