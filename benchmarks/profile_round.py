@@ -2,18 +2,21 @@
 
     PYTHONPATH=. python benchmarks/profile_round.py [--modes ar dflash ddtree:32 ddtree:auto] [--max-new 128]
                                                     [--eager] [--ops] [--host] [--programs] [--top 12]
-                                                    [--json OUT]
+                                                    [--device cuda|cpu] [--json OUT]
 
 Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall time, summed kernel time
 (the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call).
 --ops (implies --eager) lists torch ops with their input shapes instead, to tell which op a kernel is;
 --host adds the Python functions that take the most host time in one more reply (cProfile; a device
 wait shows up in the call that waits, e.g. tolist); --programs (graphs only) times each of the round's
-recorded programs (draft / verify / accept) alone, replayed back to back, with its kernel count."""
+recorded programs (draft / verify / accept) alone, replayed back to back, with its kernel count.
+--device cpu: the same per mode without kernels (wall time, rounds), and --programs times each program run
+directly (where a CPU round goes)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -85,10 +88,13 @@ def main(argv=None) -> int:
     ap.add_argument("--host", action="store_true")
     ap.add_argument("--programs", action="store_true")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    eng = Engine.load(*shipped_demo_dirs(), device="cuda", graphs=not (a.eager or a.ops))
-    acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if a.ops else [])
+    eng = Engine.load(*shipped_demo_dirs(), device=a.device, graphs=not (a.eager or a.ops))
+    cuda = eng.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    acts = ([ProfilerActivity.CUDA] if cuda else []) + ([ProfilerActivity.CPU] if a.ops else [])
     ids = heldout_prompts(1)[0]["prompt_ids"]
     out = {}
     for spec in a.modes:
@@ -96,13 +102,14 @@ def main(argv=None) -> int:
         cfg = GenerationConfig(mode=mode, budget=(b if b == "auto" else int(b)) if b else 32, max_new_tokens=a.max_new)
         for _ in eng.generate(ids, cfg):  # warm-up
             pass
-        torch.cuda.synchronize()
-        with profile(activities=acts, record_shapes=a.ops) as prof:
+        sync()
+        # NOTE: on the CPU (no --ops) nothing to profile: the wall time alone, without the profiler's overhead
+        with profile(activities=acts, record_shapes=a.ops) if cuda or a.ops else contextlib.nullcontext() as prof:
             t0 = time.perf_counter()
             done = list(eng.generate(ids, cfg))[-1]
-            torch.cuda.synchronize()
+            sync()
             wall = time.perf_counter() - t0
-        rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total) if prof else []
         busy = sum(e.self_device_time_total for e in rows) / 1e6
         if a.ops:  # aten ops (their kernels' time) by input shapes
             rows = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")),
@@ -114,11 +121,12 @@ def main(argv=None) -> int:
         out[spec] = {"wall_s": wall, "busy_s": busy, "rounds": done["rounds"], "tokens": len(done["token_ids"]),
                      "top": top}
         print(f"\n## {spec}: {len(done['token_ids'])} tokens, {done['rounds']} rounds, wall {wall * 1e3:.1f} ms, "
-              f"kernels {busy * 1e3:.1f} ms ({100 * busy / wall:.0f}% busy), "
-              f"{wall / max(done['rounds'], 1) * 1e3:.3f} ms/round")
-        print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
-        for t in top:
-            print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
+              + (f"kernels {busy * 1e3:.1f} ms ({100 * busy / wall:.0f}% busy), " if cuda else "")
+              + f"{wall / max(done['rounds'], 1) * 1e3:.3f} ms/round")
+        if cuda:  # NOTE: a CPU profile holds no kernels
+            print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
+            for t in top:
+                print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
         if a.programs:
             out[spec]["programs"] = programs(eng.decoder.graphs, mode, cfg.budget, top_n=a.top)
         if a.host:
@@ -128,7 +136,7 @@ def main(argv=None) -> int:
             prof = cProfile.Profile()
             prof.enable()
             list(eng.generate(ids, cfg))
-            torch.cuda.synchronize()
+            sync()
             prof.disable()
             print(f"\n### host time, {spec}")
             pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)

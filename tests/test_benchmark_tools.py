@@ -258,3 +258,17 @@ def test_exact_sweep_keeps_the_ar_step_then_picks_the_least_worst_ratio_to_cubla
     from ddtree_chat.engine.ops import triton_exact_linear as el
 
     assert kernels.EXACT_TILES[0] == el.DEFAULT_TILE
+
+
+def test_profile_round_times_a_rounds_programs_on_the_cpu(tmp_path, capsys):
+    """benchmarks/profile_round.py --device cpu: the demo pair's reply per mode (wall time, rounds) and, with
+    --programs, each program of the round (draft, verify, accept) run directly, each with a time."""
+    import profile_round
+
+    out = tmp_path / "round.json"
+    assert profile_round.main(["--device", "cpu", "--modes", "ddtree:8", "--max-new", "8", "--programs",
+                               "--json", str(out)]) == 0
+    got = json.loads(out.read_text())["ddtree:8"]
+    assert got["tokens"] == 8 and 1 <= got["rounds"] <= 8 and got["wall_s"] > 0
+    assert [p["key"][0] for p in got["programs"]] == ["draft", "verify", "accept"]
+    assert all(p["ms"] > 0 for p in got["programs"]) and "## ddtree:8: 8 tokens" in capsys.readouterr().out
