@@ -272,3 +272,17 @@ def test_profile_round_times_a_rounds_programs_on_the_cpu(tmp_path, capsys):
     assert got["tokens"] == 8 and 1 <= got["rounds"] <= 8 and got["wall_s"] > 0
     assert [p["key"][0] for p in got["programs"]] == ["draft", "verify", "accept"]
     assert all(p["ms"] > 0 for p in got["programs"]) and "## ddtree:8: 8 tokens" in capsys.readouterr().out
+
+
+def test_the_forward_benchmark_times_the_target_as_the_engine_fuses_it():
+    """k26_forward's target reads q_a and kv_a in one product, as the Decoder's does (its table tile is the
+    fused shape's), on the CPU at tiny dims."""
+    import k26_forward
+    import torch
+
+    from ddtree_chat.engine.parallel.group import SINGLE
+    from ddtree_chat.engine.random_model import k26_config
+
+    cfg = k26_config(layers=2, **k26_round.TINY_TARGET)
+    model = k26_forward.build_target(cfg, torch.device("cpu"), torch.float32, SINGLE)
+    assert all(layer.self_attn.qkv_a_weight is not None for layer in model.layers)
