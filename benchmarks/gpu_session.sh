@@ -76,7 +76,7 @@ for s in "$@"; do
                   # NOTE: ~400-560 s on an H200 with a cold Triton cache: give it a call of its own
                   DDTREE_CHAT_HOME=$(fresh_home) step reversed 585 python -m pytest -q -m gpu --timeout 300 "${reversed[@]}" ;;
         tprank) step tprank 300 python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --context 4096 32768 \
-                    --tokens 1 8 17 33 65 --collective-us 0 10 --json "$OUT/tp8_rank0.json" ;;
+                    --tokens 1 8 17 33 65 --collective-us 0 10 --profile 1 --json "$OUT/tp8_rank0.json" ;;
         loadspeed) step loadspeed 400 python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 \
                        --json "$OUT/load_speed.json" ;;
         allreduce) step allreduce 300 python benchmarks/allreduce.py --json "$OUT/allreduce.json" ;;
