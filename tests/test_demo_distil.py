@@ -337,11 +337,12 @@ def test_everyday2_prompts_are_new_seeded_and_distinct():
 @pytest.mark.skipif(not (TRAINING / "demo-distil-data.tar.xz").exists(), reason="committed data absent")
 def test_everyday2_prompts_are_not_in_the_committed_data_sets():
     """No everyday2.py prompt, nor function name, repeats one of the two earlier data sets' frozen prompt lists
-    (the stdlib generator's under seed 31 and everyday.py's)."""
+    (the stdlib generator's under seed 31 and everyday.py's); its own committed list is the generator's."""
     from ddtree_chat.dev.demo import everyday2
 
     old = _committed_prompts("data") + _committed_prompts("everyday")
     ps = everyday2.prompts(31)
+    assert _committed_prompts("everyday2") == ps
     assert not {p["id"] for p in ps} & {p["id"] for p in old}
     assert not {p["user"] for p in ps} & {p["user"] for p in old}
     assert not {p.get("name") for p in ps} & {p.get("name") for p in old} - {None}
