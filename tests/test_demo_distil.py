@@ -319,7 +319,8 @@ def test_everyday2_prompts_are_new_seeded_and_distinct():
 
     names = [n for n, _, _ in everyday2.tasks()]
     assert len(names) == len(set(names)) == len(everyday2.TASKS) >= 250
-    assert not set(names) & (prompts.HELDOUT_NAMES | {n for n, _, _ in prompts.SIMPLE} | {n for n, _, _ in everyday.TASKS})
+    earlier = {n for n, _, _ in prompts.SIMPLE} | {n for n, _, _ in everyday.TASKS}
+    assert not set(names) & (prompts.HELDOUT_NAMES | earlier)
     ps = everyday2.prompts(31)
     assert ps == everyday2.prompts(31) and ps != everyday2.prompts(32)
     assert len(ps) == len({p["id"] for p in ps}) >= 1500
@@ -361,7 +362,8 @@ def test_distil_data_everyday2_run_reaches_the_training_data(tmp_path, monkeypat
     assert distil_data.main(["--out", str(out), "--everyday2", "--sampled", "0", "--batch", "4", "--seed", "5"]) == 0
     meta, kept = distil_data.load_dataset(out)
     recs = distil_data.read_jsonl(out / "answers.jsonl")
-    assert meta["prompt_source"] == "everyday2" and meta["tasks"] == 2 and meta["n_prompts"] == len(recs) == 2 * 4 + 4 * 2 * 2
+    assert meta["prompt_source"] == "everyday2" and meta["tasks"] == 2
+    assert meta["n_prompts"] == len(recs) == 2 * 4 + 4 * 2 * 2  # 2 tasks x 4 phrasings, 2 x 2 of each other list
     assert {r["mode"] for r in recs} == {"greedy"} and kept
     for other in (["--everyday"], []):
         with pytest.raises(SystemExit):
