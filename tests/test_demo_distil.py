@@ -295,6 +295,84 @@ def test_distil_data_everyday_run_and_training_on_two_data_sets(tmp_path, monkey
         data.distil_sources(src, [first, extra], 0.25, log=lambda *a: None)
 
 
+TRAINING = Path(__file__).resolve().parents[1] / "training"
+
+
+def _committed_prompts(name: str) -> list[dict]:
+    """prompts.jsonl of a committed data set (the tarball's first member: read without unpacking the rest)."""
+    import tarfile
+
+    with tarfile.open(TRAINING / f"demo-distil-{name}.tar.xz", "r:xz") as tf:
+        for m in tf:
+            if m.name.endswith("/prompts.jsonl"):
+                return [json.loads(line) for line in tf.extractfile(m).read().decode().splitlines()]
+    raise AssertionError(f"no prompts.jsonl in demo-distil-{name}.tar.xz")
+
+
+def test_everyday2_prompts_are_new_seeded_and_distinct():
+    """everyday2.py: no held-out name or task anywhere in its prompts, no function name of prompts.SIMPLE or
+    everyday.py, the four kinds, each task in the held-out requests' phrasing too; the same seed gives the
+    same prompts."""
+    from collections import Counter
+
+    from ddtree_chat.dev.demo import everyday, everyday2
+
+    names = [n for n, _, _ in everyday2.tasks()]
+    assert len(names) == len(set(names)) == len(everyday2.TASKS) >= 250
+    earlier = {n for n, _, _ in prompts.SIMPLE} | {n for n, _, _ in everyday.TASKS}
+    assert not set(names) & (prompts.HELDOUT_NAMES | earlier)
+    ps = everyday2.prompts(31)
+    assert ps == everyday2.prompts(31) and ps != everyday2.prompts(32)
+    assert len(ps) == len({p["id"] for p in ps}) >= 1500
+    assert all(p["id"] == prompts.prompt_id(p["user"]) for p in ps)
+    assert not any(h in p["user"] for p in ps for h in prompts.HELDOUT_NAMES)
+    assert not any(h.does in p["user"] for p in ps for h in HELDOUT)
+    kinds = Counter(p["kind"] for p in ps)
+    assert set(kinds) == {"function", "explain", "fix", "general"} and kinds["function"] >= 4 * len(names)
+    first = prompts.FUNCTION_TEMPLATES[0].split("{")[0]
+    assert {p["name"] for p in ps if p["user"].startswith(first) and p["kind"] == "function"} == set(names)
+    assert all(f"{p['name']}(" in p["user"] for p in ps if p["kind"] == "function")
+    assert not {p["id"] for p in ps} & {p["id"] for p in everyday.prompts(31)}
+
+
+@pytest.mark.skipif(not (TRAINING / "demo-distil-data.tar.xz").exists(), reason="committed data absent")
+def test_everyday2_prompts_are_not_in_the_committed_data_sets():
+    """No everyday2.py prompt, nor function name, repeats one of the two earlier data sets' frozen prompt lists
+    (the stdlib generator's under seed 31 and everyday.py's); its own committed list is the generator's."""
+    from ddtree_chat.dev.demo import everyday2
+
+    old = _committed_prompts("data") + _committed_prompts("everyday")
+    ps = everyday2.prompts(31)
+    assert _committed_prompts("everyday2") == ps
+    assert not {p["id"] for p in ps} & {p["id"] for p in old}
+    assert not {p["user"] for p in ps} & {p["user"] for p in old}
+    assert not {p.get("name") for p in ps} & {p.get("name") for p in old} - {None}
+
+
+def test_distil_data_everyday2_run_reaches_the_training_data(tmp_path, monkeypatch):
+    """distil_data --everyday2 answers everyday2.py's prompts into a data set of its own (a resume under another
+    source is refused) that data.distil_sources trains on."""
+    import ddtree_chat.dev.demo.teacher as teacher
+    from ddtree_chat.dev.demo import data, everyday2
+
+    monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
+    for k in ("TASKS", "SNIPPETS", "ERRORS", "BUGS", "QUESTIONS"):
+        monkeypatch.setattr(everyday2, k, getattr(everyday2, k)[:2])
+    out = tmp_path / "e2"
+    assert distil_data.main(["--out", str(out), "--everyday2", "--sampled", "0", "--batch", "4", "--seed", "5"]) == 0
+    meta, kept = distil_data.load_dataset(out)
+    recs = distil_data.read_jsonl(out / "answers.jsonl")
+    assert meta["prompt_source"] == "everyday2" and meta["tasks"] == 2
+    assert meta["n_prompts"] == len(recs) == 2 * 4 + 4 * 2 * 2  # 2 tasks x 4 phrasings, 2 x 2 of each other list
+    assert {r["mode"] for r in recs} == {"greedy"} and kept
+    for other in (["--everyday"], []):
+        with pytest.raises(SystemExit):
+            distil_data.main(["--out", str(out), "--seed", "5", *other])
+    src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
+    got = data.distil_sources(src, [out], 0.25, log=lambda *a: None)
+    assert sum(len(v) for v in got["pairs"].values()) == len(kept)
+
+
 # ----------------------------------------------------------------------------- teacher: torch Llama
 
 def test_name_swap_renames_the_function_not_methods_or_prose():

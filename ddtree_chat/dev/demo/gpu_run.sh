@@ -12,19 +12,21 @@
 # data committed in training/, -> /tmp), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT,
 # RENAME_POOL), eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra
 # train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed),
-# sweep (several targets side by side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:everyday]]] ...",
-# each with its eval-target; "everyday" adds everyday.py's data set), EVERYDAY=0 (target and draft without it), pick ($PICK: the sweep target the later steps use).
+# sweep (several targets side by side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...",
+# each with its eval-target; SETS: extra data sets joined by "+", everyday (everyday.py's) and everyday2
+# (everyday2.py's)), EVERYDAY=0 / EVERYDAY2=0 (target and draft without that set), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
-T=/tmp/teacher D=/tmp/distil E=/tmp/everyday M=/tmp/demo31
+T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 M=/tmp/demo31
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
 log="$OUT/demo_log.txt"
 
-data_dirs() {  # the distilled data sets the target and draft steps train on: everyday.py's too unless EVERYDAY=0
+data_dirs() {  # the distilled data sets the target and draft steps train on: everyday.py's and everyday2.py's too unless EVERYDAY=0 / EVERYDAY2=0
     echo $D
     [ "${EVERYDAY:-1}" = 1 ] && echo $E
+    [ "${EVERYDAY2:-1}" = 1 ] && echo $E2
 }
 
 step() {  # name, seconds, command...
@@ -48,7 +50,8 @@ for s in "$@"; do
                   --max-seconds "${DATA_SECONDS:-420}" ;;
         pack-data) tar cJf "$OUT/distil.tar.xz" -C /tmp distil ;;
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp
-                     [ -d $E ] || tar xJf training/demo-distil-everyday.tar.xz -C /tmp ;;
+                     [ -d $E ] || tar xJf training/demo-distil-everyday.tar.xz -C /tmp
+                     [ -d $E2 ] || tar xJf training/demo-distil-everyday2.tar.xz -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
                     ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ;;
@@ -57,12 +60,12 @@ for s in "$@"; do
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
-        sweep) for cfg in ${TARGETS:-8:4:2000::mixed:everyday 8:4:2000:hidden=384,inter=1152:mixed:everyday}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
+        sweep) for cfg in ${TARGETS:-8:4:2000::mixed:everyday+everyday2 8:4:2000:hidden=384,inter=1152:mixed:everyday+everyday2}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
                    IFS=: read -r r w n arch pool extra <<< "$cfg"  # side by side on one GPU, each evaluated held out
-                   name=$(echo "$cfg" | tr ':=,' '-__')
+                   name=$(echo "$cfg" | tr ':=,+' '-___')
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
                     step target 500 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
-                        ${extra:+$E} \
+                        $(for x in ${extra//+/ }; do echo /tmp/$x; done) \
                         --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
                         ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"}
                     step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
@@ -70,7 +73,7 @@ for s in "$@"; do
                     cat "/tmp/sweep/$name/heldout_target.json" >> "$log") &
                done
                wait ;;
-        pick) rm -rf $M && cp -r "/tmp/sweep/$(echo "$PICK" | tr ':=,' '-__')" $M ;;  # that sweep target is the pair's
+        pick) rm -rf $M && cp -r "/tmp/sweep/$(echo "$PICK" | tr ':=,+' '-___')" $M ;;  # that sweep target is the pair's
         eval-target) step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
                          --device cuda --mode ar --json "$OUT/heldout_target.json" ;;
         eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \

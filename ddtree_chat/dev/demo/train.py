@@ -6,6 +6,7 @@
     python -m ddtree_chat.dev.demo.train --out /tmp/toy --toy           # a 1-minute CPU smoke run
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA        # chat distilled from a teacher (issue 31)
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA EVERYDAY   # with everyday.py's answers too
+    python -m ddtree_chat.dev.demo.train --out DIR --distil DATA EVERYDAY EVERYDAY2   # and everyday2.py's
     python -m ddtree_chat.dev.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA --target-arch hidden=384,inter=1152  # a wider target
 
