@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, prompt_id
+from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, new_tasks, prompt_id
 
 # (name, args, what it does): the phrasing of prompts.SIMPLE
 TASKS = [
@@ -198,8 +198,7 @@ TASKS = [
 
 def tasks() -> list[tuple[str, str, str]]:
     """TASKS less any whose name holds a held-out request's name or repeats a prompts.SIMPLE name."""
-    simple = {name for name, _, _ in SIMPLE}
-    return [t for t in TASKS if t[0] not in simple and not any(h in t[0] for h in HELDOUT_NAMES)]
+    return new_tasks(TASKS, {name for name, _, _ in SIMPLE})
 
 
 def prompts(seed: int, phrasings: int = 2) -> list[dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from . import everyday
-from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, prompt_id
+from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, fenced, new_tasks, prompt_id
 
 # (name, args, what it does): the phrasing of prompts.SIMPLE
 TASKS = [
@@ -604,12 +604,7 @@ QUESTION_LEADS = ["Quick question: ", "I'm new to Python. ", "In one short parag
 def tasks() -> list[tuple[str, str, str]]:
     """TASKS less any whose name holds a held-out request's name or repeats a name of prompts.SIMPLE or
     everyday.py."""
-    seen = {name for name, _, _ in SIMPLE} | {name for name, _, _ in everyday.TASKS}
-    return [t for t in TASKS if t[0] not in seen and not any(h in t[0] for h in HELDOUT_NAMES)]
-
-
-def _code(code: str) -> str:
-    return f"```python\n{code}\n```"
+    return new_tasks(TASKS, {name for name, _, _ in SIMPLE} | {name for name, _, _ in everyday.TASKS})
 
 
 def prompts(seed: int, phrasings: int = 4) -> list[dict]:
@@ -629,13 +624,13 @@ def prompts(seed: int, phrasings: int = 4) -> list[dict]:
                 out.append({"kind": "function", "user": t.format(head=f"{name}({args})", does=does), "name": name})
     for code in SNIPPETS:
         for ask in rng.sample(EXPLAIN_ASKS, 2):
-            out.append({"kind": "explain", "user": f"{ask}\n\n{_code(code)}"})
+            out.append({"kind": "explain", "user": f"{ask}\n\n{fenced(code)}"})
     for code, error in ERRORS:
         for ask in ERROR_ASKS:
-            out.append({"kind": "explain", "user": f"{ask.format(error=error)}\n\n{_code(code)}"})
+            out.append({"kind": "explain", "user": f"{ask.format(error=error)}\n\n{fenced(code)}"})
     for name, does, code in BUGS:
         for ask in FIX_ASKS:
-            out.append({"kind": "fix", "user": f"{ask.format(name=name, does=does)}\n\n{_code(code)}", "name": name})
+            out.append({"kind": "fix", "user": f"{ask.format(name=name, does=does)}\n\n{fenced(code)}", "name": name})
     for q in QUESTIONS:
         lead = rng.choice(QUESTION_LEADS)
         out += [{"kind": "general", "user": q}, {"kind": "general", "user": lead + q}]

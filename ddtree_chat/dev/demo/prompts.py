@@ -82,6 +82,16 @@ HELDOUT = [
 HELDOUT_NAMES = frozenset(h.name for h in HELDOUT)
 
 
+def new_tasks(tasks: list[tuple[str, str, str]], taken: set[str]) -> list[tuple[str, str, str]]:
+    """(name, args, what it does) tasks less any whose name holds a held-out request's name or is in taken."""
+    return [t for t in tasks if t[0] not in taken and not any(h in t[0] for h in HELDOUT_NAMES)]
+
+
+def fenced(code: str) -> str:
+    """code as the Markdown Python block a prompt quotes it in."""
+    return f"```python\n{code}\n```"
+
+
 # ----------------------------------------------------------------------------- replies: code blocks
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
@@ -487,7 +497,7 @@ class PromptGen:
         code = _without_docstring(textwrap.dedent(f.source))
         ask = self.rng.choice(["Explain what this Python function does:", "What does this code do?",
                                "Can you explain this function step by step?"])
-        return {"kind": "explain", "user": f"{ask}\n\n```python\n{code}\n```", "source": f"{f.module}.{f.name}"}
+        return {"kind": "explain", "user": f"{ask}\n\n{fenced(code)}", "source": f"{f.module}.{f.name}"}
 
     def fix(self) -> dict:
         r = self.rng
@@ -498,7 +508,7 @@ class PromptGen:
                 continue
             s = first_sentence(f.doc)
             intent = f"It should: {s}. " if describe(f.doc) else ""
-            user = f"This Python function has a bug. {intent}Find and fix it:\n\n```python\n{bad}\n```"
+            user = f"This Python function has a bug. {intent}Find and fix it:\n\n{fenced(bad)}"
             return {"kind": "fix", "user": user, "name": f.name, "source": f"{f.module}.{f.name}"}
         return self.function()
 
