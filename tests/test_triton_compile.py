@@ -155,8 +155,8 @@ def test_mla_tiles_that_fit_an_sm120_block():
 @pytest.mark.parametrize("arch", [90, 120])
 def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     """The row-invariant product at K2.6's shapes (bf16 at its table's tile with and without split-K and at
-    every tile the exact sweep may put in the table: 16-, 32- and 64-row blocks) compiles for sm_90 and
-    sm_120, each within the 99 KB of shared memory an sm_120 block may hold. (The row-invariant MLA as
+    every tile the exact sweep may put in the table: 16-, 32- and 64-row blocks), and the router's float32
+    form, compile for sm_90 and sm_120, each within the 99 KB of shared memory an sm_120 block may hold. (The row-invariant MLA as
     launched on each: test_row_invariant_mla_*.)"""
     import torch
     from exact_tiles import candidates
@@ -175,10 +175,18 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
                        constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                    "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True, "M_INNER": True}),
              {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in tiles]
+    bm, bn, bk, warps, stages, _ = el.FP32_TILE  # the router's float32 logits: the FFMA form, split K
+    srcs.append((ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
+                           constexprs={"PREC": "fma", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                       "SPLIT": 4, "NORM": False, "ROUTE": 0, "ADD": False, "M_INNER": True}),
+                 {"num_warps": warps, "num_stages": stages}))
     for src, opts in srcs:  # NOTE: one at a time: Python 3.11's ast.parse is not safe across threads
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
         assert kernel.metadata.shared <= SM120_SHARED_PER_BLOCK, (src.fn.__name__, src.constexprs,
                                                                   kernel.metadata.shared)
+    # NOTE: the router's float32 form stays scalar float32 (a broadcast sum with every side >= 16 becomes a
+    # plain-TF32 MMA); sm_90 fuses it into FFMAs, this Triton's sm_120 code multiplies and adds
+    assert "mma" not in kernel.asm["ptx"] and ("fma.rn.f32" in kernel.asm["ptx"] or arch != 90)
 
 
 def _exact_mla_resources(arch: int, bf16_heads: tuple) -> dict:

@@ -22,7 +22,9 @@ MIN_SPLIT_STEPS = 4  # k-steps per split at least
 # the MMA shape (and so each row's K order) must not change with the row count; 64 rows take Hopper's wgmma,
 # one row then pads the block. The sweep (benchmarks/kernels.py --only exact) prints the winner per shape.
 DEFAULT_TILE = (16, 64, 64, 4, 4, 1.0)
-FP32_TILE = (16, 32, 32, 4, 3, 1.0)  # the router's float32 logits (IEEE dots)
+# the router's float32 logits: FFMAs over a 16 x 256 x 4 broadcast per k-step (_mac's "fma"), 16 rows whatever M;
+# IEEE dots on a 16 x 32 x 32 tile took 32 us a call for K2.6's router vs 2.7 for the row-count-picked FFMA form
+FP32_TILE = (16, 4, 256, 8, 1, 1.0)
 # (N, K) of a half-precision product -> its tile where the sweep measured one better than DEFAULT_TILE: K2.6's
 # shapes at TP=1, its rule (kernels.exact_winners: the AR step first) and run in BENCHMARKS.md
 TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {
@@ -85,7 +87,7 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     _mm_nt_kernel[grid](x3, w3, w3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
                         m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2),
                         out.stride(0), out.stride(1), out.stride(2),
-                        PREC="ieee" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=bm, BLOCK_N=bn,
+                        PREC="fma" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=bm, BLOCK_N=bn,
                         BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, M_INNER=True,
                         num_warps=warps,
                         num_stages=stages)
