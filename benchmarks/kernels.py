@@ -264,7 +264,7 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
         for m in EXACT_ROWS:
             us = 1e3 * graph_ms(lambda: el.matmul_nt_exact(xs[m], w), cold=True)
             rows.append(row("exact_linear", f"{name} M={m}", us, n * k * 2, ceiling, lib[m],
-                            extra={"tile": el.tile(n, k, 1, torch.bfloat16, w.device),
+                            extra={"tile": el.tile(n, k, 1, torch.bfloat16, w.device, m),
                                    "us_by_tile": {t: by_m.get(m, by_m.get("error")) for t, by_m in times.items()}}))
             print(rows[-1], flush=True)
         winners[(n, k)] = exact_winners(times, lib)
@@ -312,14 +312,15 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
 
 
 def bench_exact_block_m(ceiling, shapes=EXACT_PRODUCTS):
-    """--only exact_block_m: whether the row-invariant product's BLOCK_M may follow the row count. For each
+    """--only exact_block_m: the fact triton_exact_linear.block_m rests on, and the times it picks from. For each
     shape's table tile, BLOCK_M = 16 / 32 / 64 with the rest fixed (same BLOCK_N, BLOCK_K, split) at 1 / 17 / 65
     rows: every output bit compared with BLOCK_M = 16's on the same rows (Hopper: mma.sync vs wgmma), and
-    the first row against the one-row launch's; the times beside them."""
+    the first row against the one-row launch's; the times beside them, and block_m's pick per row count."""
     from ddtree_chat.engine.ops import triton_exact_linear as el
     from ddtree_chat.engine.ops.triton_mla import graph_ms
 
-    rows = []
+    rows, rule = [], el.block_m
+    el.block_m = lambda bm, n, m: bm  # NOTE: the table's BLOCK_M as set below, at every row count
     for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         x = torch.randn(max(EXACT_ROWS), k, device="cuda").to(torch.bfloat16)
@@ -344,8 +345,10 @@ def bench_exact_block_m(ceiling, shapes=EXACT_PRODUCTS):
              "us_by_bm": {f"bm{bm} M={m}": t for (bm, m), t in us.items()}, "tile": list(table)}
         rows.append(r)
         print(name, "all bits equal" if all(same.values()) and all(first_row.values()) else "DIFFER",
-              same, first_row, {kk: round(v, 1) for kk, v in r["us_by_bm"].items()}, flush=True)
+              same, first_row, {kk: round(v, 1) for kk, v in r["us_by_bm"].items()},
+              "block_m picks", {m: rule(table[0], n, m) for m in EXACT_ROWS}, flush=True)
         del w, x, outs
+    el.block_m = rule
     return rows
 
 

@@ -155,8 +155,9 @@ def test_mla_tiles_that_fit_an_sm120_block():
 @pytest.mark.parametrize("arch", [90, 120])
 def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     """The row-invariant product at K2.6's shapes (bf16 at its table's tile with and without split-K and at
-    every tile the exact sweep may put in the table: 16-, 32- and 64-row blocks), and the router's float32
-    form, compile for sm_90 and sm_120, each within the 99 KB of shared memory an sm_120 block may hold. (The row-invariant MLA as
+    every tile the exact sweep may put in the table: 16-, 32- and 64-row blocks; the taller blocks block_m takes
+    for more rows), and the router's float32 form, compile for sm_90 and sm_120, each within the 99 KB of shared
+    memory an sm_120 block may hold. (The row-invariant MLA as
     launched on each: test_row_invariant_mla_*.)"""
     import torch
     from exact_tiles import candidates
@@ -171,6 +172,8 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     # NOTE: sm_120 (the tighter shared memory) compiles every candidate's shape, sm_90 the 64-row ones (wgmma)
     some = [t for t in map(tuple, candidates()) if t != el.FP32_TILE and (arch == 120 or t[0] == 64)]
     tiles += {(t[0], t[1], t[2], t[4]): (*t[:5], 2) for t in some}.values()  # split-K's path; warps aside
+    # the taller blocks block_m gives each table shape at 17 and 65 rows
+    tiles += {el.tile(n, k, 1, torch.bfloat16, None, m) for n, k in el.TILES for m in (17, 65)}
     srcs = [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
                        constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                    "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True, "M_INNER": True}),

@@ -2,7 +2,9 @@
 floating-point operations whatever the number of rows M, so a tree verify's row equals the AR step's
 (docs/exactness.md). Library GEMMs choose kernels and split-K by M; here the tile (BLOCK_M rows, BLOCK_N,
 BLOCK_K, warps, stages: TILES) and the split of K depend only on (N, K, batch, dtype) and the device, and split-K
-partials are added in split order by the tile's last split (triton_linear's kernel, SPLIT > 1).
+partials are added in split order by the tile's last split (triton_linear's kernel, SPLIT > 1). Only BLOCK_M
+follows M (block_m): a half-precision MMA gives each row the same bits whatever the rows beside it (mma.sync at 16
+and 32 rows, Hopper's wgmma at 64: test_exact_gpu; kernels.py --only exact_block_m).
 
 Serves the half-precision target's dense products (attention projections and absorption, shared expert,
 dense MLP, lm head; any M, also inside registry.prefer_library()) and the router's float32 logits."""
@@ -18,9 +20,9 @@ from .triton_mla import sm_count
 WAVES = 2  # programs per SM the split aims at for one row block (the AR step's bandwidth)
 MIN_SPLIT_STEPS = 4  # k-steps per split at least
 
-# A tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split multiplier). BLOCK_M is fixed per shape, never per M:
-# the MMA shape (and so each row's K order) must not change with the row count; 64 rows take Hopper's wgmma,
-# one row then pads the block. The sweep (benchmarks/kernels.py --only exact) prints the winner per shape.
+# A tile: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split multiplier); its BLOCK_M is the one for up to 16 rows
+# (the AR step's), block_m() takes taller blocks for more rows. The sweep (benchmarks/kernels.py --only exact)
+# prints the winner per shape.
 DEFAULT_TILE = (16, 64, 64, 4, 4, 1.0)
 # the router's float32 logits: FFMAs over a 16 x 256 x 4 broadcast per k-step (_mac's "fma"), 16 rows whatever M;
 # IEEE dots on a 16 x 32 x 32 tile took 32 us a call for K2.6's router vs 2.7 for the row-count-picked FFMA form
@@ -33,9 +35,9 @@ TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {
     (7168, 8192): (16, 64, 64, 4, 4, 0.5),  # o_proj
     (2048, 7168): (16, 64, 64, 4, 4, 0.5),  # shared expert gate / up
     (7168, 2048): (16, 64, 64, 4, 4, 0.5),  # shared expert down
-    (18432, 7168): (64, 64, 64, 4, 4, 1.0),  # dense MLP gate / up
-    (7168, 18432): (32, 64, 64, 4, 4, 1.0),  # dense MLP down
-    (163840, 7168): (64, 64, 128, 4, 3, 1.0),  # lm head
+    (18432, 7168): (16, 64, 64, 4, 4, 1.0),  # dense MLP gate / up
+    (7168, 18432): (16, 64, 64, 4, 4, 1.0),  # dense MLP down
+    (163840, 7168): (16, 64, 128, 4, 3, 1.0),  # lm head
     # a TP=8 rank's shares (kernels.py --only exact_tp8); its dense MLP up (2304, 7168) keeps DEFAULT_TILE
     (1536, 1536): (16, 64, 64, 4, 4, 0.5),  # q_b / 8
     (7168, 1024): (16, 64, 128, 4, 3, 1.0),  # o_proj / 8
@@ -46,9 +48,20 @@ TILES: dict[tuple[int, int], tuple[int, int, int, int, int, float]] = {
 }
 
 
-def tile(n: int, k: int, batch: int, dtype: torch.dtype, device) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split) from the shape and the device only, never from M."""
+NARROW_N = 2304  # up to this many columns 65 rows keep 32-row blocks: 64-row ones leave too few programs
+
+
+def block_m(bm: int, n: int, m: int) -> int:
+    """BLOCK_M for m rows of an N-column half-precision product whose table tile has bm: that up to 16 rows, 32
+    up to 32 rows (or N <= NARROW_N), else 64 (kernels.py --only exact_block_m's times at 1 / 17 / 65 rows)."""
+    return bm if m <= 16 else max(bm, 32) if m <= 32 or n <= NARROW_N else 64
+
+
+def tile(n: int, k: int, batch: int, dtype: torch.dtype, device, m: int = 1) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, split) from the shape and the device; BLOCK_M also from the row
+    count (half precision only: the float32 form's sums are laid out by the block)."""
     bm, bn, bk, warps, stages, mult = FP32_TILE if dtype == torch.float32 else TILES.get((n, k), DEFAULT_TILE)
+    bm = bm if dtype == torch.float32 else block_m(bm, n, m)
     tiles = triton.cdiv(n, bn) * batch
     want = triton.next_power_of_2(triton.cdiv(WAVES * sm_count(device), tiles))
     split = min(max(1, int(want * mult)), max(1, k // (bk * MIN_SPLIT_STEPS)))
@@ -75,7 +88,7 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
         out = torch.empty(m, batch, n, dtype=x.dtype, device=x.device).transpose(0, 1)
     else:
         out = torch.empty(batch, m, n, dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device)
+    bm, bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device, m)
     grid = (triton.cdiv(n, bn) * triton.cdiv(m, bm), 1, batch * split)  # row blocks inner (M_INNER)
     part = lock = out
     if split > 1:
