@@ -259,3 +259,13 @@ def test_compile_threads_are_the_cores_at_most_max_workers(monkeypatch):
     assert precompile.default_workers(200) == precompile.MAX_WORKERS and precompile.default_workers(5) == 5
     monkeypatch.setattr(precompile.os, "cpu_count", lambda: 4)
     assert precompile.default_workers(200) == 4
+
+
+def test_worker_processes_are_capped_below_the_compile_threads(monkeypatch):
+    """Each worker process holds its own torch and engine: a many-core host gets MAX_WORKER_PROCESSES of them
+    behind its compile threads."""
+    started = []
+    monkeypatch.setattr(precompile, "Workers", lambda n, device: started.append(n) or None)
+    with precompile.Pool(workers=precompile.MAX_WORKERS, processes=True) as pool:
+        assert pool._ex._max_workers == precompile.MAX_WORKERS
+    assert started == [precompile.MAX_WORKER_PROCESSES] < [precompile.MAX_WORKERS]

@@ -85,6 +85,7 @@ def discovery(start: Callable | None = None) -> Iterator[dict]:
 
 
 MAX_WORKERS = 32  # compile threads per process: each holds a compile's memory
+MAX_WORKER_PROCESSES = 16  # each worker process imports torch and the engine (~0.4 GB of host memory)
 
 
 def default_workers(jobs: int) -> int:
@@ -140,7 +141,7 @@ class Pool:
         self._procs = None
         if processes:
             try:
-                self._procs = Workers(n, _index(device))
+                self._procs = Workers(min(n, MAX_WORKER_PROCESSES), _index(device))
             except Exception as e:  # noqa: BLE001 - e.g. no processes left: threads compile
                 log.info("no compile workers (%s): compiling in threads", e)
         self._seen: set = set()
