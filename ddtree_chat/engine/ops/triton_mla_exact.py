@@ -234,6 +234,26 @@ def _chunk_state(OP, LP, M, m, c, n, base, NCS, F: tl.constexpr, s_lp, offs_r, R
     return fm, fl, fa
 
 
+@triton.jit
+def _lse(fm, fl):
+    """Each lane's log2-sum-exp2 of its folded state (-inf for an empty one)."""
+    return tl.where(fl > 0, fm + tl.log2(tl.where(fl > 0, fl, 1.0)), float("-inf"))
+
+
+@triton.jit
+def _top(top):
+    """The merge's reference maximum from the lanes' maxima [S] (0 if every state is empty)."""
+    top = tl.max(top, 0)
+    return tl.where(top == float("-inf"), 0.0, top)
+
+
+@triton.jit
+def _weigh(den, acc, fm, fl, fa, top):
+    """One step's chunk states, normalised and weighted by exp2(lse - top), added to (den [S], acc [R])."""
+    w = tl.exp2(_lse(fm, fl) - top)
+    return den + w, acc + tl.sum(fa * (1.0 / tl.where(fl > 0, fl, 1.0))[:, None] * w[:, None], 0)
+
+
 @triton.jit(do_not_specialize=["M", "NCS", "NTL", "s_lp"])
 def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, s_lp, F: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
                   BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -247,21 +267,23 @@ def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, s_lp, F: tl.constexpr, CHUNK: tl
     n = base + NTL
     offs_s = tl.arange(0, BLOCK_S)
     offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
-    top = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for c0 in range(0, n, BLOCK_S):
-        fm, fl, _ = _chunk_state(OP, LP, M, m, c0 + offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R, False)
-        top = tl.maximum(top, tl.where(fl > 0, fm + tl.log2(tl.where(fl > 0, fl, 1.0)), float("-inf")))
-    top = tl.max(top, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
     den = tl.zeros([BLOCK_S], tl.float32)
     acc = tl.zeros([BLOCK_R], tl.float32)
-    for c0 in range(0, n, BLOCK_S):
-        fm, fl, fa = _chunk_state(OP, LP, M, m, c0 + offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R, True)
-        l_safe = tl.where(fl > 0, fl, 1.0)
-        lse = tl.where(fl > 0, fm + tl.log2(l_safe), float("-inf"))
-        w = tl.exp2(lse - top)
-        den += w
-        acc += tl.sum(fa * (1.0 / l_safe)[:, None] * w[:, None], 0)
+    if n <= BLOCK_S:  # NOTE: one step holds every chunk (few rows, a short context): its states are read once
+        fm, fl, fa = _chunk_state(OP, LP, M, m, offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R, True)
+        top = _top(_lse(fm, fl))
+        den, acc = _weigh(den, acc, fm, fl, fa, top)
+    else:  # the maximum over every step first, then the weighted sum
+        top = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        for c0 in range(0, n, BLOCK_S):
+            fm, fl, _ = _chunk_state(OP, LP, M, m, c0 + offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R,
+                                     False)
+            top = tl.maximum(top, _lse(fm, fl))
+        top = _top(top)
+        for c0 in range(0, n, BLOCK_S):
+            fm, fl, fa = _chunk_state(OP, LP, M, m, c0 + offs_s, n, base, NCS, F, s_lp, offs_r, R, BLOCK_S, BLOCK_R,
+                                      True)
+            den, acc = _weigh(den, acc, fm, fl, fa, top)
     out = acc / tl.maximum(tl.sum(den, 0), 1e-30)
     tl.store(O + m * R + offs_r, out.to(O.dtype.element_ty))
 
