@@ -93,11 +93,12 @@ def test_residual_glu_and_router_products_are_row_invariant():
     x = torch.randn(40, 2048, device="cuda").to(BF16)
     want = res[:40].double() + x.double() @ wd.double().T
     assert rel(ops.linear_add(x, wd, res[:40]), want) < 1e-2
-    for e in (64, 384):  # the router's float32 logits, from a bf16 gate
-        gate = weight(e, H, e)
+    # the router's float32 logits from a bf16 gate (its half-precision form) and a float32 one (the FFMA form)
+    for gate in (weight(64, H, 64), weight(384, H, 384), weight(384, H, 385).float()):
         assert_row_invariant(lambda x: ops.router_logits(x, gate), H)
         x = torch.randn(9, H, device="cuda").to(BF16)
-        assert (ops.router_logits(x, gate) - x.double() @ gate.double().T).abs().max() < 1e-4
+        logits = ops.router_logits(x, gate)
+        assert logits.dtype == torch.float32 and (logits - x.double() @ gate.double().T).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("heads", [8, 64])

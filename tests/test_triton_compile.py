@@ -178,7 +178,7 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
                        constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                    "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True, "M_INNER": True}),
              {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in tiles]
-    bm, bn, bk, warps, stages, _ = el.FP32_TILE  # the router's float32 logits: the FFMA form, split K
+    bm, bn, bk, warps, stages, _ = el.FP32_TILE  # a float32 gate's router logits: the FFMA form, split K
     srcs.append((ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
                            constexprs={"PREC": "fma", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                        "SPLIT": 4, "NORM": False, "ROUTE": 0, "ADD": False, "M_INNER": True}),

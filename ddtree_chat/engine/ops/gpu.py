@@ -122,12 +122,11 @@ def register_all() -> list[str]:
         triton_op("matmul_nt_glu", triton_exact_linear.matmul_nt_glu_exact, half,
                   lambda x, wg, wu: _exact_product_shape(x, wg) and _exact_product_shape(x, wu), ahead=True)
         triton_op("linear_add", triton_exact_linear.matmul_nt_exact, half, _exact_product_shape, ahead=True)
-        # NOTE: the router's weight arrives in float32 (ops.router keeps a float32 copy from load on)
-        triton_op("router_logits", lambda x, w: triton_exact_linear.matmul_nt_exact(x.float(), w),
-                  supports=lambda x, w: w.dtype == torch.float32 and _exact_product_shape(x, w, any_dtype=True))
+        triton_op("router_logits", triton_exact_linear.router_logits_exact,
+                  supports=lambda x, w: _exact_product_shape(x, w, any_dtype=True))
     # NOTE: otherwise the router's float32 product takes the products' own dispatch (the small-M Triton
     # kernels), not cuBLAS's float32 picks, which cost a tree's verify extra launches in every MoE layer
-    _enable("router_logits", router_through_products, supports=lambda x, w: w.dtype == torch.float32)
+    _enable("router_logits", router_through_products)
     triton_op("build_tree", triton_tree.build_tree_triton, (torch.float32,),
               lambda root, lp, ids, budget, out=None: triton_tree.fits(lp, budget), declines=False)
     triton_op("rope", triton_rope.rope_triton, half + (torch.float32,))

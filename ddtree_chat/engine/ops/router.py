@@ -31,18 +31,24 @@ def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), w.float())
 
 
+def _logits_of_copy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """router_logits_ref against w's float32 copy (float32_weight), not a cast per call."""
+    return F.linear(x.float(), float32_weight(w))
+
+
 def router_through_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """router_logits_ref through the product op's dispatch (ops.linear): a CUDA kernel form for w float32."""
-    return linear(x.float(), w)
+    """router_logits_ref through the product op's dispatch (ops.linear) on w's float32 copy: a CUDA kernel form."""
+    return linear(x.float(), float32_weight(w))
 
 
-ROUTER_LOGITS = define("router_logits", router_logits_ref)
+ROUTER_LOGITS = define("router_logits", _logits_of_copy)
 
 
 def router_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, H], w [E, H] (the gate as loaded: a kernel may use it in its own dtype) -> float32 [T, E]."""
     if w.requires_grad and torch.is_grad_enabled():  # NOTE: training: the cast stays in autograd's graph
         return router_logits_ref(x, w)
-    return ROUTER_LOGITS(x, float32_weight(w))
+    return ROUTER_LOGITS(x, w)
 
 
 def route_ref(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, n_group: int = 1,

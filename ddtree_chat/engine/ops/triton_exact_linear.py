@@ -7,13 +7,15 @@ follows M (block_m): a half-precision MMA gives each row the same bits whatever 
 and 32 rows, Hopper's wgmma at 64: test_exact_gpu; kernels.py --only exact_block_m).
 
 Serves the half-precision target's dense products (attention projections and absorption, shared expert,
-dense MLP, lm head; any M, also inside registry.prefer_library()) and the router's float32 logits."""
+dense MLP, lm head; any M, also inside registry.prefer_library()) and the router's float32 logits
+(router_logits_exact)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 
+from .router import float32_weight
 from .triton_linear import _as3, _locks, _mm_nt_kernel
 from .triton_mla import sm_count
 
@@ -24,8 +26,8 @@ MIN_SPLIT_STEPS = 4  # k-steps per split at least
 # (the AR step's), block_m() takes taller blocks for more rows. The sweep (benchmarks/kernels.py --only exact)
 # prints the winner per shape.
 DEFAULT_TILE = (16, 64, 64, 4, 4, 1.0)
-# the router's float32 logits: FFMAs over a 16 x 256 x 4 broadcast per k-step (_mac's "fma"), 16 rows whatever M;
-# IEEE dots on a 16 x 32 x 32 tile took 32 us a call for K2.6's router vs 2.7 for the row-count-picked FFMA form
+# float32 products (a float32 gate's router logits): FFMAs over a 16 x 256 x 4 broadcast per k-step (_mac's "fma"),
+# 16 rows whatever M
 FP32_TILE = (16, 4, 256, 8, 1, 1.0)
 # (N, K) of a half-precision product -> its tile where the sweep measured one better than DEFAULT_TILE: K2.6's
 # shapes at TP=1, its rule (kernels.exact_winners: the AR step first) and run in BENCHMARKS.md
@@ -68,9 +70,11 @@ def tile(n: int, k: int, batch: int, dtype: torch.dtype, device, m: int = 1) -> 
     return bm, bn, bk, warps, stages, split
 
 
-def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, CUDA) -> x.dtype [M, N] or [B, M, N];
-    residual [M, N] (2-D only): added in float32 before the one rounding. None for what it does not serve."""
+def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, CUDA) -> out_dtype (default x.dtype) [M, N] or
+    [B, M, N]; residual [M, N] (2-D only): added in float32 before the one rounding. None for what it does not
+    serve."""
     if x.dim() > 3 or w.dim() > 3 or w.dtype != x.dtype or w.shape[-1] != x.shape[-1] \
             or (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]):
         return None
@@ -85,9 +89,9 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     # NOTE: a head-transposed x ([B, M, K] view of [M, B, K]: the MLA absorption's) gets its output in that
     # layout too, so transposing it back is contiguous
     if x.dim() == 3 and batch > 1 and x.stride(0) < x.stride(1):
-        out = torch.empty(m, batch, n, dtype=x.dtype, device=x.device).transpose(0, 1)
+        out = torch.empty(m, batch, n, dtype=out_dtype or x.dtype, device=x.device).transpose(0, 1)
     else:
-        out = torch.empty(batch, m, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(batch, m, n, dtype=out_dtype or x.dtype, device=x.device)
     bm, bn, bk, warps, stages, split = tile(n, k, batch, x.dtype, x.device, m)
     grid = (triton.cdiv(n, bn) * triton.cdiv(m, bm), 1, batch * split)  # row blocks inner (M_INNER)
     part = lock = out
@@ -105,6 +109,15 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
                         num_warps=warps,
                         num_stages=stages)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
+
+
+def router_logits_exact(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """ops.router_logits' kernel: x [T, H] @ w [E, H]^T -> float32 [T, E]. A half-precision gate against x of
+    its dtype takes the half-precision MMA with float32 sums and output (a product of two bf16 values is exact in
+    float32; the FFMA form on the float32 copy was 12x slower for K2.6's router); any other pair the FFMA form."""
+    if x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16):
+        return matmul_nt_exact(x, w, out_dtype=torch.float32)
+    return matmul_nt_exact(x.float(), float32_weight(w))
 
 
 def linear_add_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
