@@ -13,12 +13,12 @@
 # prompts, into /tmp/everyday3), pack-everyday3 ($OUT/demo-distil-everyday3.tar.xz, a few MB: within the 16 MiB a
 # returned file may have), unpack-data ($DATA_TAR, default the data committed in training/, -> /tmp; everyday3's
 # when committed), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target
-# (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed),
-# sweep (several targets side by side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...",
-# each with its eval-target; SETS: extra data sets joined by "+", everyday (everyday.py's), everyday2
-# (everyday2.py's) and everyday3 (everyday3.py's)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 (target and draft
-# without that set; everyday3 only where it was answered or unpacked), pick ($PICK: the sweep target the later
-# steps use).
+# (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
+# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed), sweep (several targets side by
+# side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...", each with its eval-target;
+# SETS: extra data sets joined by "+", everyday (everyday.py's), everyday2 (everyday2.py's) and everyday3
+# (everyday3.py's)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 (target and draft without that set; everyday3 only
+# where it was answered or unpacked), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
