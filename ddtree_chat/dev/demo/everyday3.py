@@ -26,13 +26,13 @@ NUMBER_CONDS = [
     ("negative", "is below zero", ""),
     ("nonzero", "is not zero", ""),
     ("non_positive", "is zero or below", ""),
-    ("above", "is greater than limit", "limit"),
-    ("below", "is smaller than limit", "limit"),
-    ("at_least", "is greater than or equal to minimum", "minimum"),
-    ("at_most", "is smaller than or equal to cap", "cap"),
+    ("above_limit", "is greater than limit", "limit"),
+    ("below_limit", "is smaller than limit", "limit"),
+    ("at_least_minimum", "is greater than or equal to minimum", "minimum"),
+    ("at_most_cap", "is smaller than or equal to cap", "cap"),
     ("in_range", "lies from low to high, both included", "low, high"),
     ("outside_range", "lies outside the range from low to high", "low, high"),
-    ("divisible", "is divisible by k", "k"),
+    ("divisible_by_k", "is divisible by k", "k"),
     ("perfect_square", "is a perfect square such as 0, 1, 4 or 9", ""),
     ("power_of_two", "is a power of two such as 1, 2, 4 or 8", ""),
     ("single_digit", "has a single decimal digit, ignoring the sign", ""),
@@ -40,8 +40,8 @@ NUMBER_CONDS = [
     ("multiple_of_ten", "is a multiple of 10", ""),
     ("whole", "is a whole number such as 3 or 4.0", ""),
     ("fractional", "has a fractional part, as 2.5 does", ""),
-    ("near", "is within tolerance of target", "target, tolerance"),
-    ("far_from", "differs from target by more than gap", "target, gap"),
+    ("near_target", "is within tolerance of target", "target, tolerance"),
+    ("far_from_target", "differs from target by more than gap", "target, gap"),
     ("perfect_cube", "is a perfect cube such as 1, 8 or 27", ""),
     ("ending_in_five", "ends in the digit 5", ""),
     ("positive_even", "is even and greater than zero", ""),
@@ -446,7 +446,7 @@ GEOMETRY = [
 ]
 
 # Integers in a range that meet a condition (NUMBER_CONDS' words) and what is asked of them
-RANGE_CONDS = ["even", "odd", "divisible", "perfect_square", "power_of_two", "single_digit", "two_digit",
+RANGE_CONDS = ["even", "odd", "divisible_by_k", "perfect_square", "power_of_two", "single_digit", "two_digit",
                "multiple_of_ten"]
 RANGE_OPS = [
     ("{w}_between", "returns the list of the integers from start to stop, both included, that {p}"),
@@ -551,7 +551,8 @@ def _record_tasks() -> list[tuple[str, str, str]]:
 
 
 def _ratio(n: float) -> str:
-    return f"{round(n):,}" if abs(n - round(n)) < 1e-9 else f"{n:.6g}"
+    """1024 -> '1,024', 10763910.4 -> '10,763,910' (no exponent), 2.54 -> '2.54', 1/0.3048 -> '3.28084'."""
+    return f"{round(n):,}" if abs(n - round(n)) < 1e-9 or n >= 1e5 else f"{n:.6g}"
 
 
 def _unit_tasks() -> list[tuple[str, str, str]]:
