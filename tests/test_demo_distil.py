@@ -373,6 +373,82 @@ def test_distil_data_everyday2_run_reaches_the_training_data(tmp_path, monkeypat
     assert sum(len(v) for v in got["pairs"].values()) == len(kept)
 
 
+@pytest.fixture(scope="module")
+def everyday3_prompts():
+    from ddtree_chat.dev.demo import everyday3
+
+    return everyday3.prompts(31)
+
+
+def test_everyday3_prompts_are_new_seeded_and_distinct(everyday3_prompts):
+    """everyday3.py: >= 5,000 distinct prompts, about a quarter of them not function requests; each task named
+    anew (no held-out name, nor one containing it, no function name of prompts.SIMPLE, everyday.py or
+    everyday2.py, no task of theirs) and asked in the held-out requests' phrasing; no held-out name or task in
+    any prompt; the quoted code parses; the same seed gives the same prompts."""
+    from collections import Counter
+
+    from ddtree_chat.dev.demo import everyday, everyday2, everyday3
+
+    ps = everyday3_prompts
+    tasks = everyday3.tasks()
+    names = [n for n, _, _ in tasks]
+    assert len(names) == len(set(names)) >= 3000
+    earlier = prompts.SIMPLE + everyday.TASKS + everyday2.TASKS
+    assert not set(names) & (prompts.HELDOUT_NAMES | {n for n, _, _ in earlier} | {n for n, _, _ in everyday2.BUGS})
+    assert not any(h in n for n in names for h in prompts.HELDOUT_NAMES)
+    assert not {d for _, _, d in tasks} & ({d for _, _, d in earlier} | {h.does for h in HELDOUT})
+    assert ps == everyday3.prompts(31) and ps != everyday3.prompts(32)
+    assert len(ps) == len({p["id"] for p in ps}) >= 5000
+    assert all(p["id"] == prompts.prompt_id(p["user"]) and p["source"] == "everyday3" for p in ps)
+    assert not any(h in p["user"] for p in ps for h in prompts.HELDOUT_NAMES)
+    assert not any(h.does in p["user"] for p in ps for h in HELDOUT)
+    kinds = Counter(p["kind"] for p in ps)
+    assert set(kinds) == {"function", "explain", "fix", "general"} and 0.2 <= 1 - kinds["function"] / len(ps) <= 0.3
+    first = prompts.FUNCTION_TEMPLATES[0].split("{")[0]
+    assert {p["name"] for p in ps if p["user"].startswith(first) and p["kind"] == "function"} == set(names)
+    assert all(f"{p['name']}(" in p["user"] for p in ps if p["kind"] == "function")
+    quoted = [prompts.python_code(p["user"]) for p in ps if p["kind"] in ("explain", "fix")]
+    assert len(quoted) == kinds["explain"] + kinds["fix"] and all(prompts.parses(c) for c in quoted)
+    assert all(c.strip().count("\n") < 25 for c in quoted)  # at most 25 lines
+
+
+@pytest.mark.skipif(not (TRAINING / "demo-distil-data.tar.xz").exists(), reason="committed data absent")
+def test_everyday3_prompts_are_not_in_the_committed_data_sets(everyday3_prompts):
+    """No everyday3.py prompt, nor function name, repeats one of the three committed data sets' prompt lists."""
+    old = _committed_prompts("data") + _committed_prompts("everyday") + _committed_prompts("everyday2")
+    ps = everyday3_prompts
+    assert not {p["id"] for p in ps} & {p["id"] for p in old}
+    assert not {p["user"] for p in ps} & {p["user"] for p in old}
+    assert not {p.get("name") for p in ps} & {p.get("name") for p in old} - {None}
+
+
+def test_distil_data_everyday3_run_reaches_the_training_data(tmp_path, monkeypatch):
+    """distil_data --everyday3 answers everyday3.py's prompts into a data set of its own (a resume under another
+    source is refused) that data.distil_sources trains on."""
+    import ddtree_chat.dev.demo.teacher as teacher
+    from ddtree_chat.dev.demo import data, everyday3
+
+    monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
+    monkeypatch.setattr(everyday3, "tasks", lambda: everyday3.GEOMETRY[:3])
+    monkeypatch.setattr(everyday3, "helpers", lambda: ("def _twice(x):\n    return x + x",
+                                                       "def _gap(a, b):\n    return a - b"))
+    monkeypatch.setattr(everyday3, "methods", lambda: [("str", "split")])
+    monkeypatch.setattr(everyday3, "N_EXPLAIN", 1)
+    out = tmp_path / "e3"
+    assert distil_data.main(["--out", str(out), "--everyday3", "--sampled", "0", "--batch", "4", "--seed", "5"]) == 0
+    meta, kept = distil_data.load_dataset(out)
+    recs = distil_data.read_jsonl(out / "answers.jsonl")
+    assert meta["prompt_source"] == "everyday3" and meta["tasks"] == 3
+    assert {r["kind"] for r in recs} == {"function", "explain", "fix", "general"}
+    assert meta["n_prompts"] == len(recs) >= 3 + 1 + 1 + 2 and {r["mode"] for r in recs} == {"greedy"} and kept
+    for other in (["--everyday2"], []):
+        with pytest.raises(SystemExit):
+            distil_data.main(["--out", str(out), "--seed", "5", *other])
+    src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
+    got = data.distil_sources(src, [out], 0.25, log=lambda *a: None)
+    assert sum(len(v) for v in got["pairs"].values()) == len(kept)
+
+
 # ----------------------------------------------------------------------------- teacher: torch Llama
 
 def test_name_swap_renames_the_function_not_methods_or_prose():

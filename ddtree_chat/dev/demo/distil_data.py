@@ -5,6 +5,7 @@ greedy and sampled, each answer checked (prompts.check_answer) and appended to O
     python -m ddtree_chat.dev.demo.distil_data --out DIR --prompts 16 --batch 8      # a CPU sample (rate check)
     python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday --batch 8        # everyday.py's tasks (CPU)
     python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday2 --sampled 0     # everyday2.py's requests
+    python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday3 --device cuda --batch 1024   # everyday3.py's
 
 Resumable: a second run with the same --out skips the (prompt, mode) pairs already answered, and refuses to mix
 a different teacher file or generator seed. OUT/meta.json records the teacher's sha256, the generator seed and
@@ -22,11 +23,12 @@ from pathlib import Path
 
 import torch
 
-from . import everyday, everyday2
+from . import everyday, everyday2, everyday3
 from .prompts import SEED, PromptGen, check_answer
 
 META, PROMPTS, ANSWERS = "meta.json", "prompts.jsonl", "answers.jsonl"
-SOURCES = {"everyday": everyday, "everyday2": everyday2}  # fixed prompt lists, each a data set of its own
+# fixed prompt lists, each a data set of its own
+SOURCES = {"everyday": everyday, "everyday2": everyday2, "everyday3": everyday3}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -88,6 +90,9 @@ def main(argv=None) -> int:
                      help="the prompts: every everyday.py task in two phrasings (--prompts unused), not the generator's")
     src.add_argument("--everyday2", action="store_true",
                      help="the prompts: everyday2.py's tasks, code to explain, bugs and questions (--prompts unused)")
+    src.add_argument("--everyday3", action="store_true",
+                     help="the prompts: everyday3.py's composed tasks, stdlib helpers to explain or fix, method "
+                          "questions (--prompts unused)")
     a = ap.parse_args(argv)
 
     from .teacher import Teacher

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from . import everyday
-from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, fenced, new_tasks, prompt_id
+from .prompts import EXTRA_TEMPLATES, FUNCTION_TEMPLATES, SIMPLE, fenced, keep_new, new_tasks
 
 # (name, args, what it does): the phrasing of prompts.SIMPLE
 TASKS = [
@@ -292,16 +292,6 @@ TASKS = [
     ("is_valid_sudoku_row", "row", "returns True if the list row holds the numbers 1 to 9 once each"),
     ("guess_feedback", "guess, secret", "returns 'too low', 'too high' or 'correct' for a number-guessing game"),
     ("rock_paper_scissors", "a, b", "returns 1 if move a beats move b, -1 if it loses and 0 on a draw"),
-]
-
-# A function request's other phrasings besides prompts.FUNCTION_TEMPLATES
-EXTRA_TEMPLATES = [
-    "Please write a Python function {head} that {does}.",
-    "Write a Python function {head} that {does}. Keep it short.",
-    "Write a Python function {head} that {does}, and show one example call.",
-    "Create a Python function called {head} that {does}.",
-    "How would you write a Python function {head} that {does}?",
-    "Write a Python function {head} that {does}. Include a docstring.",
 ]
 
 # Short code to explain: no held-out request's name or task
@@ -634,11 +624,4 @@ def prompts(seed: int, phrasings: int = 4) -> list[dict]:
     for q in QUESTIONS:
         lead = rng.choice(QUESTION_LEADS)
         out += [{"kind": "general", "user": q}, {"kind": "general", "user": lead + q}]
-    res, ids = [], set()
-    for p in out:
-        pid = prompt_id(p["user"])
-        if pid in ids or any(h in p["user"] for h in HELDOUT_NAMES):
-            continue
-        ids.add(pid)
-        res.append({**p, "source": "everyday2", "id": pid})
-    return res
+    return keep_new(out, "everyday2")

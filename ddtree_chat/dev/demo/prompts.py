@@ -92,6 +92,19 @@ def fenced(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
+def keep_new(items: list[dict], source: str) -> list[dict]:
+    """items less any repeated prompt or one holding a held-out name, each given its source and id (as PromptGen
+    gives them)."""
+    out, ids = [], set()
+    for p in items:
+        pid = prompt_id(p["user"])
+        if pid in ids or any(h in p["user"] for h in HELDOUT_NAMES):
+            continue
+        ids.add(pid)
+        out.append({**p, "source": source, "id": pid})
+    return out
+
+
 # ----------------------------------------------------------------------------- replies: code blocks
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
@@ -233,6 +246,17 @@ def _funcs_of(source: str, module: str) -> list[Func]:
 
 def stdlib_functions(limit_files: int | None = None) -> list[Func]:
     """Public functions and methods (self dropped) of this interpreter's standard library with a docstring."""
+    out = []
+    for module, source in stdlib_modules(limit_files):
+        try:
+            out.extend(_funcs_of(source, module))
+        except (SyntaxError, ValueError):
+            continue
+    return out
+
+
+def stdlib_modules(limit_files: int | None = None) -> list[tuple[str, str]]:
+    """(module name, source) of this interpreter's standard library files, less tests, demos and private packages."""
     from .data import stdlib_files
 
     root, files = stdlib_files(limit_files)
@@ -241,8 +265,8 @@ def stdlib_functions(limit_files: int | None = None) -> list[Func]:
         if rel.startswith(_SKIP_DIRS) or "/test" in rel or any(p.startswith("_") for p in rel.split("/")):
             continue
         try:
-            out.extend(_funcs_of((root / rel).read_text(encoding="utf-8"), _module_name(rel)))
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            out.append((_module_name(rel), (root / rel).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
             continue
     return out
 
@@ -291,7 +315,7 @@ def _short_source(f: Func, max_lines: int = 25) -> str | None:
     return src if 3 <= n <= max_lines and len(src) < 1200 else None
 
 
-def _without_docstring(src: str) -> str:
+def without_docstring(src: str) -> str:
     tree = ast.parse(src)
     fn = tree.body[0]
     if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(getattr(fn.body[0], "value", None), ast.Constant) \
@@ -415,6 +439,16 @@ FUNCTION_TEMPLATES = [
     "I need a Python function {head} that {does}.",
 ]
 
+# A function request's other phrasings besides FUNCTION_TEMPLATES (the later prompt sets use both)
+EXTRA_TEMPLATES = [
+    "Please write a Python function {head} that {does}.",
+    "Write a Python function {head} that {does}. Keep it short.",
+    "Write a Python function {head} that {does}, and show one example call.",
+    "Create a Python function called {head} that {does}.",
+    "How would you write a Python function {head} that {does}?",
+    "Write a Python function {head} that {does}. Include a docstring.",
+]
+
 GENERAL = [
     "What is the capital of {country}?",
     "Explain what {concept} is in Python, with a short example.",
@@ -494,7 +528,7 @@ class PromptGen:
 
     def explain(self) -> dict:
         f = self.rng.choice(self.short)
-        code = _without_docstring(textwrap.dedent(f.source))
+        code = without_docstring(textwrap.dedent(f.source))
         ask = self.rng.choice(["Explain what this Python function does:", "What does this code do?",
                                "Can you explain this function step by step?"])
         return {"kind": "explain", "user": f"{ask}\n\n{fenced(code)}", "source": f"{f.module}.{f.name}"}
@@ -503,7 +537,7 @@ class PromptGen:
         r = self.rng
         for _ in range(20):
             f = r.choice(self.short)
-            bad = buggy(_without_docstring(textwrap.dedent(f.source)), r)
+            bad = buggy(without_docstring(textwrap.dedent(f.source)), r)
             if bad is None:
                 continue
             s = first_sentence(f.doc)
