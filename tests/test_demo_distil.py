@@ -298,6 +298,13 @@ def test_distil_data_everyday_run_and_training_on_two_data_sets(tmp_path, monkey
 TRAINING = Path(__file__).resolve().parents[1] / "training"
 
 
+def _assert_apart(ps: list[dict], old: list[dict]) -> None:
+    """No id, prompt text or function name of ps is one of old's."""
+    assert not {p["id"] for p in ps} & {p["id"] for p in old}
+    assert not {p["user"] for p in ps} & {p["user"] for p in old}
+    assert not {p.get("name") for p in ps} & {p.get("name") for p in old} - {None}
+
+
 def _committed_prompts(name: str) -> list[dict]:
     """prompts.jsonl of a committed data set (the tarball's first member: read without unpacking the rest)."""
     import tarfile
@@ -341,12 +348,9 @@ def test_everyday2_prompts_are_not_in_the_committed_data_sets():
     (the stdlib generator's under seed 31 and everyday.py's); its own committed list is the generator's."""
     from ddtree_chat.dev.demo import everyday2
 
-    old = _committed_prompts("data") + _committed_prompts("everyday")
     ps = everyday2.prompts(31)
     assert _committed_prompts("everyday2") == ps
-    assert not {p["id"] for p in ps} & {p["id"] for p in old}
-    assert not {p["user"] for p in ps} & {p["user"] for p in old}
-    assert not {p.get("name") for p in ps} & {p.get("name") for p in old} - {None}
+    _assert_apart(ps, _committed_prompts("data") + _committed_prompts("everyday"))
 
 
 def test_distil_data_everyday2_run_reaches_the_training_data(tmp_path, monkeypatch):
@@ -415,11 +419,8 @@ def test_everyday3_prompts_are_new_seeded_and_distinct(everyday3_prompts):
 @pytest.mark.skipif(not (TRAINING / "demo-distil-data.tar.xz").exists(), reason="committed data absent")
 def test_everyday3_prompts_are_not_in_the_committed_data_sets(everyday3_prompts):
     """No everyday3.py prompt, nor function name, repeats one of the three committed data sets' prompt lists."""
-    old = _committed_prompts("data") + _committed_prompts("everyday") + _committed_prompts("everyday2")
-    ps = everyday3_prompts
-    assert not {p["id"] for p in ps} & {p["id"] for p in old}
-    assert not {p["user"] for p in ps} & {p["user"] for p in old}
-    assert not {p.get("name") for p in ps} & {p.get("name") for p in old} - {None}
+    _assert_apart(everyday3_prompts, _committed_prompts("data") + _committed_prompts("everyday")
+                  + _committed_prompts("everyday2"))
 
 
 def test_distil_data_everyday3_run_reaches_the_training_data(tmp_path, monkeypatch):
