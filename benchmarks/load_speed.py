@@ -153,7 +153,11 @@ def main(argv=None) -> int:
     drop_cache(ckpt)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--dir", str(ckpt), "--rank", str(a.rank),
            "--tp-world", str(a.tp_world), "--device", a.device]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:  # NOTE: a signal (-9: the kernel's out-of-memory kill) or the loader's own error
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"load_speed: the rank's load failed (exit {out.returncode}): {last}", file=sys.stderr)
+        return 1
     load_s = json.loads(out.stdout.strip().splitlines()[-1])["load_s"]
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     need = rank_bytes(ckpt, a.tp_world)
