@@ -147,13 +147,18 @@ def build_target(cfg, dev, dtype, tp):
     return model
 
 
+def gpu_work(events) -> list[tuple[float, float]]:
+    """(start, end) of every kernel and copy on the GPU timeline (not the op ranges), in start order."""
+    return sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.device_type != torch.autograd.DeviceType.CPU and not e.name.startswith("op "))
+
+
 def op_rows(events) -> list[tuple[str, int, float]]:
     """(op and shapes, calls, GPU us in all) from a profile's events taken under ops_labelled, most time first.
     An op call's GPU time is the kernels' (and copies') own time inside its range on the GPU timeline, not the
     range's span: an eager forward leaves the GPU idle between launches, and the span counts that idle too."""
     ranges = [e for e in events if e.name.startswith("op ")]
-    work = sorted((e.time_range.start, e.time_range.end) for e in events
-                  if e.device_type != torch.autograd.DeviceType.CPU and not e.name.startswith("op "))
+    work = gpu_work(events)
     rows: dict[str, list] = {}
     for e in ranges:
         row = rows.setdefault(e.name, [0, 0.0])
@@ -179,6 +184,9 @@ def _profile(model, cfg, cache, t: int, ctx: int, gen, dev) -> None:
             torch.cuda.synchronize()
     print(f"GPU time by kernel, one forward over {t} tokens after {ctx}:")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    # NOTE: a graph replays these one after another: each launch adds a gap however short the kernel
+    work = gpu_work(prof.events())
+    print(f"GPU work items (kernels and copies) in the forward: {len(work)}, {sum(b - a for a, b in work):.1f} us")
     print("GPU time by op and argument shapes (us in all, calls; an op served by its reference of other ops "
           "counts them too), the same forward:")
     for key, calls, us in op_rows(prof.events()):

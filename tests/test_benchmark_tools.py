@@ -146,6 +146,7 @@ def test_an_ops_gpu_time_is_its_kernels_time_not_its_ranges_span():
               ev("k1", gpu, 100, 110), ev("k2", gpu, 120, 130), ev("k3", gpu, 180, 190),  # 10 us each, gaps
               ev("aten::mm", cpu, 6, 8), ev("k4", gpu, 200, 290)]  # a kernel outside every op range
     assert k26_forward.op_rows(events) == [("op outer", 1, 30), ("op inner", 1, 20), ("op idle", 1, 0.0)]
+    assert k26_forward.gpu_work(events) == [(100, 110), (120, 130), (180, 190), (200, 290)]  # the forward's launches
 
 
 def test_load_speed_writes_a_k26_layout_checkpoint_and_times_a_rank_on_cpu(tmp_path):
