@@ -353,11 +353,24 @@ def test_everyday2_prompts_are_not_in_the_committed_data_sets():
     _assert_apart(ps, _committed_prompts("data") + _committed_prompts("everyday"))
 
 
+def _refuses_another_source_and_trains(out, kept: list, other: list[str]) -> None:
+    """A resume of the data set in out under another prompt source (or the default one) is refused, and
+    data.distil_sources trains on every kept answer."""
+    from ddtree_chat.dev.demo import data
+
+    for flags in (other, []):
+        with pytest.raises(SystemExit):
+            distil_data.main(["--out", str(out), "--seed", "5", *flags])
+    src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
+    got = data.distil_sources(src, [out], 0.25, log=lambda *a: None)
+    assert sum(len(v) for v in got["pairs"].values()) == len(kept)
+
+
 def test_distil_data_everyday2_run_reaches_the_training_data(tmp_path, monkeypatch):
     """distil_data --everyday2 answers everyday2.py's prompts into a data set of its own (a resume under another
     source is refused) that data.distil_sources trains on."""
     import ddtree_chat.dev.demo.teacher as teacher
-    from ddtree_chat.dev.demo import data, everyday2
+    from ddtree_chat.dev.demo import everyday2
 
     monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
     for k in ("TASKS", "SNIPPETS", "ERRORS", "BUGS", "QUESTIONS"):
@@ -369,12 +382,7 @@ def test_distil_data_everyday2_run_reaches_the_training_data(tmp_path, monkeypat
     assert meta["prompt_source"] == "everyday2" and meta["tasks"] == 2
     assert meta["n_prompts"] == len(recs) == 2 * 4 + 4 * 2 * 2  # 2 tasks x 4 phrasings, 2 x 2 of each other list
     assert {r["mode"] for r in recs} == {"greedy"} and kept
-    for other in (["--everyday"], []):
-        with pytest.raises(SystemExit):
-            distil_data.main(["--out", str(out), "--seed", "5", *other])
-    src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
-    got = data.distil_sources(src, [out], 0.25, log=lambda *a: None)
-    assert sum(len(v) for v in got["pairs"].values()) == len(kept)
+    _refuses_another_source_and_trains(out, kept, ["--everyday"])
 
 
 @pytest.fixture(scope="module")
@@ -427,7 +435,7 @@ def test_distil_data_everyday3_run_reaches_the_training_data(tmp_path, monkeypat
     """distil_data --everyday3 answers everyday3.py's prompts into a data set of its own (a resume under another
     source is refused) that data.distil_sources trains on."""
     import ddtree_chat.dev.demo.teacher as teacher
-    from ddtree_chat.dev.demo import data, everyday3
+    from ddtree_chat.dev.demo import everyday3
 
     monkeypatch.setattr(teacher, "Teacher", FakeTeacher)
     monkeypatch.setattr(everyday3, "tasks", lambda: everyday3.GEOMETRY[:3])
@@ -442,12 +450,7 @@ def test_distil_data_everyday3_run_reaches_the_training_data(tmp_path, monkeypat
     assert meta["prompt_source"] == "everyday3" and meta["tasks"] == 3
     assert {r["kind"] for r in recs} == {"function", "explain", "fix", "general"}
     assert meta["n_prompts"] == len(recs) >= 3 + 1 + 1 + 2 and {r["mode"] for r in recs} == {"greedy"} and kept
-    for other in (["--everyday2"], []):
-        with pytest.raises(SystemExit):
-            distil_data.main(["--out", str(out), "--seed", "5", *other])
-    src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
-    got = data.distil_sources(src, [out], 0.25, log=lambda *a: None)
-    assert sum(len(v) for v in got["pairs"].values()) == len(kept)
+    _refuses_another_source_and_trains(out, kept, ["--everyday2"])
 
 
 # ----------------------------------------------------------------------------- teacher: torch Llama
