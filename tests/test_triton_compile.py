@@ -156,7 +156,7 @@ def test_mla_tiles_that_fit_an_sm120_block():
 def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     """The row-invariant product at K2.6's shapes (bf16 at its table's tile with and without split-K and at
     every tile the exact sweep may put in the table: 16-, 32- and 64-row blocks; the taller blocks block_m takes
-    for more rows), and the router's float32 form, compile for sm_90 and sm_120, each within the 99 KB of shared
+    for more rows; the GLU form at the gate/up shapes), and the router's float32 form, compile for sm_90 and sm_120, each within the 99 KB of shared
     memory an sm_120 block may hold. (The row-invariant MLA as
     launched on each: test_row_invariant_mla_*.)"""
     import torch
@@ -178,6 +178,13 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
                        constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                    "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True, "M_INNER": True}),
              {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in tiles]
+    # the GLU form (two weight tiles a stage) at the gate/up shapes: K2.6's dense MLP and shared expert, and a
+    # TP=8 rank's, at the heights block_m takes for 1, 17 and 65 rows
+    glu = {el.tile(n, 7168, 1, torch.bfloat16, None, m) for n in (18432, 2048, 2304, 256) for m in (1, 17, 65)}
+    srcs += [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
+                        constexprs={"PREC": "tf32", "GLU": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                    "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": False, "M_INNER": True}),
+              {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in glu]
     bm, bn, bk, warps, stages, _ = el.FP32_TILE  # a float32 gate's router logits: the FFMA form, split K
     srcs.append((ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_SIGNATURE,
                            constexprs={"PREC": "fma", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,

@@ -421,6 +421,14 @@ for tile in tiles:
             res, x = torch.randn(17, n, generator=g), torch.randn(17, k, generator=g)
             if not (el.matmul_nt_exact(x, w, res) - (res + x @ w.T)).abs().max() <= 1e-3:
                 bad.append([tile, n, k, "residual"])
+            # GLU: both products' partials summed in split order, the epilogue on the sums; a row alone equals it
+            # at the same place of a 17-row launch's last block
+            w2, last = torch.randn(n, k, generator=g), bm * (16 // bm)
+            x[last] = r[0]
+            got, want = el.matmul_nt_exact(x, w, w2=w2), torch.nn.functional.silu(x @ w.T) * (x @ w2.T)
+            if not (got - want).abs().max() <= 1e-3 * max(1.0, want.abs().max().item()) \
+                    or not torch.equal(got[last], el.matmul_nt_exact(r, w, w2=w2)[0]):
+                bad.append([tile, n, k, "glu"])
     heights.add(bm)
 print(json.dumps(bad))
 """
@@ -523,8 +531,8 @@ def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter(
 def test_exact_products_are_row_invariant_in_the_interpreter():
     """The row-invariant product (triton_exact_linear) at every tile the sweep may put in its table (16-,
     32- and 64-row blocks, the router's float32 tile): a row alone equals it inside 8-, 17- and 65-row
-    launches (split-K, batched, edges that are no tile multiple, a residual), row blocks enumerated first;
-    equal to x @ w^T."""
+    launches (split-K, batched, edges that are no tile multiple, a residual, the GLU epilogue), row blocks
+    enumerated first; equal to x @ w^T."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     from exact_tiles import candidates
@@ -536,7 +544,7 @@ def test_exact_products_are_row_invariant_in_the_interpreter():
 def test_small_m_product_kernel_in_the_interpreter_equals_float64():
     """x @ w^T and the GLU epilogue: masked edges (no dimension a tile multiple), a column-major x, a
     shared 2-D x against stacked experts, batched both sides; split-K (the drafter's K = 1536, a K that
-    is no multiple of a split, batched); the RMSNorm prologue (a K over several k-steps, a strided x); the
+    is no multiple of a split, batched; with the GLU epilogue too); the RMSNorm prologue (a K over several k-steps, a strided x); the
     routed GLU (stacked experts scaled by each row's routing weight, an id of another rank's expert, a
     shared expert at weight 1); a residual added in the store (plain, split-K, after the norm). Each case in
     tl.dot's IEEE precision and in the FFMA broadcast form ("fma"), at the shape rule's tile and at a
@@ -547,7 +555,7 @@ def test_small_m_product_kernel_in_the_interpreter_equals_float64():
              ([2, 17, 32], [2, 9, 32], False, 1), ([1, 256], [130, 256], True, 1),
              ([8, 1536], [40, 1536], False, 6), ([17, 700], [3, 33, 700], False, 3),
              ([2, 9, 300], [2, 20, 300], False, 2), ([33, 200], [40, 200], False, 1, True), ([3, 70], [130, 70], False, 1, True),
-             ([20, 64], [5, 40, 64], True, 1)]
+             ([20, 64], [5, 40, 64], True, 1), ([8, 1536], [40, 1536], True, 6), ([2, 9, 300], [2, 20, 300], True, 2)]
     modes = [("ieee", None), ("fma", None), ("fma", (2, 16, 32, 4, 1))]
     assert interpret_apart(MM_SCRIPT, [[cases[::2], modes], [cases[1::2], modes]]) == []
 

@@ -71,12 +71,16 @@ def tile(n: int, k: int, batch: int, dtype: torch.dtype, device, m: int = 1) -> 
 
 
 def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
-                    out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+                    out_dtype: torch.dtype | None = None, w2: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, CUDA) -> out_dtype (default x.dtype) [M, N] or
-    [B, M, N]; residual [M, N] (2-D only): added in float32 before the one rounding. None for what it does not
+    [B, M, N]; residual [M, N] (2-D only): added in float32 before the one rounding; w2 (w's shape and strides):
+    the output is silu(x @ w^T) * (x @ w2^T), in float32 before the one rounding. None for what it does not
     serve."""
     if x.dim() > 3 or w.dim() > 3 or w.dtype != x.dtype or w.shape[-1] != x.shape[-1] \
             or (x.dim() == 3 and w.dim() == 3 and x.shape[0] != w.shape[0]):
+        return None
+    if w2 is not None and (residual is not None or w2.shape != w.shape or w2.stride() != w.stride()
+                           or w2.dtype != w.dtype):
         return None
     if residual is not None and (x.dim() != 2 or w.dim() != 2 or residual.shape != (x.shape[0], w.shape[0])
                                  or residual.dtype != x.dtype or residual.stride(-1) != 1):
@@ -99,12 +103,13 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
         lock = _locks(x.device, grid[0] * grid[1] * batch)
         if lock is None:  # NOTE: a capture without the warm-up's counters: fail loudly, never a library GEMM
             raise RuntimeError("split-K counters must be allocated before a CUDA-graph capture")
-        part = torch.empty(grid[0] * grid[1] * batch * split * bm * bn, dtype=torch.float32, device=x.device)
+        part = torch.empty((1 + (w2 is not None)) * grid[0] * grid[1] * batch * split * bm * bn,
+                           dtype=torch.float32, device=x.device)
     res = residual if residual is not None else out
-    _mm_nt_kernel[grid](x3, w3, w3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
+    _mm_nt_kernel[grid](x3, w3, _as3(w2, batch)[0] if w2 is not None else w3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
                         m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2),
                         out.stride(0), out.stride(1), out.stride(2),
-                        PREC="fma" if x.dtype == torch.float32 else "tf32", GLU=False, BLOCK_M=bm, BLOCK_N=bn,
+                        PREC="fma" if x.dtype == torch.float32 else "tf32", GLU=w2 is not None, BLOCK_M=bm, BLOCK_N=bn,
                         BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, M_INNER=True,
                         num_warps=warps,
                         num_stages=stages)
@@ -126,7 +131,11 @@ def linear_add_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -
 
 
 def matmul_nt_glu_exact(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor | None:
-    """silu(x @ wg^T) * (x @ wu^T): two row-invariant products (each may split K) and elementwise ops."""
+    """silu(x @ wg^T) * (x @ wu^T) in one launch: both products in the same tile's K order (split-K partials
+    summed in split order), the epilogue in float32, one rounding. Weights laid out apart take two products and
+    elementwise ops (a choice by the weights alone: every row count takes the same form)."""
+    if wu.shape == wg.shape and wu.stride() == wg.stride():
+        return matmul_nt_exact(x, wg, w2=wu)
     g = matmul_nt_exact(x, wg)
     u = matmul_nt_exact(x, wu) if g is not None else None
     return None if u is None else torch.nn.functional.silu(g) * u

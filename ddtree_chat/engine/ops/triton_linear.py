@@ -77,9 +77,10 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
                   sxm, sxk, swb, swn, swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
                   ROUTE: tl.constexpr, ADD: tl.constexpr, M_INNER: tl.constexpr = False):
-    """SPLIT > 1 (not with GLU): program_id(2) = batch * SPLIT + split over K; each split stores its
-    [BLOCK_M, BLOCK_N] partial in PART, and the tile's last split to finish (a counter in LOCK, reset
-    after) adds them in split order (deterministic) and stores the tile: split-K in one launch.
+    """SPLIT > 1: program_id(2) = batch * SPLIT + split over K; each split stores its [BLOCK_M, BLOCK_N]
+    partial in PART (GLU: the up product's after all tiles' gate partials), and the tile's last split to
+    finish (a counter in LOCK, reset after) adds them in split order (deterministic), applies GLU's
+    epilogue and stores the tile: split-K in one launch.
     NORM (SPLIT == 1): x's rows are RMS-normed first (weight NW [K], eps), as ops.rms_norm_ref does: a
     first pass over K for the rows' mean square, then each k-step scales x by rstd, then by NW.
     ROUTE (SPLIT == 1; ROUTE = n_top padded to a power of two): batch b is expert b; row m's output is
@@ -125,7 +126,7 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
             acc2 = _mac(acc2, x, tl.load(W2 + w_off, mask=w_ok, other=0.0), PREC)
         xp += BLOCK_K * sxk
         w_off += BLOCK_K * swk
-    if GLU:
+    if GLU and SPLIT == 1:
         acc = acc / (1.0 + tl.exp(-acc)) * acc2  # silu(gate) * up
     if ROUTE:
         offs_j = tl.arange(0, ROUTE)
@@ -144,12 +145,21 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
         tile = (b * tl.cdiv(M, BLOCK_M) + pid_m) * tl.cdiv(N, BLOCK_N) + pid_n
         offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         part = PART + tile * (SPLIT * BLOCK_M * BLOCK_N) + offs_t
+        # GLU: the up partials after every tile's gate partials ([BATCH, M tiles, N tiles, SPLIT] of each)
+        part2 = part + BATCH * tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) * (SPLIT * BLOCK_M * BLOCK_N)
         tl.store(part + sid * (BLOCK_M * BLOCK_N), acc)
+        if GLU:
+            tl.store(part2 + sid * (BLOCK_M * BLOCK_N), acc2)
         tl.debug_barrier()  # every thread's partial is stored before the counter moves (acq_rel atomic)
         if tl.atomic_add(LOCK + tile, 1) == SPLIT - 1:
             total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT):
                 total += tl.load(part + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")  # NOTE: L2, not a stale L1
+            if GLU:
+                up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in tl.static_range(SPLIT):
+                    up += tl.load(part2 + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+                total = total / (1.0 + tl.exp(-total)) * up
             if ADD:
                 total += tl.load(rp, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
             tl.store(op, total, mask=m_ok[:, None] & n_ok[None, :])
@@ -287,9 +297,9 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     """x [M, K] or [B, M, K], w [N, K] or [B, N, K] (any strides, float32, CUDA) -> [M, N] or [B, M, N].
     precision: tl.dot's input_precision ("ieee": FFMA dots, slower) or "fma" (_mac's broadcast sum). w2
     (w's shape and strides): the output is silu(x @ w^T) * (x @ w2^T). tile: (BLOCK_M, BLOCK_N, BLOCK_K,
-    warps, stages) instead of the shape rule (kernels.py --only tiles / fma sweep them). split > 1 (not
-    with w2): K split over that many programs per tile, reduced in the same launch; None when its counters
-    cannot be allocated (capture).
+    warps, stages) instead of the shape rule (kernels.py --only tiles / fma sweep them). split > 1: K split
+    over that many programs per tile, reduced in the same launch; None when its counters cannot be allocated
+    (capture).
     norm: (weight [K] float32, eps): x's rows RMS-normed inside the product (not with split).
     route: (ids, weights [M, k] contiguous (int64, float32), routed experts): batch b is expert b, each row
     scaled by its routing weight for b (1 from the routed count on: shared experts), and the output is
@@ -315,12 +325,12 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
     norm_w, eps = norm if norm is not None else (out, 0.0)
     assert norm is None or split == 1, "the norm reads all of K: no split-K"
     if split > 1:
-        assert w2 is None, "split-K has no GLU epilogue"
         tiles = grid[0] * grid[1] * batch
         lock = _locks(x.device, tiles)
         if lock is None:
             return None
-        part = torch.empty(tiles * split * block_m * block_n, dtype=torch.float32, device=x.device)
+        part = torch.empty((1 + (w2 is not None)) * tiles * split * block_m * block_n, dtype=torch.float32,
+                           device=x.device)
     ids, rw, n_routed = route if route is not None else (out, out, batch)
     n_top = ids.shape[1] if route is not None else 0
     assert residual is None or (batch == 1 and w2 is None), "the residual is one 2-D output's"
