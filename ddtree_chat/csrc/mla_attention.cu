@@ -42,6 +42,9 @@ constexpr int kMaxT = 1024;                        // round nodes a launch may h
 constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
 constexpr int kPLd = kBN + 8;                      // padded P row (80 B): ldmatrix rows hit distinct banks
 constexpr int kStatBytes = kRows * kPLd * 2 + 2 * 2 * kRows * 4;  // P [16][40] bf16, max and sum [2 halves][16]
+// The merge: a row's 512 columns over kMergeGroups blocks of one warp x 4 columns each, so an AR step's few rows
+// (8 at a TP=8 rank's 8 heads) still put several blocks' loads in flight
+constexpr int kMergeThreads = 32, kMergeGroups = kR / (kMergeThreads * 4);
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -455,12 +458,13 @@ __global__ void __launch_bounds__(128) mla_fold_supers_kernel(Args a) {
 
 // Row m's stored states folded in position order (chunks into supers, supers into the row), normalised;
 // after fold_supers_kernel the states are the supers' (each folds into an empty super state unchanged).
-// Block: 128 threads x 4 columns of one row. The states are read 16 at a time ahead of their folds (the
-// loads of a batch overlap; the folds stay in order).
-__global__ void __launch_bounds__(128) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
+// Block (m, g): one warp x 4 columns of row m's column group g (every column folds alone: the grouping moves
+// no operation). The states are read 16 at a time ahead of their folds (the loads of a batch overlap; the
+// folds stay in order).
+__global__ void __launch_bounds__(kMergeThreads) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
   constexpr int kBatch = 16;
-  __shared__ int warp_count[4];
-  const int m = blockIdx.x, node = m / a.NH, col = threadIdx.x * 4;
+  __shared__ int warp_count[kMergeThreads / 32];
+  const int m = blockIdx.x, node = m / a.NH, col = (blockIdx.y * kMergeThreads + threadIdx.x) * 4;
   const int L = load_len(a.plen, a.plen64);
   const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, nullptr, warp_count);
   const int nch = (L + count - 1) / kChunk + 1, base = L / kChunk, nsf = L / (kChunk * kSuper);
@@ -586,7 +590,7 @@ int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, cons
     rc = (int)cudaGetLastError();
     if (rc != 0) return rc;
   }
-  mla_merge_kernel<<<a.M, 128, 0, stream>>>(a, (__nv_bfloat16*)out);
+  mla_merge_kernel<<<dim3(a.M, kMergeGroups), kMergeThreads, 0, stream>>>(a, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
 
