@@ -13,7 +13,7 @@ import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.errors import DeviceError, EngineError
-from ddtree_chat.engine.memory import plan_memory
+from ddtree_chat.engine.memory import check_host_memory, plan_memory, weight_bytes
 from ddtree_chat.engine.random_model import k26_config
 
 PROMPT = "tensor parallel"
@@ -99,6 +99,25 @@ def test_memory_plan_for_k26():
     assert 590e9 < plan_memory(cfg, 1, 96 * gib, 1).weights_per_rank < 600e9
     with pytest.raises(DeviceError, match=r"--tp 4 .* at least 7 GPUs"):
         plan_memory(cfg, 4, 96 * gib, 4096).check()
+
+
+def test_host_memory_check_for_a_cpu_load(synthetic_pair, monkeypatch):
+    """A CPU load holds the dequantised experts of every rank in one host: K2.6 on a 23 GiB machine is one
+    clear error (not the kernel's out-of-memory kill), and Engine.load checks before reading any weight."""
+    import ddtree_chat.engine.engine as engine_module
+
+    cfg, gib = k26_config(), 1024**3
+    assert weight_bytes(cfg, elem=2, packed=False) > 3 * weight_bytes(cfg)  # bf16 experts: 3.6x their INT4 + scales
+    with pytest.raises(DeviceError, match=r"needs ~\d+ GiB of host memory on the CPU .*16-bit.* but 23 GiB are"):
+        check_host_memory(cfg, 1, 2, 23 * gib)
+    check_host_memory(cfg, 8, 2, 3 * 1024 * gib)  # ~2 TB of bf16 weights in 3 TiB
+    check_host_memory(cfg, 1, 2, None)  # unknown: no check
+    loads = []
+    monkeypatch.setattr(engine_module, "host_available", lambda: 1 << 20)
+    monkeypatch.setattr(Engine, "_load_rank", classmethod(lambda cls, **kw: loads.append(kw)))
+    with pytest.raises(DeviceError, match="32-bit values"):  # the CPU's default dtype for this pair: float32
+        Engine.load(*synthetic_pair, device="cpu")
+    assert not loads
 
 
 def test_interrupted_generation_still_shuts_down(synthetic_pair):

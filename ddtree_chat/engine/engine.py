@@ -21,7 +21,7 @@ from .errors import DeviceError, EngineError
 from .events import DoneEvent, RoundEvent
 from .generation import AUTO_BUDGETS, GenerationConfig
 from .loader import load_drafter, load_target
-from .memory import plan_memory
+from .memory import check_host_memory, host_available, plan_memory
 from .model import causal_mask
 from .ops import build
 from .ops.registry import prefer_library
@@ -73,6 +73,10 @@ class Engine:
                       dtype=dtype, max_context=max_context)
         if plan_for is not None and not shared_gpu:
             plan_for(tp).check()
+        if dev.type == "cpu":
+            cfg = load_target_config(model_dir)
+            elem = (dtype or device_policy.default_dtype(cfg, dev)).itemsize
+            check_host_memory(cfg, tp, elem, host_available())
         if tp == 1:
             engine = cls._load_rank(tp=SINGLE, progress=progress, **kwargs)
             if graphs and dev.type == "cuda":

@@ -30,20 +30,46 @@ def expert_bytes(cfg: TargetConfig) -> int:
     return n // 2 + n // cfg.quant.group_size * _BF16 if cfg.quant else n * _BF16
 
 
-def weight_bytes(cfg: TargetConfig, world: int = 1, expert_parallel: bool = False) -> int:
-    """Bytes of target weights one rank holds (bf16 dense parts, INT4 + bf16 scales for routed experts)."""
+def weight_bytes(cfg: TargetConfig, world: int = 1, expert_parallel: bool = False, elem: int = _BF16,
+                 packed: bool = True) -> int:
+    """Bytes of target weights one rank holds: dense parts at `elem` bytes a value (bf16), routed experts INT4 +
+    bf16 scales (packed) or dequantised to `elem` bytes a value (the CPU's form)."""
     h = cfg.hidden_size
+    expert = expert_bytes(cfg) if packed else 3 * h * cfg.moe_intermediate_size * elem
     total = 0
     for i in range(cfg.num_layers):
-        total += attention_bytes(cfg, world)
+        total += attention_bytes(cfg, world) * elem // _BF16
         if cfg.is_moe_layer(i):
-            total += cfg.n_routed_experts * h * _BF16 + cfg.n_routed_experts * 4  # router + fp32 bias
-            total += 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * _BF16 // world
-            total += cfg.n_routed_experts * expert_bytes(cfg) // world  # same share for TP and EP splits
+            total += cfg.n_routed_experts * h * elem + cfg.n_routed_experts * 4  # router + fp32 bias
+            total += 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts * elem // world
+            total += cfg.n_routed_experts * expert // world  # same share for TP and EP splits
         else:
-            total += 3 * h * cfg.intermediate_size * _BF16 // world
-    total += 2 * cfg.vocab_size * h * _BF16 // world  # embedding + lm head, vocab-parallel
+            total += 3 * h * cfg.intermediate_size * elem // world
+    total += 2 * cfg.vocab_size * h * elem // world  # embedding + lm head, vocab-parallel
     return total
+
+
+def host_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(cfg: TargetConfig, world: int, elem: int, available: int | None) -> None:
+    """A CPU load holds every rank's weights in this host's memory, routed experts dequantised (the CPU has no
+    INT4 kernel): one clear error before loading what would end in the kernel's out-of-memory kill."""
+    need = world * weight_bytes(cfg, world, elem=elem, packed=False)
+    if available is not None and need > available:
+        raise DeviceError(
+            f"the model needs ~{need / _GIB:.0f} GiB of host memory on the CPU (its experts dequantised to "
+            f"{8 * elem}-bit values) but {available / _GIB:.0f} GiB are available. Run it on GPUs "
+            "(--device cuda) or on a machine with more memory.")
 
 
 def kv_bytes_per_token(cfg: TargetConfig) -> int:
