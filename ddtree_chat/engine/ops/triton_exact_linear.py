@@ -119,7 +119,8 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
 def router_logits_exact(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """ops.router_logits' kernel: x [T, H] @ w [E, H]^T -> float32 [T, E]. A half-precision gate against x of
     its dtype takes the half-precision MMA with float32 sums and output (a product of two bf16 values is exact in
-    float32; the FFMA form on the float32 copy was 12x slower for K2.6's router); any other pair the FFMA form."""
+    float32; far faster than the FFMA form on the float32 copy: BENCHMARKS.md, "Exact in bf16"); any other pair
+    the FFMA form."""
     if x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16):
         return matmul_nt_exact(x, w, out_dtype=torch.float32)
     return matmul_nt_exact(x.float(), float32_weight(w))
