@@ -191,6 +191,42 @@ def _profile(model, cfg, cache, t: int, ctx: int, gen, dev) -> None:
           "counts them too), the same forward:")
     for key, calls, us in op_rows(prof.events()):
         print(f"{us:9.1f} {calls:4d}  {key}")
+    _profile_replay(model, toks, depth + ctx, mask, cache)
+
+
+def replay_gaps(kernels: list[tuple[float, float, str]]) -> dict:
+    """From one graph replay's GPU work, (start, end, name) in start order: its span, the work's own time, and
+    the idle time before each item summed by that item's name (what a replay adds to the kernels' time)."""
+    gaps: dict[str, list] = {}
+    for (_, end, _), (start, _, name) in zip(kernels, kernels[1:]):
+        row = gaps.setdefault(name, [0, 0.0])
+        row[0] += 1
+        row[1] += max(0.0, start - end)
+    return {"span_us": kernels[-1][1] - kernels[0][0] if kernels else 0.0,
+            "work_us": sum(b - a for a, b, _ in kernels),
+            "gap_by_next": sorted(((n, c, us) for n, (c, us) in gaps.items()), key=lambda r: -r[2])}
+
+
+def _profile_replay(model, toks, pos, mask, cache) -> None:
+    """The same forward captured as a CUDA graph and profiled over one replay: where the replay's time goes
+    beyond its kernels' own (the idle between one node's end and the next one's start)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        with torch.cuda.graph(g):
+            model.logits(model(toks, pos, mask, cache)[0])
+    g.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type != torch.autograd.DeviceType.CPU)
+    r = replay_gaps(kernels)
+    print(f"One graph replay under the profiler: {len(kernels)} work items, span {r['span_us']:.1f} us, "
+          f"their own time {r['work_us']:.1f} us, idle between them {r['span_us'] - r['work_us']:.1f} us; "
+          "idle before each kind of item (us in all, count, name):")
+    for name, count, us in r["gap_by_next"][:15]:
+        print(f"{us:9.1f} {count:4d}  {name[:100]}")
 
 
 def main(argv=None) -> int:

@@ -287,3 +287,14 @@ def test_the_forward_benchmark_times_the_target_as_the_engine_fuses_it():
     cfg = k26_config(layers=2, **k26_round.TINY_TARGET)
     model = k26_forward.build_target(cfg, torch.device("cpu"), torch.float32, SINGLE)
     assert all(layer.self_attn.qkv_a_weight is not None for layer in model.layers)
+
+
+def test_a_replays_idle_time_is_summed_by_the_item_that_follows_it():
+    """replay_gaps on a made-up replay: the span runs first start to last end, the work is the items' own
+    time, each idle stretch counts against the item after it (overlap counts as none)."""
+    import k26_forward
+
+    items = [(0, 10, "a"), (12, 20, "b"), (25, 30, "a"), (29, 40, "c"), (41, 45, "b")]
+    got = k26_forward.replay_gaps(items)
+    assert got["span_us"] == 45 and got["work_us"] == 10 + 8 + 5 + 11 + 4
+    assert got["gap_by_next"] == [("a", 1, 5), ("b", 2, 3), ("c", 1, 0.0)]
