@@ -431,6 +431,17 @@ def test_everyday3_prompts_are_not_in_the_committed_data_sets(everyday3_prompts)
                   + _committed_prompts("everyday2"))
 
 
+@pytest.mark.skipif(not (TRAINING / "demo-distil-everyday3.tar.xz").exists(), reason="committed data absent")
+def test_the_committed_everyday3_list_is_the_generators_and_apart(everyday3_prompts):
+    """The committed everyday3 list (written by another Python): its function requests are this generator's
+    (they do not depend on the interpreter), and none of its prompts repeats the three earlier sets'."""
+    committed = _committed_prompts("everyday3")
+    function = lambda ps: sorted(p["id"] for p in ps if p["kind"] == "function")  # noqa: E731
+    assert function(committed) == function(everyday3_prompts) != []
+    _assert_apart(committed, _committed_prompts("data") + _committed_prompts("everyday")
+                  + _committed_prompts("everyday2"))
+
+
 def test_distil_data_everyday3_run_reaches_the_training_data(tmp_path, monkeypatch):
     """distil_data --everyday3 answers everyday3.py's prompts into a data set of its own (a resume under another
     source is refused) that data.distil_sources trains on."""
