@@ -190,6 +190,32 @@ def test_router_matches_reference(tokens):
     assert torch.allclose(w.gather(1, order), rw.gather(1, rorder), rtol=1e-5, atol=1e-6)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("experts,top_k", [(384, 8), (512, 8), (64, 6), (16, 2), (8, 8), (100, 32)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_router_picks_in_order_with_ties_to_the_lower_index(experts, top_k, ties):
+    """The kernel's picks in order: the highest biased score first, ties to the lower expert index (a stable
+    descending sort's order), at every expert count the kernel takes; a token's picks do not depend on the
+    other tokens in the launch."""
+    from ddtree_chat.engine.ops.cuda_small import route_fast
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(experts + top_k)
+    logits = torch.randn(17, experts, device=dev, generator=gen) * 2
+    bias = torch.randn(experts, device=dev, generator=gen) * 0.1
+    if ties:  # few distinct scores: whole runs of equal keys around the k-th
+        logits, bias = logits.round(), torch.zeros_like(bias)
+    ids, w = route_fast(logits, bias, top_k, 2.827, True)
+    biased = torch.sigmoid(logits) + bias
+    want = biased.sort(-1, descending=True, stable=True).indices[:, :top_k]
+    assert torch.equal(ids, want)
+    picked = torch.sigmoid(logits).gather(1, want)
+    assert torch.allclose(w, picked / picked.sum(-1, keepdim=True) * 2.827, rtol=1e-5, atol=1e-6)
+    one_ids, one_w = route_fast(logits[5:6], bias, top_k, 2.827, True)
+    assert torch.equal(one_ids, ids[5:6]) and torch.equal(one_w, w[5:6])
+
+
 # ----------------------------------------------------------------------------------------------- rmsnorm
 @gpu
 @pytest.mark.gpu

@@ -6,59 +6,64 @@
 
 namespace {
 
-constexpr int kMaxPerLane = 16;  // E <= 512
+constexpr int kMaxExperts = 512;
+constexpr int kMaxTopk = 32;
 
-// One warp per token. Ties go to the lower expert index.
-__global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E,
-                             int topk, float scale, int normalize, int64_t* __restrict__ ids,
-                             float* __restrict__ weights) {
-  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31;
-  if (t >= T) return;
-  float s[kMaxPerLane], bsel[kMaxPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxPerLane; ++j) {
-    const int e = lane + 32 * j;
-    if (e < E) {
-      const float v = 1.f / (1.f + __expf(-logits[(size_t)t * E + e]));
-      s[j] = v;
-      bsel[j] = v + bias[e];
-    } else {
-      s[j] = 0.f;
-      bsel[j] = -INFINITY;
-    }
+// One block per token, a thread per expert. An expert's place in the selection order is the count of experts
+// that beat it (a higher biased score, or an equal one and a lower index: ties go to the lower index), counted
+// among candidates only: the experts at or above the top-k-th of the warps' maxima (k warps have a score that
+// high, so no expert below it is picked and none beats a candidate). No thread waits on another's pick (a warp
+// picking the k best one after another is a chain of k reductions).
+__global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int E, int topk,
+                             float scale, int normalize, int64_t* __restrict__ ids, float* __restrict__ weights) {
+  __shared__ float warp_max[kMaxExperts / 32];
+  __shared__ float cand_v[kMaxExperts];  // [candidates] biased scores
+  __shared__ int cand_e[kMaxExperts];
+  __shared__ float pick_s[kMaxTopk];  // [topk] unbiased scores in selection order
+  __shared__ int pick_id[kMaxTopk];
+  __shared__ float threshold;
+  __shared__ int n_cand;
+  const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warps = blockDim.x / 32;
+  float s = 0.f, v = -INFINITY;
+  if (e < E) {
+    s = 1.f / (1.f + __expf(-logits[(size_t)t * E + e]));
+    v = s + bias[e];
   }
-  float wsum = 0.f, my_w = 0.f;
-  int my_id = 0;
-  for (int k = 0; k < topk; ++k) {
-    float best = -INFINITY;
-    int bj = -1;
+  float m = v;
 #pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j)
-      if (bsel[j] > best) { best = bsel[j]; bj = j; }
-    int be = bj >= 0 ? lane + 32 * bj : 0x7fffffff;
-    float bv = best;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
-    }
-    const int owner = be & 31, oj = be >> 5;
-    float sv = 0.f;
-    if (lane == owner) {
-#pragma unroll
-      for (int j = 0; j < kMaxPerLane; ++j)
-        if (j == oj) { sv = s[j]; bsel[j] = -INFINITY; }
-    }
-    sv = __shfl_sync(0xffffffffu, sv, owner);
-    wsum += sv;
-    if (lane == k) { my_id = be; my_w = sv; }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) warp_max[e / 32] = m;
+  if (e < topk) { pick_s[e] = 0.f; pick_id[e] = 0; }  // NOTE: defined output should NaN scores leave a slot empty
+  if (e == 0) { n_cand = 0; threshold = -INFINITY; }  // fewer warps than picks: every expert is a candidate
+  __syncthreads();
+  if (e < warps && warps >= topk) {
+    const float mine = warp_max[e];
+    int rank = 0;
+    for (int w = 0; w < warps; ++w) rank += (warp_max[w] > mine) | ((warp_max[w] == mine) & (w < e));
+    if (rank == topk - 1) threshold = mine;
   }
-  if (lane < topk) {
-    const float w = normalize ? my_w / wsum : my_w;
-    ids[(size_t)t * topk + lane] = my_id;
-    weights[(size_t)t * topk + lane] = w * scale;
+  __syncthreads();
+  const bool cand = e < E && v >= threshold;
+  if (cand) {
+    const int i = atomicAdd(&n_cand, 1);  // NOTE: slot order varies run to run; the ranks below do not
+    cand_v[i] = v;
+    cand_e[i] = e;
+  }
+  __syncthreads();
+  if (cand) {
+    const int n = n_cand;
+    int rank = 0;
+    for (int i = 0; i < n; ++i) rank += (cand_v[i] > v) | ((cand_v[i] == v) & (cand_e[i] < e));
+    if (rank < topk) { pick_s[rank] = s; pick_id[rank] = e; }
+  }
+  __syncthreads();
+  if (e == 0) {
+    float wsum = 0.f;  // summed in selection order
+    for (int k = 0; k < topk; ++k) wsum += pick_s[k];
+    for (int k = 0; k < topk; ++k) {
+      ids[(size_t)t * topk + k] = pick_id[k];
+      weights[(size_t)t * topk + k] = (normalize ? pick_s[k] / wsum : pick_s[k]) * scale;
+    }
   }
 }
 
@@ -112,10 +117,9 @@ extern "C" {
 
 int ddt_route(const float* logits, const float* bias, int T, int E, int topk, float scale, int normalize,
               int64_t* ids, float* weights, void* stream) {
-  if (E > 32 * kMaxPerLane || topk > 32) return (int)cudaErrorInvalidValue;
-  const int warps = 4;
-  route_kernel<<<(T + warps - 1) / warps, warps * 32, 0, (cudaStream_t)stream>>>(logits, bias, T, E, topk, scale,
-                                                                                normalize, ids, weights);
+  if (E > kMaxExperts || topk > kMaxTopk || topk > E) return (int)cudaErrorInvalidValue;
+  const int threads = (E + 31) / 32 * 32;
+  route_kernel<<<T, threads, 0, (cudaStream_t)stream>>>(logits, bias, E, topk, scale, normalize, ids, weights);
   return (int)cudaGetLastError();
 }
 

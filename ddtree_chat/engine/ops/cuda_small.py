@@ -22,7 +22,7 @@ def route_kernel(logits, bias, top_k, scale, n_group=1, topk_group=1, normalize=
 
 def route_fast(logits, bias, top_k, scale, normalize=True):
     t, e = logits.shape
-    if e > 512 or top_k > 32:
+    if e > 512 or top_k > 32 or top_k > e:
         return route_ref(logits, bias, top_k, scale, 1, 1, normalize)
     from .build import check, library
 
