@@ -208,7 +208,7 @@ def test_router_picks_in_order_with_ties_to_the_lower_index(experts, top_k, ties
         logits, bias = logits.round(), torch.zeros_like(bias)
     ids, w = route_fast(logits, bias, top_k, 2.827, True)
     biased = torch.sigmoid(logits) + bias
-    want = biased.sort(-1, descending=True, stable=True).indices[:, :top_k]
+    want = biased.sort(dim=-1, descending=True, stable=True).indices[:, :top_k]
     assert torch.equal(ids, want)
     picked = torch.sigmoid(logits).gather(1, want)
     assert torch.allclose(w, picked / picked.sum(-1, keepdim=True) * 2.827, rtol=1e-5, atol=1e-6)
