@@ -31,7 +31,7 @@ mkdir -p "$cache_root"
 ls .tc/cache.tgz.part-* > /dev/null 2>&1 && cat .tc/cache.tgz.part-* | tar xzf - -C "$cache_root"
 log="$OUT/log.txt"
 # Triton's intermediate forms: a cached kernel loads from its cubin and metadata alone (Triton's group lookup
-# keeps whichever files exist), and leaving these out shrinks the archive ~3x (34 -> 12 MB in session 11).
+# keeps whichever files exist), and leaving these out shrinks the archive ~3x (34 -> 12 MB when it was measured).
 ir=(--exclude='*.llir' --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.ptx' --exclude='*.source')
 
 fresh_home() {  # a new user home holding only the CUDA kernel library already built (no measured costs)
