@@ -91,9 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one-shot: tokenize the prompt as is, without the chat template (not saved)")
     ap.add_argument("--no-think", dest="thinking", action="store_false", help="open the reply with an empty <think></think>")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                    help="compute precision (default auto: float32 on CPU and for small models on GPU, where the "
-                         "tree's tokens match --mode ar; bf16 otherwise: faster kernels, rounding may make long "
-                         "replies drift from --mode ar)")
+                    help="compute precision (default auto: float32 on CPU and for small models on GPU; bf16 "
+                         "otherwise. On the GPU the tree's tokens equal --mode ar's bit for bit in either (row-"
+                         "invariant kernels); bf16 on the CPU may drift from --mode ar in long replies)")
     ap.add_argument("--context", type=_setting("context"), metavar="N",
                     help="context length to allocate (default: 4096 on CPU, 32768 on GPU)")
     ap.add_argument("--eager", action="store_true", help="disable CUDA graphs (GPU rounds then launch every kernel from Python)")
