@@ -85,7 +85,7 @@ for s in "$@"; do
         exactab) for x in 0 1; do  # the K2.6-shaped forward with and without the row-invariant kernels, one call,
                      # and each one's GPU time by kernel at one token (where the exact path's extra time goes)
                      DDTREE_EXACT=$x step "k26-forward-exact$x" 120 python benchmarks/k26_forward.py --synthetic-layers 4 \
-                         --context 8192 --tokens 1 17 65 --profile 1 --json "$OUT/k26_forward_exact$x.json"
+                         --context 8192 --tokens 1 17 65 --profile 1 17 --json "$OUT/k26_forward_exact$x.json"
                  done ;;
         cudamla) step cudamla-tests 300 python -m pytest -q -x --durations=10 tests/test_kernels_gpu.py tests/test_exact_gpu.py \
                      -k "cuda_mla or mla_attention_rows or mla_attention_replays"

@@ -249,8 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tp-world", type=int, default=1, help="time rank 0's shard of this many TP ranks")
     ap.add_argument("--collective-us", type=float, nargs="+", default=[0.0],
                     help="the stand-in all-reduce's time(s) under --tp-world, one row set each")
-    ap.add_argument("--profile", type=int, default=None, help="also print where a forward over this many tokens "
-                    "spends its GPU time (kernels by total time, first context)")
+    ap.add_argument("--profile", type=int, nargs="+", default=[], help="also print where a forward over this many "
+                    "tokens spends its GPU time (kernels by total time, first context), one profile each")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
@@ -278,10 +278,10 @@ def main(argv=None) -> int:
             for us in (a.collective_us if a.tp_world > 1 else [0.0]):
                 stand_in.set_us(us)
                 rows.append(dict(_measure(model, cfg, cache, t, ctx, a, gen, dev, dtype, ceiling), collective_us=us))
-    if a.profile and cuda:
+    for t in a.profile if cuda else []:
         cache.length = a.context[0]
         stand_in.set_us(0.0)
-        _profile(model, cfg, cache, a.profile, a.context[0], gen, dev)
+        _profile(model, cfg, cache, t, a.context[0], gen, dev)
     what = f"layer {a.layer} of {cfg.num_layers}" if a.layer is not None else f"{cfg.num_layers} layers"
     contexts = ", ".join(map(str, a.context))
     where = f"copy ceiling {ceiling / 1e9:.0f} GB/s" if ceiling else "CPU (no bound)"
