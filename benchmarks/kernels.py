@@ -244,6 +244,7 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     rows, winners, default_warps = [], {}, (triton_mla_exact.WARPS, triton_mla_exact.HOPPER_BF16_WARPS)
+    default_block_m = triton_mla_exact.BLOCK_M
     for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
@@ -295,13 +296,17 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
                 old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
                 fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
-                for fold, warps in [] if quick else [(f, w) for f in (False, True) for w in (4, 8)]:
+                # NOTE: 32 query rows a program (8 warps; at 4 they spill ~800 B) read each key tile for twice the rows
+                alternatives = [(f, w, 16) for f in (False, True) for w in (4, 8)] + [(f, 8, 32) for f in (False, True)]
+                for fold, warps, block_m in [] if quick else alternatives:
                     triton_mla_exact.FOLD = fold  # the alternatives, same process
                     triton_mla_exact.WARPS = triton_mla_exact.HOPPER_BF16_WARPS = warps
+                    triton_mla_exact.BLOCK_M = block_m
                     try:
-                        by_fold[f"{'sub' if fold else 'chunk'} w{warps}"] = 1e3 * graph_ms(fn, cold=True)
+                        name = f"{'sub' if fold else 'chunk'} w{warps}" + (f" m{block_m}" if block_m != 16 else "")
+                        by_fold[name] = 1e3 * graph_ms(fn, cold=True)
                     finally:
-                        triton_mla_exact.FOLD = None
+                        triton_mla_exact.FOLD, triton_mla_exact.BLOCK_M = None, default_block_m
                         triton_mla_exact.WARPS, triton_mla_exact.HOPPER_BF16_WARPS = default_warps
                 rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops,
                                 extra={"us_by_fold": by_fold,
