@@ -1,13 +1,15 @@
 """Single-stream tokens/s of ar, dflash and ddtree for K2.6 on 8x RTX PRO 6000, projected from rank 0's measured
 per-forward times (k26_forward.py --tp-world 8 --json) with every assumption an argument:
 
-    python benchmarks/tp_projection.py tp8_rank0.json [--json OUT]
+    python benchmarks/tp_projection.py tp8_rank0.json [--round tp8_round.json] [--json OUT]
 
 - a rank's GPU time scales with bandwidth: the measured copy ceiling is the same share of the H200's spec
   (--spec-gbps) as the target GPU's copy ceiling of its spec (--target-gbps);
 - --allreduce-us: the all-reduce time per forward row count (122 all-reduces a forward, 2 a layer);
 - --draft-ms: one draft on the H200 unsplit (scaled like the forwards); at the bound the drafter is split
-  over the ranks (1/world of it plus 2 all-reduces a drafter layer);
+  over the ranks (1/world of it plus 2 all-reduces a drafter layer); --round (k26_round.py --tp-world N
+  --collective-us 0 --json): today's draft is rank 0's measured draft program instead (scaled, plus those
+  all-reduces);
 - --tau: accepted tokens per round (low and high), the same for dflash and ddtree (a floor for ddtree);
 - "at bound": each forward at --bound-factor times its bytes bound."""
 
@@ -20,9 +22,22 @@ from pathlib import Path
 ROUNDS = (("ar", 1), ("dflash (8 rows)", 8), ("ddtree 16 (17 rows)", 17))  # mode, verified rows
 
 
+def rank_drafts(round_data: dict) -> dict[str, float]:
+    """Rank 0's draft program ms by projected mode, from k26_round.py --tp-world N --json."""
+    names = {"dflash": "dflash (8 rows)", "ddtree 16": "ddtree 16 (17 rows)"}  # NOTE: dflash's mode names its block
+    out = {}
+    for r in round_data["rows"]:
+        key = "dflash" if r["mode"].startswith("dflash") else r["mode"]
+        if key in names and r["program"].startswith("DraftKey"):
+            out[names[key]] = r["ms"]
+    return out
+
+
 def project(data: dict, spec_gbps: float, target_gbps: float, allreduce_us: dict[int, float], draft_ms: float,
-            draft_layers: int, tau: tuple[float, float], bound_factor: float, layers: int = 61) -> list[dict]:
-    """One row per (context, mode, today / at bound): forward, all-reduce, draft and round ms, tokens/s."""
+            draft_layers: int, tau: tuple[float, float], bound_factor: float, layers: int = 61,
+            rank_draft_ms: dict[str, float] | None = None) -> list[dict]:
+    """One row per (context, mode, today / at bound): forward, all-reduce, draft and round ms, tokens/s.
+    rank_draft_ms: rank 0's measured draft ms by mode (today's drafts then: split, scaled, plus all-reduces)."""
     scale = spec_gbps / target_gbps  # NOTE: equal shares of spec cancel the measured ceiling out
     world = data["tp_world"]
     by = {(r["context"], r["tokens"]): r for r in data["rows"] if r["collective_us"] == 0}
@@ -33,8 +48,14 @@ def project(data: dict, spec_gbps: float, target_gbps: float, allreduce_us: dict
             for when, fwd_ms in (("today", r["graph_ms"] or r["eager_ms"]), ("at bound", bound_factor * r["bound_ms"])):
                 fwd = fwd_ms * scale
                 coll = 2 * layers * allreduce_us[t] / 1e3
-                draft = 0.0 if t == 1 else draft_ms * scale * (1.0 if when == "today" else 1.0 / world) \
-                    + (0.0 if when == "today" else 2 * draft_layers * allreduce_us[1] / 1e3)
+                split_coll = 2 * draft_layers * allreduce_us[1] / 1e3
+                if t == 1:
+                    draft = 0.0
+                elif when == "today" and rank_draft_ms:
+                    draft = rank_draft_ms[mode] * scale + split_coll
+                else:
+                    draft = draft_ms * scale * (1.0 if when == "today" else 1.0 / world) \
+                        + (0.0 if when == "today" else split_coll)
                 round_ms = fwd + coll + draft
                 per = (1.0, 1.0) if t == 1 else tau
                 out.append({"context": ctx, "mode": mode, "when": when, "forward_ms": fwd, "allreduce_ms": coll,
@@ -53,12 +74,14 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-layers", type=int, default=6)
     ap.add_argument("--tau", type=float, nargs=2, default=(3.7, 5.3))
     ap.add_argument("--bound-factor", type=float, default=1.25)
+    ap.add_argument("--round", type=Path, default=None, help="k26_round.py --tp-world N --json output: measured drafts")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     data = json.loads(a.measured.read_text())
     allreduce = {int(k): float(v) for k, v in (p.split(":") for p in a.allreduce_us.split(","))}
+    drafts = rank_drafts(json.loads(a.round.read_text())) if a.round else None
     rows = project(data, a.spec_gbps, a.target_gbps, allreduce, a.draft_ms, a.draft_layers, tuple(a.tau),
-                   a.bound_factor, data["layers"])
+                   a.bound_factor, data["layers"], drafts)
     print(f"x{a.spec_gbps / a.target_gbps:.2f} bandwidth scaling; tau {a.tau[0]}-{a.tau[1]}")
     print("| context | mode | when | forward | all-reduces | draft | round | tokens/s |")
     print("|---:|---|---|---:|---:|---:|---:|---:|")

@@ -192,6 +192,18 @@ def test_tp_projection_adds_up_what_it_assumes():
     tree = by["ddtree 16 (17 rows)", "at bound"]
     assert abs(tree["round_ms"] - (1.5 * 3.0 * 2 + 122 * 0.04 + 2.0 / 8 + 12 * 0.01)) < 1e-9
     assert tree["tok_s"] == [2e3 / tree["round_ms"], 4e3 / tree["round_ms"]]
+    # a rank's measured drafts (k26_round --tp-world): today's draft is that, scaled, plus the split's all-reduces
+    measured = {"rows": [{"mode": "dflash 7", "program": "DraftKey(...)", "ms": 0.3},
+                         {"mode": "ddtree 16", "program": "DraftKey(...)", "ms": 0.4},
+                         {"mode": "ddtree 16", "program": "VerifyKey(...)", "ms": 9.0},
+                         {"mode": "ddtree 32", "program": "DraftKey(...)", "ms": 0.9}]}
+    drafts = tp_projection.rank_drafts(measured)
+    assert drafts == {"dflash (8 rows)": 0.3, "ddtree 16 (17 rows)": 0.4}
+    got = tp_projection.project({"tp_world": 8, "rows": rows}, 200.0, 100.0, {1: 10.0, 8: 20.0, 17: 40.0}, 1.0, 6,
+                                (2.0, 4.0), 1.5, rank_draft_ms=drafts)
+    by2 = {(r["mode"], r["when"]): r for r in got}
+    assert abs(by2["ddtree 16 (17 rows)", "today"]["draft_ms"] - (0.4 * 2 + 12 * 0.01)) < 1e-9
+    assert by2["ddtree 16 (17 rows)", "at bound"] == tree and by2["ar", "today"] == ar
 
 
 def test_layer_bytes_add_up_to_the_forward():
