@@ -296,7 +296,8 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
                 old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
                 fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
-                # NOTE: 32 query rows a program (8 warps; at 4 they spill ~800 B) read each key tile for twice the rows
+                # NOTE: 32 query rows a program read each key tile for twice the rows (8 warps: at 4 they spill,
+                # triton_resources.py --block-m 32)
                 alternatives = [(f, w, 16) for f in (False, True) for w in (4, 8)] + [(f, 8, 32) for f in (False, True)]
                 for fold, warps, block_m in [] if quick else alternatives:
                     triton_mla_exact.FOLD = fold  # the alternatives, same process

@@ -5,7 +5,7 @@ and 64 heads, bf16 (the engine's) and float32, with the key tile block_n picks f
 per block. --shapes: every tile of BLOCK_NS at several latent widths, its shared memory against the bound
 block_n goes by (shared_bytes).
 
-  PYTHONPATH=. python benchmarks/triton_resources.py [--arch 90] [--warps 4,8] [--shapes]"""
+  PYTHONPATH=. python benchmarks/triton_resources.py [--arch 90] [--warps 4,8] [--block-m 32] [--shapes]"""
 
 from __future__ import annotations
 
@@ -128,7 +128,11 @@ def main():
     ap.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_PER_BLOCK))
     ap.add_argument("--warps", default=None, help="main kernel num_warps to compile, e.g. 4,8 (default: the launch's)")
     ap.add_argument("--shapes", action="store_true", help="shared memory of every tile at several latent widths")
+    ap.add_argument("--block-m", type=int, default=None, help="query rows a program (default: the launch's "
+                    "triton_mla_exact.BLOCK_M; kernels.py --only exact times 32 beside it)")
     a = ap.parse_args()
+    if a.block_m:
+        ex.BLOCK_M = a.block_m  # NOTE: read at compile time by _main_src and block_n's shared-memory bound
     if a.shapes:
         return shapes(a.arch)
     warps = tuple(int(w) for w in a.warps.split(",")) if a.warps else None
