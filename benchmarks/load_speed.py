@@ -9,7 +9,8 @@ MoE with 384 INT4 experts in the compressed-tensors layout, random values, one s
 one for the embedding and the lm head). Then, each in a fresh process with the files' page cache dropped
 first (posix_fadvise DONTNEED, no root needed): the disk's sequential read of every file, and rank --rank's
 load of its slices (engine.loader.load_target). Reports GB/s of the bytes the rank needs (its slices) and of
-the files' bytes, and the load's peak host memory (the child's ru_maxrss)."""
+the files' bytes, the bytes the load fetched from storage (Linux) and its peak host memory (the child's
+ru_maxrss)."""
 
 from __future__ import annotations
 
@@ -127,7 +128,19 @@ def _child(ckpt: str, rank: int, world: int, device: str) -> None:
     load_target(ckpt, torch.device(device), torch.bfloat16, tp=TPGroup(rank, world))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    print(json.dumps({"load_s": time.perf_counter() - t0}))
+    print(json.dumps({"load_s": time.perf_counter() - t0, "storage_read_bytes": _storage_read_bytes()}))
+
+
+def _storage_read_bytes() -> int | None:
+    """Bytes this process made the kernel fetch from storage (Linux /proc/self/io; None elsewhere): a slice
+    smaller than a page's stride (the down projections' column slices) pulls in whole pages."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def main(argv=None) -> int:
@@ -158,17 +171,21 @@ def main(argv=None) -> int:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         print(f"load_speed: the rank's load failed (exit {out.returncode}): {last}", file=sys.stderr)
         return 1
-    load_s = json.loads(out.stdout.strip().splitlines()[-1])["load_s"]
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    load_s, fetched = child["load_s"], child["storage_read_bytes"]
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     need = rank_bytes(ckpt, a.tp_world)
     res = {"layers": cfg.num_layers, "tp_world": a.tp_world, "rank": a.rank, "device": a.device,
            "write_s": write_s, "file_bytes": disk_bytes, "disk_GBps": disk_bytes / disk_s / 1e9,
            "rank_bytes": need, "load_s": load_s, "rank_GBps": need / load_s / 1e9,
-           "files_GBps_during_load": disk_bytes / load_s / 1e9, "peak_rss_bytes": peak}
+           "files_GBps_during_load": disk_bytes / load_s / 1e9, "storage_read_bytes": fetched,
+           "peak_rss_bytes": peak}
     print(f"{cfg.num_layers} K2.6-sized layers{' (tiny)' if a.tiny else ''}: files {disk_bytes / 1e9:.2f} GB, read "
           f"at {res['disk_GBps']:.2f} GB/s (page cache dropped); rank {a.rank} of {a.tp_world} needs "
           f"{need / 1e9:.2f} GB, loaded in {load_s:.1f} s = {res['rank_GBps']:.2f} GB/s "
-          f"({res['rank_GBps'] / res['disk_GBps']:.0%} of the disk), peak host memory {peak / 1e9:.2f} GB")
+          f"({res['rank_GBps'] / res['disk_GBps']:.0%} of the disk), peak host memory {peak / 1e9:.2f} GB"
+          + (f"; it fetched {fetched / 1e9:.2f} GB from storage ({fetched / disk_bytes:.0%} of the files)"
+             if fetched is not None else ""))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
     return 0
