@@ -395,12 +395,14 @@ def bench_cuda_mla(ceiling, quick=False):
 
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens; the
-    Triton kernel and csrc/mla_attention.cu) shapes once each inside an NVTX range "ncu", after an untimed
+    Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine launches by
+    default) shapes once each inside an NVTX range "ncu", after an untimed
     call outside it (compiles, autotunes), for Nsight Compute to read the hardware counters of just those
     launches (BENCHMARKS.md has the command). No rows."""
     from ddtree_chat.engine.ops.cuda_mla import mla_attention_cuda
     from ddtree_chat.engine.ops.cuda_moe import moe_forward
     from ddtree_chat.engine.ops.triton_mla import mla_attention_triton
+    from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     calls = []
@@ -413,7 +415,10 @@ def profile_once():
     for nh in (64, 8):
         for t in (1, 16):
             args = mla_inputs(cache, ctx, t, nh)  # q, q_pe, ckv, kpe, mask
-            for name, attend in (("mla", mla_attention_triton), ("cuda_mla", mla_attention_cuda)):
+            kernels = [("mla", mla_attention_triton), ("cuda_mla", mla_attention_cuda)]
+            if nh == 8:  # a TP=8 rank's heads: also the engine's default kernel
+                kernels.append(("mla_exact", mla_attention_exact))
+            for name, attend in kernels:
                 calls.append((f"{name} ctx={ctx} T={t} heads={nh}",
                               lambda a=args, f=attend: f(*a[:4], ctx, a[4], 0.14468)))
     for name, fn in calls:
