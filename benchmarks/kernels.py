@@ -244,7 +244,7 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     rows, winners, default_warps = [], {}, (triton_mla_exact.WARPS, triton_mla_exact.HOPPER_BF16_WARPS)
-    default_block_m = triton_mla_exact.BLOCK_M
+    bm = triton_mla_exact.BLOCK_M  # the launch's query rows a program
     for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in EXACT_ROWS}
@@ -287,6 +287,9 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
                       + "/".join(f"{win['x_cublas'][m]:.2f}" for m in EXACT_ROWS))
         rows.append({"kernel": "exact_linear_winners", "shape": "all", "us": float("nan"), "GBps": float("nan"),
                      "frac_ceiling": float("nan"), "winners": {f"{n}x{k}": v for (n, k), v in winners.items()}})
+    # NOTE: 32 query rows a program read each key tile for twice the rows (8 warps: at 4 they spill,
+    # triton_resources.py --block-m 32)
+    mla_alternatives = [(f, w, bm) for f in (False, True) for w in (4, 8)] + [(f, 8, 2 * bm) for f in (False, True)]
     for ctx in (8192, 32768, 131072) if mla else ():
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (64, 8):
@@ -296,18 +299,15 @@ def bench_exact(ceiling, quick=False, shapes=EXACT_PRODUCTS, mla=True):
                 old_us = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
                 fn = lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us, by_fold = 1e3 * graph_ms(fn, cold=True), {}
-                # NOTE: 32 query rows a program read each key tile for twice the rows (8 warps: at 4 they spill,
-                # triton_resources.py --block-m 32)
-                alternatives = [(f, w, 16) for f in (False, True) for w in (4, 8)] + [(f, 8, 32) for f in (False, True)]
-                for fold, warps, block_m in [] if quick else alternatives:
+                for fold, warps, block_m in [] if quick else mla_alternatives:
                     triton_mla_exact.FOLD = fold  # the alternatives, same process
                     triton_mla_exact.WARPS = triton_mla_exact.HOPPER_BF16_WARPS = warps
                     triton_mla_exact.BLOCK_M = block_m
                     try:
-                        name = f"{'sub' if fold else 'chunk'} w{warps}" + (f" m{block_m}" if block_m != 16 else "")
-                        by_fold[name] = 1e3 * graph_ms(fn, cold=True)
+                        label = f"{'sub' if fold else 'chunk'} w{warps}" + (f" m{block_m}" if block_m != bm else "")
+                        by_fold[label] = 1e3 * graph_ms(fn, cold=True)
                     finally:
-                        triton_mla_exact.FOLD, triton_mla_exact.BLOCK_M = None, default_block_m
+                        triton_mla_exact.FOLD, triton_mla_exact.BLOCK_M = None, bm
                         triton_mla_exact.WARPS, triton_mla_exact.HOPPER_BF16_WARPS = default_warps
                 rows.append(row("exact_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, old_us, flops,
                                 extra={"us_by_fold": by_fold,

@@ -48,14 +48,15 @@ def project(data: dict, spec_gbps: float, target_gbps: float, allreduce_us: dict
             for when, fwd_ms in (("today", r["graph_ms"] or r["eager_ms"]), ("at bound", bound_factor * r["bound_ms"])):
                 fwd = fwd_ms * scale
                 coll = 2 * layers * allreduce_us[t] / 1e3
-                split_coll = 2 * draft_layers * allreduce_us[1] / 1e3
+                split_coll = 2 * draft_layers * allreduce_us[1] / 1e3  # a split drafter's all-reduces
                 if t == 1:
                     draft = 0.0
-                elif when == "today" and rank_draft_ms:
+                elif when == "at bound":
+                    draft = draft_ms * scale / world + split_coll
+                elif rank_draft_ms:  # today, measured on a rank of the split drafter
                     draft = rank_draft_ms[mode] * scale + split_coll
-                else:
-                    draft = draft_ms * scale * (1.0 if when == "today" else 1.0 / world) \
-                        + (0.0 if when == "today" else split_coll)
+                else:  # today, the unsplit drafter
+                    draft = draft_ms * scale
                 round_ms = fwd + coll + draft
                 per = (1.0, 1.0) if t == 1 else tau
                 out.append({"context": ctx, "mode": mode, "when": when, "forward_ms": fwd, "allreduce_ms": coll,
