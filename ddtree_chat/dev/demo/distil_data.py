@@ -6,10 +6,12 @@ greedy and sampled, each answer checked (prompts.check_answer) and appended to O
     python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday --batch 8        # everyday.py's tasks (CPU)
     python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday2 --sampled 0     # everyday2.py's requests
     python -m ddtree_chat.dev.demo.distil_data --out DIR --everyday3 --device cuda --batch 1024   # everyday3.py's
+    python -m ddtree_chat.dev.demo.distil_data --out DIR --self-instruct PROPOSALS --device cuda --batch 1024
 
 Resumable: a second run with the same --out skips the (prompt, mode) pairs already answered, and refuses to mix
 a different teacher file or generator seed. OUT/meta.json records the teacher's sha256, the generator seed and
-every run's rate; OUT/prompts.jsonl fixes the prompt list on the first run (a resume re-reads it)."""
+every run's rate; OUT/prompts.jsonl fixes the prompt list on the first run (a resume re-reads it; with
+--self-instruct, proposals kept since then extend it, the earlier prompts unchanged)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import everyday, everyday2, everyday3
+from . import everyday, everyday2, everyday3, self_instruct
 from .prompts import SEED, PromptGen, check_answer
 
 META, PROMPTS, ANSWERS = "meta.json", "prompts.jsonl", "answers.jsonl"
@@ -42,6 +44,11 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def write_prompts(out: Path, prompts: list[dict]) -> None:
+    with open(out / PROMPTS, "w") as f:
+        f.writelines(json.dumps(p) + "\n" for p in prompts)
 
 
 def load_dataset(out: Path, statuses=("ok",)) -> tuple[dict, list[dict]]:
@@ -93,6 +100,9 @@ def main(argv=None) -> int:
     src.add_argument("--everyday3", action="store_true",
                      help="the prompts: everyday3.py's composed tasks, stdlib helpers to explain or fix, method "
                           "questions (--prompts unused)")
+    src.add_argument("--self-instruct", type=Path, metavar="DIR",
+                     help="the prompts: the function requests the teacher proposed and self_instruct.py kept in DIR "
+                          "(--prompts unused)")
     a = ap.parse_args(argv)
 
     from .teacher import Teacher
@@ -104,22 +114,31 @@ def main(argv=None) -> int:
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / META
-    source = next((s for s in SOURCES if getattr(a, s)), "generator")
+    source = "self_instruct" if a.self_instruct else next((s for s in SOURCES if getattr(a, s)), "generator")
+    fresh = self_instruct.prompts(a.self_instruct, a.seed) if a.self_instruct else None
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         for k, v in (("teacher_sha256", teacher.sha256), ("seed", a.seed), ("prompt_source", source)):
             if meta.get(k, "generator") != v:
                 sys.exit(f"{out} holds data of {k} {meta.get(k, 'generator')}, not {v}: use another --out")
         prompts = read_jsonl(out / PROMPTS)
+        if fresh is not None and len(fresh) > len(prompts):
+            # NOTE: proposals kept since the last run extend the list; the prompts answered so far stay as they were
+            if fresh[: len(prompts)] != prompts:
+                sys.exit(f"the kept proposals in {a.self_instruct} no longer begin with {out}'s {len(prompts)} prompts")
+            prompts = fresh
+            meta.update(self_instruct.origin(a.self_instruct), n_prompts=len(prompts))
+            write_prompts(out, prompts)
     else:
-        if source in SOURCES:
+        if fresh is not None:
+            prompts, origin = fresh, {"prompt_source": source, **self_instruct.origin(a.self_instruct)}
+        elif source in SOURCES:
             mod = SOURCES[source]
             prompts, origin = mod.prompts(a.seed), {"prompt_source": source, "tasks": len(mod.tasks())}
         else:
             gen = PromptGen(a.seed)
             prompts, origin = gen.sample(a.prompts), {"stdlib_functions": len(gen.funcs)}
-        with open(out / PROMPTS, "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in prompts)
+        write_prompts(out, prompts)
         meta = {"teacher": teacher.path.name, "teacher_sha256": teacher.sha256, "seed": a.seed,
                 "n_prompts": len(prompts), "python": sys.version, **origin,
                 "chat_format": "bare ChatML user turn, eos <|im_end|>", "runs": []}

@@ -6,32 +6,37 @@
 #   bash ddtree_chat/dev/demo/gpu_run.sh part                     # once per part carried
 #   bash ddtree_chat/dev/demo/gpu_run.sh part join teacher data pack-data
 #   bash ddtree_chat/dev/demo/gpu_run.sh part join data-everyday3 pack-everyday3   # answers everyday3.py's prompts
+#   bash ddtree_chat/dev/demo/gpu_run.sh part join propose data-self pack-self       # the teacher's own requests
 #   bash ddtree_chat/dev/demo/gpu_run.sh unpack-data target draft pack-pair eval e2e
 #
 # Steps: part, join (cat + sha256 + the gguf wheel), teacher (its held-out figures), data (teacher answers,
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), data-everyday3 (the same for everyday3.py's
 # prompts, into /tmp/everyday3), pack-everyday3 ($OUT/demo-distil-everyday3.tar.xz, a few MB: within the 16 MiB a
 # returned file may have), unpack-data ($DATA_TAR, default the data committed in training/, -> /tmp; everyday3's
-# when committed), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target
+# when committed; the self-instruct set's when committed), propose (self_instruct.py: the teacher proposes function
+# requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
+# /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target
 # (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
 # ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed), sweep (several targets side by
 # side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...", each with its eval-target;
-# SETS: extra data sets joined by "+", everyday (everyday.py's), everyday2 (everyday2.py's) and everyday3
-# (everyday3.py's)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 (target and draft without that set; everyday3 only
-# where it was answered or unpacked), pick ($PICK: the sweep target the later steps use).
+# SETS: extra data sets joined by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3
+# (everyday3.py's) and self (the self-instruct set)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and
+# draft without that set; everyday3 and self only where answered or unpacked), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
+S=/tmp/self SP=/tmp/self-proposals
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
 log="$OUT/demo_log.txt"
 
-data_dirs() {  # the distilled data sets the target and draft steps train on: the everyday sets too unless EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0
+data_dirs() {  # the distilled data sets the target and draft steps train on: the later sets too unless EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 / SELF=0
     echo $D
     [ "${EVERYDAY:-1}" = 1 ] && echo $E
     [ "${EVERYDAY2:-1}" = 1 ] && echo $E2
     [ "${EVERYDAY3:-1}" = 1 ] && [ -d $E3 ] && echo $E3  # once answered (data-everyday3) or committed (unpack-data)
+    [ "${SELF:-1}" = 1 ] && [ -d $S ] && echo $S  # the same for the self-instruct set (data-self)
 }
 
 step() {  # name, seconds, command...
@@ -58,11 +63,18 @@ for s in "$@"; do
                             --out $E3 --everyday3 --sampled "${SAMPLED:-1}" --device cuda --batch "${BATCH:-1024}" \
                             --max-new 384 --max-seconds "${DATA_SECONDS:-420}" ;;
         pack-everyday3) tar cJf "$OUT/demo-distil-everyday3.tar.xz" -C /tmp everyday3 ;;
+        propose) step propose $(( ${DATA_SECONDS:-420} + 120 )) python3 -m ddtree_chat.dev.demo.self_instruct --out $SP \
+                     --tasks "${PROPOSALS:-20000}" --device cuda --batch "${BATCH:-1024}" --max-seconds "${DATA_SECONDS:-420}" ;;
+        data-self) step data-self $(( ${DATA_SECONDS:-420} + 120 )) python3 -m ddtree_chat.dev.demo.distil_data --out $S \
+                       --self-instruct $SP --sampled "${SAMPLED:-1}" --device cuda --batch "${BATCH:-1024}" --max-new 384 \
+                       --max-seconds "${DATA_SECONDS:-420}" ;;
+        pack-self) tar cJf "$OUT/demo-distil-self.tar.xz" -C /tmp self self-proposals ;;
         unpack-data) [ -d $D ] || tar xJf "${DATA_TAR:-training/demo-distil-data.tar.xz}" -C /tmp
                      [ -d $E ] || tar xJf training/demo-distil-everyday.tar.xz -C /tmp
                      [ -d $E2 ] || tar xJf training/demo-distil-everyday2.tar.xz -C /tmp
                      [ -d $E3 ] || [ ! -f training/demo-distil-everyday3.tar.xz ] \
-                         || tar xJf training/demo-distil-everyday3.tar.xz -C /tmp ;;
+                         || tar xJf training/demo-distil-everyday3.tar.xz -C /tmp
+                     [ -d $S ] || [ ! -f training/demo-distil-self.tar.xz ] || tar xJf training/demo-distil-self.tar.xz -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
                     ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ;;
