@@ -158,7 +158,7 @@ def test_distil_data_answers_the_kept_proposals_into_a_training_set(tmp_path, mo
     proposals' identity; a resume under another source is refused) that data.distil_sources trains on."""
     import ddtree_chat.dev.demo.teacher as teacher
     from ddtree_chat.dev.demo import data
-    from tests.test_demo_distil import FakeTeacher as AnsweringTeacher
+    from test_demo_distil import FakeTeacher as AnsweringTeacher
 
     monkeypatch.setattr(teacher, "Teacher", AnsweringTeacher)
     proposals = tmp_path / "proposals"
@@ -190,3 +190,26 @@ def test_distil_data_answers_the_kept_proposals_into_a_training_set(tmp_path, mo
     src = {"docs": {k: ["x = 1\n"] for k in ("train", "val", "test")}, "meta": {}}
     got = data.distil_sources(src, [out], 0.25, log=lambda *a: None)
     assert sum(len(v) for v in got["pairs"].values()) == len(kept)
+
+
+def test_the_committed_set_is_its_proposals_answered_and_apart_from_the_others(tmp_path):
+    """training/demo-distil-self.tar.xz: its prompts are what prompts() makes of its packed proposals, every kept
+    proposal passes the filter again (held-out names and tasks above all), and no prompt, id or function name
+    repeats one of the other committed sets'."""
+    import tarfile
+
+    from test_demo_distil import TRAINING, _assert_apart, _committed_prompts
+
+    with tarfile.open(TRAINING / "demo-distil-self.tar.xz", "r:xz") as tf:
+        tf.extractall(tmp_path, filter="data")
+    meta, kept = distil_data.load_dataset(tmp_path / "self")
+    ps = _committed_prompts("self")
+    assert ps == self_instruct.prompts(tmp_path / "self-proposals", meta["seed"])
+    assert meta["tasks_sha256"] == self_instruct.origin(tmp_path / "self-proposals")["tasks_sha256"] and kept
+    tasks = self_instruct.kept_tasks(tmp_path / "self-proposals")
+    seen: tuple[set, set] = (set(), set())
+    for name, args, does in tasks:
+        assert self_instruct.verdict(name, args, does, *seen) == "ok", (name, does)
+        seen[0].add(name)
+        seen[1].add(self_instruct.task_key(does))
+    _assert_apart(ps, sum((_committed_prompts(n) for n in ("data", "everyday", "everyday2", "everyday3")), []))
