@@ -15,13 +15,14 @@
 # returned file may have), unpack-data ($DATA_TAR, default the data committed in training/, -> /tmp; everyday3's
 # when committed; the self-instruct set's when committed), propose (self_instruct.py: the teacher proposes function
 # requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
-# /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS, RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target
-# (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags), pack-pair
-# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed), sweep (several targets side by
-# side on the GPU, $TARGETS = "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...", each with its eval-target;
-# SETS: extra data sets joined by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3
-# (everyday3.py's) and self (the self-instruct set)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and
-# draft without that set; everyday3 and self only where answered or unpacked), pick ($PICK: the sweep target the later steps use).
+# /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
+# RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target (held-out quality of the target alone, plain decoding), draft
+# (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
+# e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
+# "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...", each with its eval-target; SETS: extra data sets joined by
+# "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the self-instruct
+# set)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and draft without that set; everyday3 and self only
+# where answered or unpacked), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
