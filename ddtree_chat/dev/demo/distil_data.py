@@ -122,10 +122,10 @@ def main(argv=None) -> int:
             if meta.get(k, "generator") != v:
                 sys.exit(f"{out} holds data of {k} {meta.get(k, 'generator')}, not {v}: use another --out")
         prompts = read_jsonl(out / PROMPTS)
+        if fresh is not None and fresh[: len(prompts)] != prompts:
+            sys.exit(f"the kept proposals in {a.self_instruct} do not begin with {out}'s {len(prompts)} prompts")
         if fresh is not None and len(fresh) > len(prompts):
             # NOTE: proposals kept since the last run extend the list; the prompts answered so far stay as they were
-            if fresh[: len(prompts)] != prompts:
-                sys.exit(f"the kept proposals in {a.self_instruct} no longer begin with {out}'s {len(prompts)} prompts")
             prompts = fresh
             meta.update(self_instruct.origin(a.self_instruct), n_prompts=len(prompts))
             write_prompts(out, prompts)

@@ -15,8 +15,8 @@ import random
 import textwrap
 
 from . import everyday, everyday2
-from .prompts import (EXTRA_TEMPLATES, FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, buggy, fenced, keep_new, new_tasks,
-                      stdlib_modules, without_docstring)
+from .prompts import (HELDOUT_NAMES, SIMPLE, buggy, fenced, function_requests, keep_new, new_tasks, stdlib_modules,
+                      without_docstring)
 
 # A condition on one number: (word in names, clause for one number, extra arguments)
 NUMBER_CONDS = [
@@ -631,13 +631,7 @@ def prompts(seed: int) -> list[dict]:
     flipped operator; each built-in method asked in both METHOD_ASKS -> prompt dicts as PromptGen makes them; a
     prompt holding a held-out name, or repeating one, is left out."""
     rng = random.Random(seed)
-    out = []
-    others = FUNCTION_TEMPLATES[1:] + EXTRA_TEMPLATES
-    for name, args, does in tasks():
-        head = f"{name}({args})"
-        out.append({"kind": "function", "user": FUNCTION_TEMPLATES[0].format(head=head, does=does), "name": name})
-        if rng.random() < SECOND_PHRASING:
-            out.append({"kind": "function", "user": rng.choice(others).format(head=head, does=does), "name": name})
+    out = function_requests(tasks(), rng, SECOND_PHRASING)
     code = list(helpers())
     rng.shuffle(code)
     for c in code[:N_EXPLAIN]:

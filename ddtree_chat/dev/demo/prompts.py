@@ -105,6 +105,20 @@ def keep_new(items: list[dict], source: str) -> list[dict]:
     return out
 
 
+def function_requests(tasks, rng: random.Random, second: float) -> list[dict]:
+    """Each (name, args, what it does) in the held-out requests' phrasing (FUNCTION_TEMPLATES[0]), a seeded `second`
+    share of them in another too (the other FUNCTION_TEMPLATES or EXTRA_TEMPLATES): function prompt dicts. Draws
+    from rng once per task, and once more per second phrasing."""
+    others = FUNCTION_TEMPLATES[1:] + EXTRA_TEMPLATES
+    out = []
+    for name, args, does in tasks:
+        head = f"{name}({args})"
+        out.append({"kind": "function", "user": FUNCTION_TEMPLATES[0].format(head=head, does=does), "name": name})
+        if rng.random() < second:
+            out.append({"kind": "function", "user": rng.choice(others).format(head=head, does=does), "name": name})
+    return out
+
+
 # ----------------------------------------------------------------------------- replies: code blocks
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)

@@ -33,8 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import everyday, everyday2, everyday3
-from .prompts import (EXTRA_TEMPLATES, FUNCTION_TEMPLATES, HELDOUT_NAMES, SEED, SIMPLE, keep_new,
-                      stdlib_functions)
+from .prompts import HELDOUT_NAMES, SEED, SIMPLE, function_requests, keep_new, stdlib_functions
 
 META, PROPOSALS = "meta.json", "proposals.jsonl"
 SHOTS = 6  # examples per proposal prompt
@@ -42,7 +41,6 @@ HEADER = "A list of small Python programming exercises:\n\n"
 LINE = re.compile(r"^\s*(?:\d+\.\s*)?Write a Python function ([A-Za-z_]\w*)\(([^()\n]*)\) that ([^\n]+?)\.?\s*$")
 NAME = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
 PLAIN = re.compile(r"^[A-Za-z0-9 ,;:'\"()\-+*/%<>=!.?_\[\]{}]+$")  # plain ASCII: no code fence, no other script
-SECOND_PHRASING = 0.4  # the share of tasks asked a second time, in another phrasing (as everyday3.py)
 # A proposal whose name, arguments or task (lower case) holds every word of one of these is left out: the 20
 # held-out requests' tasks, each by several wordings, wider than the tasks themselves (a near miss costs nothing:
 # proposals are plentiful)
@@ -135,17 +133,9 @@ def kept_tasks(out: Path) -> list[tuple[str, str, str]]:
 
 
 def prompts(out: Path, seed: int) -> list[dict]:
-    """Each kept proposal in the held-out requests' phrasing, a seeded SECOND_PHRASING share of them in another too
+    """Each kept proposal in the held-out requests' phrasing, a seeded share of them (everyday3's) in another too
     -> prompt dicts as PromptGen makes them (a prompt holding a held-out name, or repeating one, left out)."""
-    rng = random.Random(seed)
-    others = FUNCTION_TEMPLATES[1:] + EXTRA_TEMPLATES
-    items = []
-    for name, args, does in kept_tasks(out):
-        head = f"{name}({args})"
-        items.append({"kind": "function", "user": FUNCTION_TEMPLATES[0].format(head=head, does=does), "name": name})
-        if rng.random() < SECOND_PHRASING:
-            items.append({"kind": "function", "user": rng.choice(others).format(head=head, does=does), "name": name})
-    return keep_new(items, "self_instruct")
+    return keep_new(function_requests(kept_tasks(out), random.Random(seed), everyday3.SECOND_PHRASING), "self_instruct")
 
 
 def origin(out: Path) -> dict:
