@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e
 #                                               programs k26 layer kernels
-#                                               moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
+#                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
 #                                               alone: each GPU test file in a process and home of its own, the
 #                                               files side by side, then the TP file alone; reversed: all
@@ -116,6 +116,7 @@ for s in "$@"; do
              grep -q moe_gemm "$OUT/ncu.csv" 2> /dev/null || step ncu-moe 200 "$ncu_bin" --clock-control none \
                  --kernel-name regex:moe_gemm "${sections[@]}" --csv --page details --log-file "$OUT/ncu.csv" \
                  python benchmarks/kernels.py --only ncu --json /dev/null ;;
+        moe) step moe 240 python benchmarks/kernels.py --only moe --json "$OUT/moe.json" ;;  # the picked variants, whole and TP=8 slices
         kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
         tiles) step tiles 200 python benchmarks/kernels.py --only tiles --json "$OUT/tiles.json" ;;

@@ -96,8 +96,9 @@ def row(kind, shape, us, nbytes, ceiling, ref_us=None, flops=None, extra=None):
 MOE_E, MOE_H, MOE_I, MOE_K = 384, 7168, 2048, 8  # K2.6's routed experts: count, hidden, intermediate, top-k
 
 
-def k26_experts(gen):
-    """K2.6's routed experts, random INT4 group 32 (ExpertWeights), and their kernel pack with its seconds."""
+def k26_experts(gen, inter=MOE_I):
+    """K2.6's routed experts (or a TP rank's slice of each one's intermediate), random INT4 group 32
+    (ExpertWeights), and their kernel pack with its seconds."""
     def rnd(out, inp):
         p = torch.randint(-2**31, 2**31 - 1, (MOE_E, out, inp // 8), dtype=torch.int32, device="cuda", generator=gen)
         s = (torch.rand(MOE_E, out, inp // 32, device="cuda", generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
@@ -105,7 +106,7 @@ def k26_experts(gen):
 
     from ddtree_chat.engine.ops.cuda_moe import pack_experts
 
-    ex = ExpertWeights(rnd(MOE_I, MOE_H), rnd(MOE_I, MOE_H), rnd(MOE_H, MOE_I))
+    ex = ExpertWeights(rnd(inter, MOE_H), rnd(inter, MOE_H), rnd(MOE_H, inter))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     pe = pack_experts(ex)
@@ -139,22 +140,24 @@ def bench_moe(ceiling, quick):
     from ddtree_chat.engine.ops.cuda_moe import built_variants, moe_forward
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    ex, pe, pack_s = k26_experts(gen)
-    per_expert = 3 * MOE_I * MOE_H // 2 + 3 * MOE_I * (MOE_H // 32) * 2  # nibbles + bf16 scales
     rows = []
-    for t in ([1, 8, 64] if quick else [1, 2, 4, 8, 16, 32, 64]):
-        x, ids, w = k26_routed_tokens(t, gen)
-        d = int(torch.unique(ids).numel())
-        nbytes = d * per_expert + 2 * x.numel() * 2
-        var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in built_variants()}
-        best = min(var_us, key=var_us.get)
-        us = var_us[best]
-        us_eager = eager_us(lambda: moe_forward(x, ids, w, pe, variant=best), 20)
-        ref_us = eager_us(lambda: moe_experts_ref(x, ids, w, ex), 2) if t in (1, 8, 64) else None
-        rows.append(row("moe_int4", f"T={t} experts={d} v{best}", us, nbytes, ceiling, ref_us,
-                        extra={"eager_us": us_eager, "pack_s": pack_s, "variant_us": var_us,
-                               "kernel_us": kernel_us(lambda: moe_forward(x, ids, w, pe, variant=best))}))
-        print(rows[-1], flush=True)
+    for inter, name in ((MOE_I, "moe_int4"), (MOE_I // 8, "moe_int4 tp8")):  # whole experts, a TP=8 rank's slice
+        ex, pe, pack_s = k26_experts(gen, inter)
+        per_expert = 3 * inter * MOE_H // 2 + 3 * inter * (MOE_H // 32) * 2  # nibbles + bf16 scales
+        for t in ([1, 8, 64] if quick else [1, 2, 4, 8, 16, 32, 64]):
+            x, ids, w = k26_routed_tokens(t, gen)
+            d = int(torch.unique(ids).numel())
+            nbytes = d * per_expert + 2 * x.numel() * 2
+            var_us = {v: graph_us(lambda: moe_forward(x, ids, w, pe, variant=v)) for v in built_variants()}
+            best = min(var_us, key=var_us.get)
+            us = var_us[best]
+            us_eager = eager_us(lambda: moe_forward(x, ids, w, pe, variant=best), 20)
+            ref_us = eager_us(lambda: moe_experts_ref(x, ids, w, ex), 2) if t in (1, 8, 64) else None
+            rows.append(row(name, f"T={t} experts={d} v{best}", us, nbytes, ceiling, ref_us,
+                            extra={"eager_us": us_eager, "pack_s": pack_s, "variant_us": var_us,
+                                   "kernel_us": kernel_us(lambda: moe_forward(x, ids, w, pe, variant=best))}))
+            print(rows[-1], flush=True)
+        del ex, pe
     return rows
 
 

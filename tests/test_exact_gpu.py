@@ -11,6 +11,7 @@ from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
 from ddtree_chat.engine.ops.registry import prefer_library, strict
 
 from drafters import closure_mask
+from int4_experts import random_experts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -137,6 +138,23 @@ def test_moe_layer_is_row_invariant(k26):
     moe = model.layers[1].mlp
     assert_row_invariant(lambda x: moe(x[:, None, :], residual=x[:, None, :] * 0.5)[:, 0], H)
     assert_row_invariant(lambda x: moe(x), H, seed=2)
+
+
+@pytest.mark.parametrize("inter", [256, 512])
+def test_moe_experts_at_a_rank_slice_are_row_invariant(inter):
+    """The INT4 experts with a TP rank's slice of K2.6's intermediate (TP=8: 256, TP=4: 512; the down product's
+    short K takes its own tile, the same at every token count): each token's experts come from its own row."""
+    from ddtree_chat.engine.ops.cuda_moe import moe_forward, pack_experts
+
+    e, k = 64, 8
+    pe = pack_experts(random_experts(e, H, inter, "cuda", seed=inter))
+
+    def experts(x):
+        scores = x[:, :e].float()  # a token's own pick: its first e features as router scores
+        ids = scores.topk(k, dim=-1).indices
+        return moe_forward(x, ids, torch.softmax(scores.gather(1, ids), -1), pe)
+
+    assert_row_invariant(experts, H, seed=inter)
 
 
 def _tree(t: int, chain: int, g: torch.Generator) -> tuple[list[int], int]:

@@ -8,11 +8,12 @@ import torch
 
 from ddtree_chat.engine.ops import mla_attention, mla_attention_ref, moe_experts_ref, rms_norm_ref, route_ref
 from ddtree_chat.engine.ops.cuda_moe import emulate_dequant, repack_scales, repack_words
-from ddtree_chat.engine.ops.int4 import Int4Weight, dequant_int4, quantize_int4
+from ddtree_chat.engine.ops.int4 import dequant_int4, quantize_int4
 from ddtree_chat.engine.ops.moe import ExpertWeights
 from ddtree_chat.engine.ops.registry import strict
 
 from drafters import closure_mask
+from int4_experts import random_experts
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -60,18 +61,6 @@ def test_moe_default_variant_is_a_kernel_variant(monkeypatch):
     assert picks | {16} == set(cuda_moe.PICKED)
     monkeypatch.setattr(cuda_moe, "_FORCED", "6")
     assert cuda_moe.default_variant(1) == cuda_moe.default_variant(64) == 6
-
-
-def random_int4(e, out, inp, device, gen):
-    packed = torch.randint(-2**31, 2**31 - 1, (e, out, inp // 8), dtype=torch.int32, device=device, generator=gen)
-    scale = (torch.rand(e, out, inp // 32, device=device, generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
-    return Int4Weight(packed, scale, 32)
-
-
-def random_experts(e, h, i, device, seed=0):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return ExpertWeights(random_int4(e, i, h, device, gen), random_int4(e, i, h, device, gen),
-                         random_int4(e, h, i, device, gen))
 
 
 @gpu

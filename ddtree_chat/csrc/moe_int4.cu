@@ -291,21 +291,34 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 }
 
 // out[t, n] = sum_k w[t, k] * y[t*topk + k, n]; grid (T, column chunks of blockDim*4), so one token's row
-// is spread over several SMs (it was one CTA per token; with the parallel align scan: T=1 94 -> 71 us).
+// is spread over several SMs (it was one CTA per token; with the parallel align scan: T=1 94 -> 71 us). Every
+// pair's loads are issued before the first sum (a load behind a skip test waits on the one before it: a chain
+// of top-k round trips); the sum runs in list order as before.
 // NOTE: a pair whose id is outside [0, E) (-1: expert held by another rank) contributes nothing.
+constexpr int kCombineTopk = 16;  // the most pairs per token the combine takes
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                                    const int64_t* __restrict__ ids, int E, int topk, int N,
                                    __nv_bfloat16* __restrict__ out) {
+  __shared__ float wk[kCombineTopk];  // [topk] route weights
+  __shared__ bool use[kCombineTopk];  // [topk] the pair's expert is on this rank
   pdl_wait();
   const int t = blockIdx.x;
+  if (threadIdx.x < topk) {
+    const int64_t id = ids[t * topk + threadIdx.x];
+    use[threadIdx.x] = id >= 0 && id < E;
+    wk[threadIdx.x] = w[t * topk + threadIdx.x];
+  }
+  __syncthreads();
   for (int n = (blockIdx.y * blockDim.x + threadIdx.x) * 4; n < N; n += gridDim.y * blockDim.x * 4) {
+    float4 v[kCombineTopk];
+#pragma unroll
+    for (int k = 0; k < kCombineTopk; ++k)
+      if (k < topk && use[k]) v[k] = *reinterpret_cast<const float4*>(y + ((size_t)t * topk + k) * N + n);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < topk; ++k) {
-      const int64_t id = ids[t * topk + k];
-      if (id < 0 || id >= E) continue;
-      const float wk = w[t * topk + k];
-      const float4 v = *reinterpret_cast<const float4*>(y + ((size_t)t * topk + k) * N + n);
-      acc.x += wk * v.x; acc.y += wk * v.y; acc.z += wk * v.z; acc.w += wk * v.w;
+#pragma unroll
+    for (int k = 0; k < kCombineTopk; ++k) {
+      if (k >= topk || !use[k]) continue;
+      acc.x += wk[k] * v[k].x; acc.y += wk[k] * v[k].y; acc.z += wk[k] * v[k].z; acc.w += wk[k] * v[k].w;
     }
     __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
     *reinterpret_cast<__nv_bfloat162*>(out + (size_t)t * N + n) = lo;
@@ -382,8 +395,8 @@ void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, cons
 using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
                        const __nv_bfloat16*, int, __nv_bfloat16*, float*);
 
-// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 10 GEMM kernels
-// instead of all 26): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
+// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 12 GEMM kernels
+// instead of all 28): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
 constexpr bool picked(int i) { return i == 10 || i == 14 || i == 16 || i == 18; }
 constexpr bool picked_tiles_match() {
   return kVariants[10].gu_warps == 4 && kVariants[10].gu_unroll == 4 && kVariants[10].dn_two && kVariants[10].dn_warps == 2 &&
@@ -415,9 +428,16 @@ void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const u
   f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
 }
 
+// A TP rank's slice of an expert's intermediate (K2.6 at TP=8: 256, KT = 4) is shorter than one 2 x 8 step of
+// k-steps: its second warp idles, every load is bounds-checked, and ~90 registers a thread leave ~11 CTAs an SM
+// for the ~2,000 CTAs of a token's down products. Up to kShortKT k-steps the 2 x 8 tile runs as one warp x 4
+// (the same rule at every token count, so a row's K order does not depend on the launch).
+constexpr int kShortKT = 8;
+
 // NT: row tiles of H (even: H % 64 == 0), so kDown2's tile pairs cover it.
 void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uint32_t* sd, const __nv_bfloat16* h,
                  int NT, int KT, float* y) {
+  const bool two_by_eight = v.dn_two && !v.dn_pipe && v.dn_warps == 2 && v.dn_unroll == 8;  // 10, 14, 18
 #ifdef DDT_MOE_SWEEP
   GemmFn f = v.dn_two ? gemm<kDown2, 2, 8> : gemm<kDown, 2, 8>;
   if (v.dn_pipe) f = gemm<kDown2, 2, 2, true>;  // the kPipe down GEMM is kDown2's
@@ -426,6 +446,7 @@ void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uin
 #else
   GemmFn f = v.dn_pipe ? gemm<kDown2, 2, 2, true> : gemm<kDown2, 2, 8>;  // 16 | 10, 14, 18
 #endif
+  if (two_by_eight && KT <= kShortKT) f = gemm<kDown2, 1, 4>;
   f(v.checked, NT, KT, a, wd, wd, sd, sd, h, 1, nullptr, y);
 }
 
@@ -439,7 +460,8 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
                     const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
                     int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, int variant, void* stream) {
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  if (variant < 0 || variant >= kNumVariants || !(kAllVariants || picked(variant))) return (int)cudaErrorInvalidValue;
+  if (variant < 0 || variant >= kNumVariants || !(kAllVariants || picked(variant)) || topk > kCombineTopk)
+    return (int)cudaErrorInvalidValue;
   const int n_pairs = T * topk;
   int* block_expert = ws_int;
   int* block_pairs = ws_int + max_blocks;
@@ -453,7 +475,7 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
   launch_gateup(v, a, (const uint4*)wg, (const uint4*)wu, (const uint32_t*)sg, (const uint32_t*)su,
                 (const __nv_bfloat16*)x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf);
   launch_down(v, a, (const uint4*)wd, (const uint32_t*)sd, (const __nv_bfloat16*)h_buf, H / 16, I / 64, y_buf);
-  launch(moe_combine_kernel, dim3(T, (H + 1023) / 1024), dim3(256), 0, st, v.pdl, (const float*)y_buf, route_w, ids, E,
+  launch(moe_combine_kernel, dim3(T, (H + 511) / 512), dim3(128), 0, st, v.pdl, (const float*)y_buf, route_w, ids, E,
          topk, H, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }

@@ -95,6 +95,7 @@ _FORCED = __import__("os").environ.get("DDTREE_MOE_VARIANT")  # a fixed variant 
 # moe_int4.cu kVariants: 0-3 tile sets, 4-7 the same bounds-checked, 8-13 other down tiles, 14-15 PDL, 16-17 kPipe,
 # 18 14's tiles with a kPipe gate/up
 N_VARIANTS = 19
+MAX_TOPK = 16  # the most experts per token the combine takes (moe_int4.cu's kCombineTopk)
 PICKED = (10, 14, 16, 18)  # what default_variant returns; the only ones built unless DDTREE_MOE_SWEEP=1
 
 
@@ -125,6 +126,8 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
 
     lib = library()
     t, k = ids.shape
+    if k > MAX_TOPK:
+        raise ValueError(f"{k} experts per token: the INT4 MoE kernel takes at most {MAX_TOPK}")
     h, inter, e = pe.hidden, pe.inter, pe.num_experts
     out = torch.empty(t, h, dtype=torch.bfloat16, device=x.device)
     if t == 0:
