@@ -116,7 +116,7 @@ def test_launchers_pass_what_the_c_definitions_take():
 
     exports = build.exports()
     assert set(exports) == {"ddt_moe_forward", "ddt_route", "ddt_rms_norm", "ddt_mla_attention", "ddt_mla_smem_bytes",
-                            "ddt_mla_smem_optin", "ddt_mla_smem_per_sm"} and len(exports["ddt_moe_forward"]) == 21
+                            "ddt_mla_smem_optin", "ddt_mla_smem_per_sm"} and len(exports["ddt_moe_forward"]) == 22
     assert exports["ddt_route"][5] is ctypes.c_float and exports["ddt_rms_norm"][6] is ctypes.c_int64
     calls = 0
     for path in sorted((Path(build.__file__).parent).glob("cuda_*.py")):

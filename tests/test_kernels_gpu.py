@@ -90,6 +90,27 @@ def test_moe_matches_reference(tokens, inter, skew):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("inter", [2048, 256])
+def test_moe_residual_is_added_as_a_bf16_add_would(inter):
+    """moe_forward(residual=r) equals r + moe_forward() bit for bit in bf16 (the add happens in the combine
+    launch) at every token count's variant, and a float32 call adds outside with the same result."""
+    from ddtree_chat.engine.ops.cuda_moe import moe_forward, pack_experts
+
+    dev = torch.device("cuda")
+    e, h, k = 16, 7168, 8
+    pe = pack_experts(random_experts(e, h, inter, dev, seed=5))
+    for tokens in (1, 5, 17):
+        x = torch.randn(tokens, h, device=dev).to(torch.bfloat16)
+        r = torch.randn(tokens, h, device=dev).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
+        w = torch.rand(tokens, k, device=dev)
+        assert torch.equal(moe_forward(x, ids, w, pe, residual=r), r + moe_forward(x, ids, w, pe)), tokens
+        xf, rf = x.float(), r.float()
+        assert torch.equal(moe_forward(xf, ids, w, pe, residual=rf), rf + moe_forward(xf, ids, w, pe)), tokens
+
+
+@gpu
+@pytest.mark.gpu
 def test_moe_experts_of_other_ranks_and_repeats():
     """ids of -1 (experts another rank holds) add nothing, a token with none here gets a zero row, and
     repeated calls give the same bits (no state left between launches)."""

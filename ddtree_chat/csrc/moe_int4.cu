@@ -293,12 +293,13 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
 // out[t, n] = sum_k w[t, k] * y[t*topk + k, n]; grid (T, column chunks of blockDim*4), so one token's row
 // is spread over several SMs (it was one CTA per token; with the parallel align scan: T=1 94 -> 71 us). Every
 // pair's loads are issued before the first sum (a load behind a skip test waits on the one before it: a chain
-// of top-k round trips); the sum runs in list order as before.
+// of top-k round trips); the sum runs in list order as before. res (or null): out = res + the sum rounded to
+// bf16, both as bf16, the way a separate bf16 add computes it (one launch fewer a layer).
 // NOTE: a pair whose id is outside [0, E) (-1: expert held by another rank) contributes nothing.
 constexpr int kCombineTopk = 16;  // the most pairs per token the combine takes
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                                    const int64_t* __restrict__ ids, int E, int topk, int N,
-                                   __nv_bfloat16* __restrict__ out) {
+                                   const __nv_bfloat16* __restrict__ res, __nv_bfloat16* __restrict__ out) {
   __shared__ float wk[kCombineTopk];  // [topk] route weights
   __shared__ bool use[kCombineTopk];  // [topk] the pair's expert is on this rank
   pdl_wait();
@@ -321,6 +322,12 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
       acc.x += wk[k] * v[k].x; acc.y += wk[k] * v[k].y; acc.z += wk[k] * v[k].z; acc.w += wk[k] * v[k].w;
     }
     __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
+    if (res) {
+      const __nv_bfloat162 r_lo = *reinterpret_cast<const __nv_bfloat162*>(res + (size_t)t * N + n);
+      const __nv_bfloat162 r_hi = *reinterpret_cast<const __nv_bfloat162*>(res + (size_t)t * N + n + 2);
+      lo = __floats2bfloat162_rn(__low2float(r_lo) + __low2float(lo), __high2float(r_lo) + __high2float(lo));
+      hi = __floats2bfloat162_rn(__low2float(r_hi) + __low2float(hi), __high2float(r_hi) + __high2float(hi));
+    }
     *reinterpret_cast<__nv_bfloat162*>(out + (size_t)t * N + n) = lo;
     *reinterpret_cast<__nv_bfloat162*>(out + (size_t)t * N + n + 2) = hi;
   }
@@ -455,10 +462,11 @@ void launch_down(const Variant& v, const GemmArgs& a, const uint4* wd, const uin
 extern "C" {
 
 // Sizes: H % 64 == 0, I % 64 == 0, group 32. ws_int holds max_blocks*(1+8)+1 ints.
-// h_buf bf16 [T*topk, I]; y_buf fp32 [T*topk, H]; out bf16 [T, H].
+// h_buf bf16 [T*topk, I]; y_buf fp32 [T*topk, H]; out bf16 [T, H]; residual bf16 [T, H] or null (added to out).
 int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int T, int topk, int E, int H, int I,
                     const void* wg, const void* wu, const void* sg, const void* su, const void* wd, const void* sd,
-                    int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, int variant, void* stream) {
+                    int* ws_int, int max_blocks, void* h_buf, float* y_buf, void* out, const void* residual,
+                    int variant, void* stream) {
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   if (variant < 0 || variant >= kNumVariants || !(kAllVariants || picked(variant)) || topk > kCombineTopk)
     return (int)cudaErrorInvalidValue;
@@ -476,7 +484,7 @@ int ddt_moe_forward(const void* x, const int64_t* ids, const float* route_w, int
                 (const __nv_bfloat16*)x, topk, I / 16, H / 64, (__nv_bfloat16*)h_buf);
   launch_down(v, a, (const uint4*)wd, (const uint32_t*)sd, (const __nv_bfloat16*)h_buf, H / 16, I / 64, y_buf);
   launch(moe_combine_kernel, dim3(T, (H + 511) / 512), dim3(128), 0, st, v.pdl, (const float*)y_buf, route_w, ids, E,
-         topk, H, (__nv_bfloat16*)out);
+         topk, H, (const __nv_bfloat16*)residual, (__nv_bfloat16*)out);
   return (int)cudaGetLastError();
 }
 

@@ -121,7 +121,9 @@ def default_variant(tokens: int) -> int:
 
 
 def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: PackedExperts,
-                variant: int | None = None) -> torch.Tensor:
+                variant: int | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The routed experts' output [T, H] in x's dtype, plus residual when given (a bf16 residual of a bf16 x
+    is added inside the kernel's last launch, as a bf16 add would round it)."""
     from .build import check, library
 
     lib = library()
@@ -130,8 +132,11 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
         raise ValueError(f"{k} experts per token: the INT4 MoE kernel takes at most {MAX_TOPK}")
     h, inter, e = pe.hidden, pe.inter, pe.num_experts
     out = torch.empty(t, h, dtype=torch.bfloat16, device=x.device)
+    fused = (residual is not None and x.dtype == torch.bfloat16 and residual.dtype == torch.bfloat16
+             and residual.shape == (t, h))
+    res = residual.contiguous() if fused else None
     if t == 0:
-        return out.to(x.dtype)
+        return out.to(x.dtype) if residual is None else residual + out.to(x.dtype)
     xb = x.to(torch.bfloat16).contiguous()
     ids = ids.to(torch.int64).contiguous()
     w = weights.to(torch.float32).contiguous()
@@ -144,16 +149,16 @@ def moe_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, pe: P
     rc = lib.ddt_moe_forward(xb.data_ptr(), ids.data_ptr(), w.data_ptr(), t, k, e, h, inter,
                              pe.wg.data_ptr(), pe.wu.data_ptr(), pe.sg.data_ptr(), pe.su.data_ptr(),
                              pe.wd.data_ptr(), pe.sd.data_ptr(), ws.data_ptr(), max_blocks,
-                             hbuf.data_ptr(), ybuf.data_ptr(), out.data_ptr(),
+                             hbuf.data_ptr(), ybuf.data_ptr(), out.data_ptr(), res.data_ptr() if fused else None,
                              default_variant(t) if variant is None else variant, stream)
     check(rc, "ddt_moe_forward")
-    return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
+    y = out if x.dtype == torch.bfloat16 else out.to(x.dtype)
+    return y if fused or residual is None else residual + y
 
 
 def moe_experts_fast(x, ids, weights, experts: PackedExperts, residual: torch.Tensor | None = None):
     """ops.moe_experts' kernel for packed experts (registry: supports PackedExperts only)."""
-    y = moe_forward(x, ids, weights, experts)
-    return y if residual is None else residual + y
+    return moe_forward(x, ids, weights, experts, residual=residual)
 
 
 def can_pack_on_gpu(experts: ExpertWeights) -> bool:
