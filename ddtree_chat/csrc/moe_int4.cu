@@ -402,8 +402,8 @@ void gemm(bool checked, int NT, int KT, const GemmArgs& a, const uint4* wa, cons
 using GemmFn = void (*)(bool, int, int, const GemmArgs&, const uint4*, const uint4*, const uint32_t*, const uint32_t*,
                        const __nv_bfloat16*, int, __nv_bfloat16*, float*);
 
-// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 12 GEMM kernels
-// instead of all 28): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
+// Without DDT_MOE_SWEEP only the variants ops/cuda_moe.default_variant picks are built (their 16 GEMM kernels
+// instead of all 32): each one instantiated costs first-start nvcc time; the benchmark sweep builds them all.
 constexpr bool picked(int i) { return i == 10 || i == 14 || i == 16 || i == 18; }
 constexpr bool picked_tiles_match() {
   return kVariants[10].gu_warps == 4 && kVariants[10].gu_unroll == 4 && kVariants[10].dn_two && kVariants[10].dn_warps == 2 &&
@@ -421,8 +421,15 @@ constexpr bool kAllVariants = true;
 constexpr bool kAllVariants = false;
 #endif
 
+// A TP rank's slice of an expert's intermediate (K2.6 at TP=8: NT = 16 row tiles) gives one token's gate/up
+// product ~130 CTAs, about one an SM, and 4 warps an SM keep ~32 KB of weights in flight. Up to kFewRowTiles
+// the 4 x 4 tile runs as 7 warps x 4 where 28 divides KT (K2.6's 112: 7 warps, 4 rounds each, no checked
+// load): 7/4 of the loads in flight. Chosen by shape, at every token count (18, 14 and 10 keep one K order).
+constexpr int kFewRowTiles = 32;
+
 void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const uint4* wu, const uint32_t* sg,
                    const uint32_t* su, const __nv_bfloat16* x, int topk, int NT, int KT, __nv_bfloat16* h) {
+  const bool four_by_four = v.gu_warps == 4 && v.gu_unroll == 4;  // 10, 14, 18
 #ifdef DDT_MOE_SWEEP
   GemmFn f = gemm<kGateUp, 2, 8>;
   if (v.gu_pipe) f = v.gu_unroll == 4 ? gemm<kGateUp, 4, 4, true> : gemm<kGateUp, 4, 2, true>;
@@ -432,6 +439,7 @@ void launch_gateup(const Variant& v, const GemmArgs& a, const uint4* wg, const u
   GemmFn f = !v.gu_pipe ? gemm<kGateUp, 4, 4> : v.gu_unroll == 4 ? gemm<kGateUp, 4, 4, true>  // 10, 14 | 18
                                                                   : gemm<kGateUp, 4, 2, true>;  // 16
 #endif
+  if (four_by_four && NT <= kFewRowTiles && KT % 28 == 0) f = v.gu_pipe ? gemm<kGateUp, 7, 4, true> : gemm<kGateUp, 7, 4>;
   f(v.checked, NT, KT, a, wg, wu, sg, su, x, topk, h, nullptr);
 }
 
