@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank loadspeed allreduce exact exactab cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce exact exactab cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
@@ -77,6 +77,8 @@ for s in "$@"; do
                   DDTREE_CHAT_HOME=$(fresh_home) step reversed 585 python -m pytest -q -m gpu --timeout 300 "${reversed[@]}" ;;
         tprank) step tprank 300 python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --context 4096 32768 \
                     --tokens 1 8 17 33 65 --collective-us 0 10 --profile 1 --json "$OUT/tp8_rank0.json" ;;
+        tpround) step tpround 300 python benchmarks/k26_round.py --synthetic-layers 61 --tp-world 8 --context 4096 \
+                     --budgets 16 --reps 10 --collective-us 10 --json "$OUT/tp8_round.json" ;;  # a rank's round, drafter too
         loadspeed) step loadspeed 400 python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 \
                        --json "$OUT/load_speed.json" ;;
         allreduce) step allreduce 300 python benchmarks/allreduce.py --json "$OUT/allreduce.json" ;;

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k26_round import TINY_TARGET  # noqa: E402
 from kernels import copy_ceiling, events_ms  # noqa: E402
+from stand_in import stand_in_group  # noqa: E402
 
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
 from ddtree_chat.engine.memory import forward_bytes, layer_bytes, weight_bytes  # noqa: E402
 from ddtree_chat.engine.ops.registry import Op  # noqa: E402
-from ddtree_chat.engine.parallel import SINGLE, TPGroup  # noqa: E402
 from ddtree_chat.engine.random_model import k26_config, random_target  # noqa: E402
 from ddtree_chat.engine.tree import build_tree  # noqa: E402
 
@@ -49,30 +49,6 @@ def _tree(t: int, depth: int, gen: torch.Generator, dev):
     lp = torch.log_softmax(torch.randn(depth, k, generator=gen), -1).sort(-1, descending=True).values
     tree = build_tree(0, lp.to(dev), torch.zeros(depth, k, dtype=torch.long, device=dev), t - 1)
     return tree.mask(), tree.depth
-
-
-class StandIn:
-    """The collectives of rank 0 under TP without peers: an all-reduce is a GPU sleep of a set time (what
-    the real one would cost), the logits' all-gather a local copy of the gathered size."""
-
-    def __init__(self, world: int):
-        self.world, self.cycles, self.per_us = world, 0, None
-
-    def set_us(self, microseconds: float) -> None:
-        if not torch.cuda.is_available():  # NOTE: a CPU smoke run has nothing to sleep on
-            return
-        if microseconds > 0 and self.per_us is None:  # NOTE: calibrated once, in this process
-            probe = 1_000_000
-            self.per_us = probe / (events_ms(lambda: torch.cuda._sleep(probe), 5) * 1e3)
-        self.cycles = int(microseconds * self.per_us) if microseconds > 0 else 0
-
-    def all_reduce(self, x):
-        if self.cycles:
-            torch.cuda._sleep(self.cycles)
-        return x
-
-    def all_gather_last(self, x):
-        return torch.cat([x] * self.world, dim=-1)
 
 
 QUEUED = 10  # replays launched back to back for the queued figure
@@ -258,8 +234,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     ceiling = copy_ceiling() if cuda else None
     cfg = k26_config(layers=a.synthetic_layers, **(TINY_TARGET if a.tiny else {}))
-    stand_in = StandIn(a.tp_world)
-    tp = SINGLE if a.tp_world == 1 else TPGroup(0, a.tp_world, oneshot=stand_in)
+    tp, stand_in = stand_in_group(a.tp_world)
     t_load = time.perf_counter()
     model = build_target(cfg, dev, dtype, tp)
     if cuda:

@@ -5,6 +5,7 @@ compaction + drafter context) timed alone and against the bytes it must read at 
 measured in the same process.
 
     PYTHONPATH=. python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 [--json OUT]
+    PYTHONPATH=. python benchmarks/k26_round.py --tp-world 8 --collective-us 10 ...   # rank 0 of TP=8 (drafter too)
     python benchmarks/k26_round.py --tiny --device cpu        # scaled-down dims, uncaptured (a smoke run)
 
 Random weights accept ~nothing, so this measures cost per round, not tokens per second; with a real
@@ -25,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from profile_round import programs  # noqa: E402
+from stand_in import stand_in_group  # noqa: E402
 
 from ddtree_chat.engine.ddtree import Decoder  # noqa: E402
 from ddtree_chat.engine.graphs import StaticRound  # noqa: E402
@@ -42,11 +44,12 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def program_bytes(dec: Decoder, key: tuple, context: int) -> int:
-    """Bytes a program must read (weights it touches, the cache part it attends)."""
+def program_bytes(dec: Decoder, key: tuple, context: int, world: int = 1) -> int:
+    """Bytes a program must read (weights it touches, the cache part it attends) on one of `world` ranks (the
+    models hold that rank's shard)."""
     drafter, target = dec.drafter, dec.target
     if key[0] == "verify":
-        return int(forward_bytes(dec.tcfg, key[1], context)["total"])
+        return int(forward_bytes(dec.tcfg, key[1], context, world)["total"])
     if key[0] == "draft":
         span = key[3]
         layers = _bytes(p for name, p in drafter.named_parameters() if not name.startswith(("fc.", "hidden_norm.")))
@@ -85,13 +88,18 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="scaled-down dimensions (CPU smoke run)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--tp-world", type=int, default=1, help="time rank 0's shard of this many TP ranks (target and "
+                    "drafter), each collective a timed stand-in (k26_forward.py)")
+    ap.add_argument("--collective-us", type=float, default=0.0, help="the stand-in all-reduce's time under --tp-world")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     tcfg = k26_config(layers=a.synthetic_layers, **(TINY_TARGET if a.tiny else {}))
     dcfg = k26_draft_config(a.synthetic_layers, a.draft_layers, **(TINY_DRAFT if a.tiny else {}))
-    dec = Decoder(random_target(tcfg, dev, dtype), tcfg, random_drafter(dcfg, dev, dtype), dcfg,
+    tp, stand_in = stand_in_group(a.tp_world)
+    stand_in.set_us(a.collective_us if a.tp_world > 1 else 0.0)
+    dec = Decoder(random_target(tcfg, dev, dtype, tp=tp), tcfg, random_drafter(dcfg, dev, dtype, tp=tp), dcfg,
                   max_len=a.context + 2 * (max(a.budgets) + 1))
     fill_context(dec, a.context)
     capture = dev.type == "cuda"
@@ -106,14 +114,15 @@ def main(argv=None) -> int:
         for mode, budget in [("ar", 0), ("dflash", dcfg.block_size - 1)] + [("ddtree", b) for b in a.budgets]:
             dec.graphs.begin(dec.cache.length, dec.dcache.length, dec.pending)
             for r in programs(dec.graphs, mode, budget, a.reps):
-                need = program_bytes(dec, r.pop("key"), a.context)
+                need = program_bytes(dec, r.pop("key"), a.context, a.tp_world)
                 r.update(mode=f"{mode} {budget}" if mode != "ar" else "ar", bytes=need)
                 if ceiling and need:  # NOTE: ar's accept reads no weights: launches only, no byte bound
                     r["bound_ms"] = need / ceiling * 1e3
                 rows.append(r)
     where = torch.cuda.get_device_name() if capture else "CPU (uncaptured)"
+    shard = (f", rank 0 of TP={a.tp_world} (collectives: {a.collective_us:g} us stand-ins)" if a.tp_world > 1 else "")
     print(f"\nK2.6-shaped round: target {tcfg.num_layers} layers, drafter {dcfg.num_layers} layers, context "
-          f"{a.context}, {dtype}, {where}" + (f", copy ceiling {ceiling / 1e9:.0f} GB/s" if ceiling else ""))
+          f"{a.context}{shard}, {dtype}, {where}" + (f", copy ceiling {ceiling / 1e9:.0f} GB/s" if ceiling else ""))
     print("| round | program | ms | kernels | bytes (GB) | bound ms | ms / bound |\n|---|---|---|---|---|---|---|")
     for r in rows:
         bound = f"{r['bound_ms']:.2f} | {r['ms'] / r['bound_ms']:.2f}x" if "bound_ms" in r else "- | -"
@@ -123,7 +132,7 @@ def main(argv=None) -> int:
         print(f"{mode}: round {total:.3f} ms (programs summed)")
     if a.json:
         a.json.write_text(json.dumps({"target_layers": tcfg.num_layers, "draft_layers": dcfg.num_layers,
-                                      "context": a.context, "ceiling": ceiling, "device": where, "rows": rows},
+                                      "context": a.context, "tp_world": a.tp_world, "collective_us": a.collective_us, "ceiling": ceiling, "device": where, "rows": rows},
                                      indent=1))
     return 0
 

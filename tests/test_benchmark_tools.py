@@ -48,6 +48,24 @@ def test_k26_round_benchmark_runs_scaled_down_on_cpu(tmp_path):
     assert [r["bytes"] > 0 for r in rows] == [True, False] + [True] * 6
 
 
+def test_k26_round_times_one_tensor_parallel_rank_on_cpu(tmp_path):
+    """k26_round --tp-world 2: rank 0's shards of the target and the drafter, the collectives stand-ins; each
+    program reads less than the whole model's does (the verify by memory.forward_bytes of one rank)."""
+    rows = {}
+    for world in (1, 2):
+        out = tmp_path / f"round{world}.json"
+        assert k26_round.main(["--tiny", "--device", "cpu", "--context", "40", "--budgets", "4", "--reps", "1",
+                               "--tp-world", str(world), "--json", str(out)]) == 0
+        got = json.loads(out.read_text())
+        assert got["tp_world"] == world
+        rows[world] = {(r["mode"], r["program"]): r["bytes"] for r in got["rows"]}
+    assert rows[1].keys() == rows[2].keys()
+    draft = [k for k in rows[1] if k[1].startswith("DraftKey")]
+    verify = [k for k in rows[1] if k[1].startswith("VerifyKey")]
+    assert draft and verify
+    assert all(0 < rows[2][k] < rows[1][k] for k in draft + verify)
+
+
 def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     """benchmarks/gpu_session.sh (run on the GPU machine): an unknown step is logged, not fatal; without the
     cache step no archive is written, with it the cache folder comes back as archive parts that restore it

@@ -77,8 +77,9 @@ def _random_module(make, device: torch.device, dtype, seed: int, embed: str | No
 
 
 @torch.no_grad()
-def random_drafter(cfg: DraftConfig, device, dtype=torch.bfloat16, seed: int = 1) -> DFlashDrafter:
-    drafter, _ = _random_module(lambda: DFlashDrafter(cfg), torch.device(device), dtype, seed)
+def random_drafter(cfg: DraftConfig, device, dtype=torch.bfloat16, seed: int = 1, tp: TPGroup = SINGLE) -> DFlashDrafter:
+    """tp: build one rank's shard (its heads, MLP slice and fc input features)."""
+    drafter, _ = _random_module(lambda: DFlashDrafter(cfg, tp), torch.device(device), dtype, seed)
     return drafter.eval().requires_grad_(False)
 
 
