@@ -78,7 +78,7 @@ for s in "$@"; do
         tprank) step tprank 300 python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --context 4096 32768 \
                     --tokens 1 8 17 33 65 --collective-us 0 10 --profile 1 --json "$OUT/tp8_rank0.json" ;;
         tpround) step tpround 300 python benchmarks/k26_round.py --synthetic-layers 61 --tp-world 8 --context 4096 \
-                     --budgets 16 --reps 10 --collective-us 10 --json "$OUT/tp8_round.json" ;;  # a rank's round, drafter too
+                     --budgets 16 --reps 10 --collective-us 0 --json "$OUT/tp8_round.json" ;;  # a rank's round, drafter too (tp_projection --round)
         loadspeed) step loadspeed 400 python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 \
                        --json "$OUT/load_speed.json" ;;
         allreduce) step allreduce 300 python benchmarks/allreduce.py --json "$OUT/allreduce.json" ;;
