@@ -92,21 +92,27 @@ def _load_experts(cfg: TargetConfig, reader: CheckpointReader, base: str, device
             continue
         if k % g:
             raise CheckpointError(f"{base}.*.{proj}: input size {k} is not a multiple of group_size {g}.")
-        p = torch.empty((len(experts), n_local, k_local // 8), dtype=torch.int32, device=device)
-        s = torch.empty((len(experts), n_local, k_local // g), dtype=dtype, device=device)
+        # NOTE: dense (the CPU reference path): each expert is dequantised into its place as it is read, so the
+        # transient int32 unpacking stays one expert's slice, not a whole layer's (GBs at K2.6 shapes)
+        w = torch.empty((len(experts), n_local, k_local), dtype=dtype, device=device) if dense else None
+        p = torch.empty((1 if dense else len(experts), n_local, k_local // 8), dtype=torch.int32, device=device)
+        s = torch.empty((1 if dense else len(experts), n_local, k_local // g), dtype=dtype, device=device)
         for i, e in enumerate(experts):
             name = f"{base}.{e}.{proj}"
             if f"{name}.weight_shape" in reader:
                 ws = reader.get(f"{name}.weight_shape").tolist()
                 if [int(v) for v in ws] != [n, k]:
                     raise CheckpointError(f"tensor {name}.weight_shape is {ws}, expected {[n, k]}.")
-            p[i].copy_(reader.get(f"{name}.weight_packed", shape=(n_local, k_local // 8), dtype=torch.int32,
+            j = 0 if dense else i
+            p[j].copy_(reader.get(f"{name}.weight_packed", shape=(n_local, k_local // 8), dtype=torch.int32,
                                   rows=rows, cols=cols(8)))
             scale = reader.get(f"{name}.weight_scale", shape=(n_local, k_local // g), rows=rows, cols=cols(g))
             _check_float(scale, f"{name}.weight_scale")
-            s[i].copy_(scale)
+            s[j].copy_(scale)
+            if dense:
+                w[i].copy_(dequant_int4(p[0], s[0], g, dtype))
         # NOTE: on CPU the reference path computes with dense weights; GPU kernels keep them packed.
-        out[proj] = dequant_int4(p, s, g, dtype) if dense else Int4Weight(p, s, g)
+        out[proj] = w if dense else Int4Weight(p, s, g)
         tick(f"{base}.*.{proj}")
     return ExpertWeights(out["gate_proj"], out["up_proj"], out["down_proj"])
 
