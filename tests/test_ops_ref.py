@@ -119,6 +119,32 @@ def test_dense_moe_equals_the_grouped_reference():
     assert torch.allclose(moe_experts_dense(x, ids, w, joined), want, atol=1e-4)
 
 
+def test_grouped_product_experts_equal_the_per_expert_form():
+    """The CPU reference's grouped products compute what one set of products per expert does: ids of -1
+    skipped, an expert given every token, untouched experts, the shared expert folded in, 1-70 rows."""
+    from ddtree_chat.engine.ops.moe import ExpertWeights, _routed_grouped_mm, _routed_per_expert, moe_experts_ref
+
+    g = torch.Generator().manual_seed(3)
+    e, hdim, inter, k = 8, 16, 8, 3
+    experts = ExpertWeights(torch.randn(e, inter, hdim, generator=g), torch.randn(e, inter, hdim, generator=g),
+                            torch.randn(e, hdim, inter, generator=g), shared=1)
+    for t in (1, 2, 9, 70):
+        x = torch.randn(t, hdim, generator=g)
+        ids = torch.stack([torch.randperm(5, generator=g)[:k] for _ in range(t)])  # experts 5 and 6 untouched
+        ids[:, 0] = 2  # one expert takes every token
+        ids[0, 1] = -1
+        w = torch.rand(t, k, generator=g)
+        want, got = torch.zeros(t, hdim), torch.zeros(t, hdim)
+        _routed_per_expert(want, x, ids, w, experts)
+        _routed_grouped_mm(got, x, ids, w, experts)
+        assert torch.allclose(got, want, atol=1e-5), t
+        shared = torch.nn.functional.silu(x @ experts.gate[-1].T) * (x @ experts.up[-1].T) @ experts.down[-1].T
+        assert torch.allclose(moe_experts_ref(x, ids, w, experts), want + shared, atol=1e-4), t
+    none = torch.zeros(4, hdim)
+    _routed_grouped_mm(none, torch.randn(4, hdim), torch.full((4, k), -1), torch.rand(4, k), experts)
+    assert not none.any()  # every expert on another rank: nothing added
+
+
 def test_rope_table_serves_the_computed_values_bit_for_bit():
     """A reserved RopeTable gathers what rope_cos_sin computes (same float64 maths, one cast), so the
     engine's outputs do not change; without a reservation it computes per call."""
