@@ -90,6 +90,7 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
     n = w.shape[-2]
     x3, sxb = _as3(x, batch)
     w3, swb = _as3(w, batch)
+    w2_3 = _as3(w2, batch)[0] if w2 is not None else w3  # NOTE: w's shape and strides (checked above)
     # NOTE: a head-transposed x ([B, M, K] view of [M, B, K]: the MLA absorption's) gets its output in that
     # layout too, so transposing it back is contiguous
     if x.dim() == 3 and batch > 1 and x.stride(0) < x.stride(1):
@@ -106,7 +107,7 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
         part = torch.empty((1 + (w2 is not None)) * grid[0] * grid[1] * batch * split * bm * bn,
                            dtype=torch.float32, device=x.device)
     res = residual if residual is not None else out
-    _mm_nt_kernel[grid](x3, w3, _as3(w2, batch)[0] if w2 is not None else w3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
+    _mm_nt_kernel[grid](x3, w3, w2_3, out, part, lock, out, 0.0, out, out, 0, 0, batch, res, res.stride(-2),
                         m, n, k, batch, sxb, x3.stride(1), x3.stride(2), swb, w3.stride(1), w3.stride(2),
                         out.stride(0), out.stride(1), out.stride(2),
                         PREC="fma" if x.dtype == torch.float32 else "tf32", GLU=w2 is not None, BLOCK_M=bm, BLOCK_N=bn,
