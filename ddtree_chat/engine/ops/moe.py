@@ -44,14 +44,21 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, e
     return out.to(x.dtype)
 
 
+def _pairs_by_expert(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the (token, slot) pairs' flat indexes grouped by expert, in token order within an expert; their experts).
+    NOTE: ids of -1 (another rank's experts) sort first and are left out."""
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)[int((flat < 0).sum()) :]
+    return order, flat[order]
+
+
 def _routed_per_expert(out: torch.Tensor, x, ids, weights, experts: ExpertWeights) -> None:
     """out [T, H] float32 += the routed experts' weighted outputs, one set of products per touched expert."""
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, one pass for all experts
-    counts = torch.bincount(flat + 1, minlength=experts.num_experts + 1).tolist()[1:]
+    order, expert_of = _pairs_by_expert(ids)
+    counts = torch.bincount(expert_of, minlength=experts.num_experts).tolist()
     tok_all = order // ids.shape[1]
     w_all = weights.flatten()[order].float()
-    start = int((flat < 0).sum())  # ids of -1 sort first; skip them
+    start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
@@ -66,11 +73,10 @@ def _routed_grouped_mm(out: torch.Tensor, x, ids, weights, experts: ExpertWeight
     the (token, expert) pairs sorted by expert. The same products per expert, in ~10 calls instead of ~10 per
     touched expert (a verify touches most experts: the calls, not the arithmetic, cost there)."""
     n_routed = experts.num_experts - experts.shared
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)[int((flat < 0).sum()) :]  # NOTE: ids of -1 (another rank's) sort first
+    order, expert_of = _pairs_by_expert(ids)
     if order.numel() == 0:
         return
-    offs = torch.bincount(flat[order], minlength=n_routed).cumsum(0).to(torch.int32)  # each expert's rows end
+    offs = torch.bincount(expert_of, minlength=n_routed).cumsum(0).to(torch.int32)  # each expert's rows end
     tok = order // ids.shape[1]
     xs = x[tok]
     gate, up, down = (w[:n_routed].transpose(1, 2) for w in (experts.gate, experts.up, experts.down))
