@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce exact exactab cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce exact exactab pdl cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
@@ -92,6 +92,13 @@ for s in "$@"; do
         cudamla) step cudamla-tests 300 python -m pytest -q -x --durations=10 tests/test_kernels_gpu.py tests/test_exact_gpu.py \
                      -k "cuda_mla or mla_attention_rows or mla_attention_replays"
                  step cudamla 300 python benchmarks/kernels.py --only cuda_mla --json "$OUT/cuda_mla.json" ;;
+        pdl) DDTREE_PDL=1 step pdl-tests 420 python -m pytest -q -m gpu --timeout 300 tests/test_pdl_gpu.py \
+                 tests/test_exact_gpu.py  # every row-invariance and graph test with the kernels launched early
+             # the same forwards with DDTREE_PDL off and on, row by row in one process: 4 layers, then a TP=8 rank
+             step pdl-forward 200 python benchmarks/k26_forward.py --synthetic-layers 4 --context 8192 --tokens 1 17 65 \
+                 --pdl 0 1 0 1 --json "$OUT/k26_forward_pdl.json"
+             step pdl-tprank 300 python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --context 4096 \
+                 --tokens 1 17 --pdl 0 1 0 1 --json "$OUT/tp8_rank0_pdl.json" ;;
         exactcuda) DDTREE_MLA=cuda step exact-cuda-mla 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactkernels) step exactkernels 300 python benchmarks/kernels.py --only exact --json "$OUT/exact_kernels.json" ;;
         exacttp8) step exacttp8 300 python benchmarks/kernels.py --only exact_tp8 --json "$OUT/exact_tp8.json" ;;

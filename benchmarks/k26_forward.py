@@ -7,6 +7,7 @@ same process (eager SM copy, CUDA events).
     PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 2 --layer 1 ...   # one MoE layer alone
     python benchmarks/k26_forward.py --tiny --device cpu                                # CPU smoke run
     PYTHONPATH=. python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --collective-us 10 ...
+    PYTHONPATH=. python benchmarks/k26_forward.py ... --pdl 0 1 0 1     # DDTREE_PDL off / on, row by row
 
 With --tp-world N it builds rank 0's shard of an N-way tensor-parallel target (its heads, 1/N of the
 vocabulary and of every split matrix, 1/N of each expert's intermediate) and replaces each collective by a
@@ -23,9 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -35,6 +38,7 @@ from k26_round import TINY_TARGET  # noqa: E402
 from kernels import copy_ceiling, events_ms  # noqa: E402
 from stand_in import stand_in_group  # noqa: E402
 
+from ddtree_chat import knobs  # noqa: E402
 from ddtree_chat.engine.kv_cache import KVCache  # noqa: E402
 from ddtree_chat.engine.memory import forward_bytes, layer_bytes, weight_bytes  # noqa: E402
 from ddtree_chat.engine.ops.registry import Op  # noqa: E402
@@ -227,6 +231,9 @@ def main(argv=None) -> int:
                     help="the stand-in all-reduce's time(s) under --tp-world, one row set each")
     ap.add_argument("--profile", type=int, nargs="+", default=[], help="also print where a forward over this many "
                     "tokens spends its GPU time (kernels by total time, first context), one profile each")
+    ap.add_argument("--pdl", nargs="+", choices=["0", "1"], default=None,
+                    help="time each row under these DDTREE_PDL settings in turn, side by side in this process "
+                         "(default: the environment's)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
@@ -252,7 +259,11 @@ def main(argv=None) -> int:
         for t in a.tokens:
             for us in (a.collective_us if a.tp_world > 1 else [0.0]):
                 stand_in.set_us(us)
-                rows.append(dict(_measure(model, cfg, cache, t, ctx, a, gen, dev, dtype, ceiling), collective_us=us))
+                for pdl in a.pdl or [None]:
+                    # NOTE: the knob is read at every launch: the row's graph is recorded under its setting
+                    with patch.dict(os.environ, {knobs.PDL.name: pdl} if pdl else {}):
+                        rows.append(dict(_measure(model, cfg, cache, t, ctx, a, gen, dev, dtype, ceiling),
+                                         collective_us=us, pdl=knobs.get(knobs.PDL)))
     for t in a.profile if cuda else []:
         cache.length = a.context[0]
         stand_in.set_us(0.0)
@@ -265,14 +276,15 @@ def main(argv=None) -> int:
     if cuda:
         print(f"weights {weight_bytes(cfg, a.tp_world) / 1e9:.1f} GB per rank (planned), {rank_gb:.1f} GB allocated "
               f"after building, built in {t_load:.0f} s")
-    print("| context | tokens | all-reduce us | experts/layer | bytes (GB) | bound ms | eager ms | graph ms | "
+    print("| context | tokens | all-reduce us | PDL | experts/layer | bytes (GB) | bound ms | eager ms | graph ms | "
           f"graph ms, {QUEUED} queued | best / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         gm = f"{r['graph_ms']:.2f} | {r['queued_ms']:.2f}" if r["graph_ms"] else "- | -"
         bound = f"{r['bound_ms']:.2f} | " if r["bound_ms"] else "- | "
         ratio = f"{r['ratio_to_bound']:.2f}x" if r["ratio_to_bound"] else "-"
-        print(f"| {r['context']} | {r['tokens']} | {r['collective_us']:g} | {r['experts_touched']:.0f} | {r['bytes'] / 1e9:.3f} | {bound}"
+        print(f"| {r['context']} | {r['tokens']} | {r['collective_us']:g} | {r['pdl']} | {r['experts_touched']:.0f} | "
+              f"{r['bytes'] / 1e9:.3f} | {bound}"
               f"{r['eager_ms']:.2f} | {gm} | {ratio} |")
     if a.json:
         a.json.write_text(json.dumps({"layers": cfg.num_layers, "layer": a.layer, "context": a.context,

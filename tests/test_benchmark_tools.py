@@ -106,6 +106,7 @@ def test_k26_forward_one_layer_mode_runs_scaled_down_on_cpu(tmp_path):
                              "--tokens", "1", "3", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["layer"] == 1 and [r["tokens"] for r in got["rows"]] == [1, 3]
+    assert {r["pdl"] for r in got["rows"]} == {"0"}  # the environment's setting (the default's)
     assert all(r["eager_ms"] > 0 and r["bound_ms"] is None for r in got["rows"])
     cfg = k26_config(layers=2, **k26_round.TINY_TARGET)
     assert got["rows"][1]["bytes"] == layer_bytes(cfg, 1, 3, 50) < forward_bytes(cfg, 3, 50)["total"]
@@ -121,12 +122,14 @@ def test_k26_forward_times_one_tensor_parallel_rank_on_cpu(tmp_path):
 
     out = tmp_path / "rank.json"
     assert k26_forward.main(["--tiny", "--device", "cpu", "--synthetic-layers", "3", "--tp-world", "2", "--context",
-                             "40", "--tokens", "1", "4", "--json", str(out)]) == 0
+                             "40", "--tokens", "1", "4", "--pdl", "0", "1", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["tp_world"] == 2 and [r["tokens"] for r in got["rows"]] == [1, 4]
+    # --pdl: each row under each setting in turn (PDL itself is a GPU launch mode: the CPU runs the same ops)
+    assert got["tp_world"] == 2 and [(r["tokens"], r["pdl"]) for r in got["rows"]] == [(1, "0"), (1, "1"), (4, "0"),
+                                                                                         (4, "1")]
     cfg = k26_config(layers=3, **k26_round.TINY_TARGET)
     whole, rank = forward_bytes(cfg, 4, 40), forward_bytes(cfg, 4, 40, world=2)
-    assert got["rows"][1]["bytes"] == rank["total"] < whole["total"] and rank["kv_cache"] == whole["kv_cache"]
+    assert got["rows"][2]["bytes"] == rank["total"] < whole["total"] and rank["kv_cache"] == whole["kv_cache"]
 
 
 def test_a_profile_attributes_time_to_each_op_and_its_shapes():

@@ -18,20 +18,23 @@ MM_SIGNATURE = dict({"X": "*fp32", "W": "*fp32", "W2": "*fp32", "O": "*fp32", "P
                     **dict.fromkeys(["n_top", "s_top", "n_routed", "srm", "M", "N", "K", "BATCH", "sxb", "sxm", "sxk", "swb", "swn", "swk",
                                      "sob", "som", "son"], "i32"),
                     **dict.fromkeys(["PREC", "GLU", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT", "NORM", "ROUTE", "ADD",
-                                     "M_INNER"], "constexpr"))
+                                     "M_INNER", "PDL", "PREFETCH"], "constexpr"))
+# the same with bf16 operands and output (the row-invariant products')
+MM_BF16_SIGNATURE = {k: "*bf16" if v == "*fp32" and k in ("X", "W", "W2", "O", "RES") else v
+                     for k, v in MM_SIGNATURE.items()}
 
 ROPE_SIGNATURE = dict({"X": "*bf16", "COS": "*bf16", "SIN": "*bf16", "O": "*bf16", "W": "*bf16"},
                       **dict.fromkeys(["R", "H", "T", "inner", "s_outer", "s_inner", "s_w", "s_cs"], "i32"), eps="fp32",
-                      **dict.fromkeys(["HALF", "BLOCK_D", "INTERLEAVED", "BLOCK_R", "NORM"], "constexpr"))
+                      **dict.fromkeys(["HALF", "BLOCK_D", "INTERLEAVED", "BLOCK_R", "NORM", "PDL"], "constexpr"))
 
 LATENT_SIGNATURE = dict({"KV": "*bf16", "W": "*bf16", "COS": "*bf16", "SIN": "*bf16", "CKV": "*bf16", "KPE": "*bf16",
                          "SLOTS": "*i64", "slot0": "i32", "skv": "i32", "sc": "i32", "sp": "i32", "s_cs": "i32",
                          "eps": "fp32"},
-                        **dict.fromkeys(["R", "HALF", "BLOCK_R", "BLOCK_H", "HAS_SLOTS"], "constexpr"))
+                        **dict.fromkeys(["R", "HALF", "BLOCK_R", "BLOCK_H", "HAS_SLOTS", "PDL"], "constexpr"))
 
 NORM_SIGNATURE = dict({"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16", "RES_OUT": "*bf16", "inner": "i32",
                        "s_outer": "i32", "s_inner": "i32", "eps": "fp32"},
-                      **dict.fromkeys(["D", "BLOCK", "HAS_RES"], "constexpr"))
+                      **dict.fromkeys(["D", "BLOCK", "HAS_RES", "PDL"], "constexpr"))
 
 MASK_SIGNATURE = {"PAR": "*i64", "M": "*i8", "N": "i32", "DEPTH": "constexpr", "BLOCK": "constexpr"}
 WALK_SIGNATURE = {"PAR": "*i64", "TOK": "*i64", "CHOICE": "*i64", "OK": "*i8", "BONUS": "*i64", "DEP": "*i64",
@@ -166,7 +169,6 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     from ddtree_chat.engine.ops import triton_linear
 
     monkeypatch.setattr(el, "sm_count", lambda dev: 188)  # the RTX PRO 6000 Blackwell's SMs
-    mm_sig = {k: ("*bf16" if v == "*fp32" and k in ("X", "W", "W2", "O", "RES") else v) for k, v in MM_SIGNATURE.items()}
     bm, bn, bk, warps, stages, _ = el.tile(2112, 7168, 1, torch.bfloat16, None)
     tiles = [(bm, bn, bk, warps, stages, split) for split in (1, 4)]
     # NOTE: sm_120 (the tighter shared memory) compiles every candidate's shape, sm_90 the 64-row ones (wgmma)
@@ -174,14 +176,14 @@ def test_row_invariant_kernels_compile_within_an_sm120_block(arch, monkeypatch):
     tiles += {(t[0], t[1], t[2], t[4]): (*t[:5], 2) for t in some}.values()  # split-K's path; warps aside
     # the taller blocks block_m gives each table shape at 17 and 65 rows
     tiles += {el.tile(n, k, 1, torch.bfloat16, None, m) for n, k in el.TILES for m in (17, 65)}
-    srcs = [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
+    srcs = [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_BF16_SIGNATURE,
                        constexprs={"PREC": "tf32", "GLU": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                    "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": True, "M_INNER": True}),
              {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in tiles]
     # the GLU form (two weight tiles a stage) at the gate/up shapes: K2.6's dense MLP and shared expert, and a
     # TP=8 rank's, at the heights block_m takes for 1, 17 and 65 rows
     glu = {el.tile(n, 7168, 1, torch.bfloat16, None, m) for n in (18432, 2048, 2304, 256) for m in (1, 17, 65)}
-    srcs += [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=mm_sig,
+    srcs += [(ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_BF16_SIGNATURE,
                         constexprs={"PREC": "tf32", "GLU": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                     "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": False, "M_INNER": True}),
               {"num_warps": warps, "num_stages": stages}) for bm, bn, bk, warps, stages, split in glu]
@@ -293,3 +295,62 @@ def test_ffma_tiles_never_become_tensor_core_dots():
     assert lin._fma_rows("0") == range(0) and lin._fma_rows("2-48") == range(2, 49)
     with pytest.raises(ValueError, match="DDTREE_FMA_ROWS"):
         lin._fma_rows("sixteen")
+
+
+@pytest.mark.parametrize("arch", [90, 120])
+def test_kernels_launched_early_wait_for_the_kernel_before(arch):
+    """With PDL (ops/pdl.py) each Triton kernel of the target's forward waits for the kernel before
+    (griddepcontrol.wait) and lets the next launch, and a product with PREFETCH first bulk-prefetches its weight
+    rows into L2 (the GLU form both weights'): compiled for sm_90 and sm_120. Without PDL none of it is there."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from ddtree_chat.engine.ops import triton_latent, triton_linear, triton_norm, triton_rope
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import triton_resources
+
+
+    def mm(glu: bool, split: int, on: bool):
+        return ASTSource(fn=triton_linear._mm_nt_kernel, signature=MM_BF16_SIGNATURE,
+                         constexprs={"PREC": "tf32", "GLU": glu, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64,
+                                     "SPLIT": split, "NORM": False, "ROUTE": 0, "ADD": not glu, "M_INNER": True,
+                                     "PDL": on, "PREFETCH": on})
+
+    others = [ASTSource(fn=triton_norm._norm_kernel, signature=NORM_SIGNATURE,
+                        constexprs={"D": 7168, "BLOCK": 8192, "HAS_RES": True, "PDL": True}),
+              ASTSource(fn=triton_rope._rope_kernel, signature=ROPE_SIGNATURE,
+                        constexprs={"HALF": 32, "BLOCK_D": 64, "INTERLEAVED": True, "BLOCK_R": 32, "NORM": False,
+                                    "PDL": True}),
+              ASTSource(fn=triton_latent._latent_kernel, signature=LATENT_SIGNATURE,
+                        constexprs={"R": 512, "HALF": 32, "BLOCK_R": 512, "BLOCK_H": 32, "HAS_SLOTS": True,
+                                    "PDL": True})]
+    # the row-invariant MLA kernel and its merge
+    mla = triton_resources.exact_mla_configs(dtypes=(torch.bfloat16,), heads=(8,), arch=arch, pdl=True)[:2]
+    for src, prefetch in [(mm(True, 1, True), 2), (mm(False, 4, True), 1), *((s, 0) for s in others),
+                          *((s, 0) for _, s, _ in mla)]:
+        ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+        assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx, src.fn.__name__
+        assert ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), src.fn.__name__  # no read before the wait
+        assert ptx.count("cp.async.bulk.prefetch.L2") == prefetch, src.fn.__name__
+    ptx = triton.compile(mm(True, 1, False), target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+    assert "griddepcontrol" not in ptx and "prefetch" not in ptx
+
+
+def test_pdl_is_a_gpu_launch_mode_and_prefetches_only_what_fits(monkeypatch):
+    """DDTREE_PDL=1 changes nothing off CUDA (the launch arguments say off); a product prefetches its weights only
+    where their rows are contiguous 16-byte multiples and all of them fit PREFETCH_MAX_BYTES."""
+    import torch
+
+    from ddtree_chat.engine.ops import pdl
+
+    monkeypatch.setenv("DDTREE_PDL", "1")
+    w = torch.empty(1024, 7168, dtype=torch.bfloat16)
+    assert pdl.launch(torch.device("cpu"), w) == {"PDL": False, "launch_pdl": False, "PREFETCH": False}
+    assert pdl.launch(torch.device("cpu")) == {"PDL": False, "launch_pdl": False}
+    assert pdl.prefetchable(w) and pdl.prefetchable(w[:512])
+    assert not pdl.prefetchable(w.t())  # rows not contiguous along K
+    assert not pdl.prefetchable(w[:, 4:])  # rows start 8 bytes into a 16-byte line
+    assert not pdl.prefetchable(torch.empty(pdl.PREFETCH_MAX_BYTES // (7168 * 2) + 1, 7168, dtype=torch.bfloat16))

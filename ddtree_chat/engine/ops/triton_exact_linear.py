@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from . import pdl
 from .router import float32_weight
 from .triton_linear import _as3, _locks, _mm_nt_kernel
 from .triton_mla import sm_count
@@ -112,8 +113,7 @@ def matmul_nt_exact(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | N
                         out.stride(0), out.stride(1), out.stride(2),
                         PREC="fma" if x.dtype == torch.float32 else "tf32", GLU=w2 is not None, BLOCK_M=bm, BLOCK_N=bn,
                         BLOCK_K=bk, SPLIT=split, NORM=False, ROUTE=0, ADD=residual is not None, M_INNER=True,
-                        num_warps=warps,
-                        num_stages=stages)
+                        num_warps=warps, num_stages=stages, **pdl.launch(x.device, w, w2))
     return out if x.dim() == 3 or w.dim() == 3 else out[0]
 
 

@@ -9,12 +9,16 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import wait_previous
 from .triton_rope import table_rows
 
 
 @triton.jit(do_not_specialize=["slot0", "skv", "sc", "sp", "s_cs"])
 def _latent_kernel(KV, W, COS, SIN, CKV, KPE, SLOTS, slot0, skv, sc, sp, s_cs, eps, R: tl.constexpr,
-                   HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SLOTS: tl.constexpr):
+                   HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SLOTS: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    wait_previous(PDL)
     t = tl.program_id(0)
     if HAS_SLOTS:
         dst = tl.load(SLOTS + t).to(tl.int64)
@@ -56,7 +60,7 @@ def latent_write_triton(kv, weight, eps, cos, sin, ckv_buf, kpe_buf, where):
             slots if slots is not None else kv, 0 if slots is not None else int(where),
             kv.stride(0), ckv_buf.stride(0), kpe_buf.stride(0), s_cs, float(eps), R=r, HALF=p // 2,
             BLOCK_R=triton.next_power_of_2(r), BLOCK_H=triton.next_power_of_2(p // 2),
-            HAS_SLOTS=slots is not None, num_warps=4 if r >= 256 else 1)
+            HAS_SLOTS=slots is not None, num_warps=4 if r >= 256 else 1, **pdl.launch(kv.device))
     return ckv_buf, kpe_buf
 
 

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import prefetch_l2, wait_previous
+
 MAX_M = 512  # prefill-sized products stay on cuBLAS (this kernel was measured up to 257 rows)
 MIN_M = 16  # below, cuBLAS's small-M kernels are as fast as tf32x3 dots (except against a wide N)
 MAX_K = 512  # a long K loop (the drafter's 1536-wide MLP) is slower here than cuBLAS's split-K: split it
@@ -76,7 +79,8 @@ def _mac(acc, x, w, PREC: tl.constexpr):
 def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_routed, RES, srm, M, N, K, BATCH, sxb,
                   sxm, sxk, swb, swn, swk, sob, som, son, PREC: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                  ROUTE: tl.constexpr, ADD: tl.constexpr, M_INNER: tl.constexpr = False):
+                  ROUTE: tl.constexpr, ADD: tl.constexpr, M_INNER: tl.constexpr = False, PDL: tl.constexpr = False,
+                  PREFETCH: tl.constexpr = False):
     """SPLIT > 1: program_id(2) = batch * SPLIT + split over K; each split stores its [BLOCK_M, BLOCK_N]
     partial in PART (GLU: the up product's after all tiles' gate partials), and the tile's last split to
     finish (a counter in LOCK, reset after) adds them in split order (deterministic), applies GLU's
@@ -88,7 +92,9 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
     experts b >= n_routed are shared ones (weight 1).
     ADD (2-D, not with GLU): the finished tile plus RES [M, N] (row stride srm): a residual added in the store.
     M_INNER: program_id(0) enumerates row blocks first (grid (M blocks * N blocks, 1, ...)): the programs
-    that read one weight tile run together, so tall products read each tile from DRAM once."""
+    that read one weight tile run together, so tall products read each tile from DRAM once.
+    PDL (a programmatic dependent launch, ops/pdl.py): wait for the kernel before; PREFETCH (unit K stride): first
+    prefetch this program's weight rows (and W2's), which no earlier kernel writes, into L2."""
     if M_INNER:
         m_tiles = tl.cdiv(M, BLOCK_M)
         pid_n = tl.program_id(0) // m_tiles
@@ -105,6 +111,14 @@ def _mm_nt_kernel(X, W, W2, O, PART, LOCK, NW, eps, IDS, RW, n_top, s_top, n_rou
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
+    if PREFETCH:
+        if k_hi > k_lo:
+            rows = b * swb + tl.minimum(offs_n, N - 1).to(tl.int64) * swn + k_lo  # [BN] row starts (swk == 1)
+            nbytes = tl.zeros([BLOCK_N], tl.int32) + (k_hi - k_lo) * (W.dtype.element_ty.primitive_bitwidth // 8)
+            prefetch_l2(W + rows, nbytes)
+            if GLU:
+                prefetch_l2(W2 + rows, nbytes)
+    wait_previous(PDL)
     xp = X + b * sxb + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :] * sxk  # [BM, BK]
     if NORM:
         ss = tl.zeros([BLOCK_M], tl.float32)
@@ -340,7 +354,7 @@ def matmul_nt_triton(x: torch.Tensor, w: torch.Tensor, precision: str = "tf32x3"
                         out.stride(1), out.stride(2), PREC=precision, GLU=w2 is not None, BLOCK_M=block_m,
                         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, NORM=norm is not None,
                         ROUTE=max(2, triton.next_power_of_2(n_top)) if route is not None else 0,
-                        ADD=residual is not None, num_warps=warps, num_stages=stages)
+                        ADD=residual is not None, num_warps=warps, num_stages=stages, **pdl.launch(x.device, w, w2))
     if route is not None:
         return out.transpose(0, 1)
     return out if x.dim() == 3 or w.dim() == 3 else out[0]

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import wait_previous
 from .triton_mla import attend_tile, load_q, sm_count
 
 BLOCK_M = 16  # query rows per program (mma.sync rows); fixed: the MMA shape must not change with T
@@ -127,10 +129,11 @@ def fold_scales(m, l, ms, ls):
 def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F, s_lp, scale_log2, s_ckv, s_kpe,
                       sql_t, sql_h, sqp_t, sqp_h, R: tl.constexpr, P: tl.constexpr, RC: tl.constexpr,
                       PREC: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False):
     """Program (pid, q): chunk slot q // F, its sub-chunks (q % F) * CHUNK / SUB / F onward (all of them when F is
     1, one when F is CHUNK / SUB), each an online softmax from scratch folded into the program's state in
     position order; the state is stored unnormalised (acc, max, sum) for the merge to fold and normalise."""
+    wait_previous(PDL)
     pid = tl.program_id(0)
     q = tl.program_id(1)
     sid = q // F  # the chunk slot
@@ -256,11 +259,12 @@ def _weigh(den, acc, fm, fl, fa, top):
 
 @triton.jit(do_not_specialize=["M", "NCS", "NTL", "s_lp"])
 def _merge_kernel(OP, LP, O, PLEN, M, NCS, NTL, s_lp, F: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
-                  BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+                  BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
     """Row m's chunks in absolute chunk order c = 0, 1, ...: c < base from the shared slots, the rest from
     the row's tail slots; each chunk's F stored states folded first (_chunk_state), then normalised. Chunk c
     always sits in lane c % BLOCK_S of step c // BLOCK_S, so rows whose launches hold different numbers of
     chunks still add the same values in the same order (the extra lanes hold exact zeros)."""
+    wait_previous(PDL)
     m = tl.program_id(0)
     rb = tl.program_id(1)
     base = tl.load(PLEN).to(tl.int32) // CHUNK
@@ -348,9 +352,8 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             qp.stride(0), qp.stride(1), R=r, P=p, RC=r // 4,
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
                             BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_T=BLOCK_T,
-                            num_warps=main_warps(ql.dtype, major(dev)),
-                            num_stages=2)
+                            num_warps=main_warps(ql.dtype, major(dev)), num_stages=2, **pdl.launch(dev))
     block_r = min(r, 128)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, slots * m, F=f, CHUNK=chunk, R=r,
-                                     BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS)
+                                     BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS, **pdl.launch(dev))
     return out

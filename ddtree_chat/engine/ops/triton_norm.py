@@ -8,14 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .layout import row_layout
+from .pdl import wait_previous
 
 MIN_D = 1024  # narrower rows stay on the CUDA kernel (faster there: the demo's 256)
 
 
 @triton.jit(do_not_specialize=["inner", "s_outer", "s_inner"])
 def _norm_kernel(X, RES, W, Y, RES_OUT, inner, s_outer, s_inner, eps, D: tl.constexpr, BLOCK: tl.constexpr,
-                 HAS_RES: tl.constexpr):
+                 HAS_RES: tl.constexpr, PDL: tl.constexpr = False):
+    wait_previous(PDL)
     r = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     ok = i < D
@@ -44,7 +47,8 @@ def rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
         block = triton.next_power_of_2(d)
         _norm_kernel[(rows,)](x, res if res is not None else y, weight.contiguous(), y,
                               res_out if res_out is not None else y, inner, s_outer, s_inner, float(eps), D=d,
-                              BLOCK=block, HAS_RES=residual is not None, num_warps=min(16, max(1, block // 512)))
+                              BLOCK=block, HAS_RES=residual is not None, num_warps=min(16, max(1, block // 512)),
+                              **pdl.launch(x.device))
     return y, res_out
 
 

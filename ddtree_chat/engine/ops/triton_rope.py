@@ -13,12 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .layout import row_layout
+from .pdl import wait_previous
 
 
 @triton.jit(do_not_specialize=["R", "H", "T", "inner", "s_outer", "s_inner", "s_w", "s_cs"])
 def _rope_kernel(X, COS, SIN, O, W, R, H, T, inner, s_outer, s_inner, s_w, s_cs, eps, HALF: tl.constexpr,
-                 BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr):
+                 BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, NORM: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    wait_previous(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     j = tl.arange(0, BLOCK_D)
     ok = (rows < R)[:, None] & (j < 2 * HALF)[None, :]
@@ -78,5 +82,5 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: bo
         _rope_kernel[(triton.cdiv(r, block_r),)](
             x, cos, sin, out, weight.contiguous() if weight is not None else out, r,
             x.shape[-2] if heads else 1, t, inner, s_outer, s_inner, d if per_head else 0, s_cs, float(eps), HALF=d // 2,
-            BLOCK_D=block_d, INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None)
+            BLOCK_D=block_d, INTERLEAVED=interleaved, BLOCK_R=block_r, NORM=weight is not None, **pdl.launch(x.device))
     return out
