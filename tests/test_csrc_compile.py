@@ -97,6 +97,19 @@ def test_compiles_within_an_sm120_block(src, defines, arch, tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("src", SOURCES, ids=[p.name for p in SOURCES])
+def test_every_kernel_lets_an_early_launched_successor_start(src, tmp_path):
+    """Each kernel releases its dependents at its start (csrc/pdl.cuh): the Triton kernel after it, launched as a
+    programmatic dependent under DDTREE_PDL=1, may prefetch its weights while it runs (sm_90a's PTX)."""
+    res = run_nvcc([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-ptx", "-arch=compute_90a", str(src), "-o",
+                    str(tmp_path / "k.ptx")])
+    assert res.returncode == 0, res.stderr[-4000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    entries = ptx.split(".entry ")[1:]
+    assert entries and all("griddepcontrol.launch_dependents" in e for e in entries)
+
+
+@needs_nvcc
 def test_shared_library_links(tmp_path):
     """The exact command the JIT build uses (both archs + PTX) links into one .so."""
     res = run_nvcc(build.nvcc_command(NVCC, SOURCES, tmp_path / "lib.so"))

@@ -29,6 +29,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
+
 namespace {
 
 constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
@@ -161,6 +163,7 @@ __device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int
 
 template <int CS, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
+  release_dependents();
   constexpr int kNT = 16 / CS;  // value n8-tiles per warp
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* tiles = (__nv_bfloat16*)smem;                          // [STAGES][32][kLd]
@@ -419,6 +422,7 @@ __device__ __forceinline__ int chunk_slot(const Args& a, int ch, int base) {
 // exactly as the one-pass merge folds them, and stores the super's state over its first chunk's. Block: 128
 // threads x 4 columns; a super's 8 states are read at once.
 __global__ void __launch_bounds__(128) mla_fold_supers_kernel(Args a) {
+  release_dependents();
   __shared__ int warp_count[4];
   const int m = blockIdx.x, j = blockIdx.y, node = m / a.NH, col = threadIdx.x * 4;
   const int L = load_len(a.plen, a.plen64);
@@ -462,6 +466,7 @@ __global__ void __launch_bounds__(128) mla_fold_supers_kernel(Args a) {
 // no operation). The states are read 16 at a time ahead of their folds (the loads of a batch overlap; the
 // folds stay in order).
 __global__ void __launch_bounds__(kMergeThreads) mla_merge_kernel(Args a, __nv_bfloat16* __restrict__ out) {
+  release_dependents();
   constexpr int kBatch = 16;
   __shared__ int warp_count[kMergeThreads / 32];
   const int m = blockIdx.x, node = m / a.NH, col = (blockIdx.y * kMergeThreads + threadIdx.x) * 4;

@@ -16,6 +16,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
+
 namespace {
 
 // kWarps: warps per CTA, splitting K and reducing through shared memory; kUnroll: k-steps whose loads are
@@ -78,6 +80,7 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 __global__ void moe_align_kernel(const int64_t* __restrict__ ids, int n_pairs, int E, int max_blocks,
                                  int* __restrict__ block_expert, int* __restrict__ block_pairs,
                                  int* __restrict__ num_blocks) {
+  release_dependents();
   extern __shared__ int sm[];
   int* count = sm;          // [E]
   int* start = sm + E;      // [E] first block of expert e
@@ -207,6 +210,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
     const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
     int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
+  release_dependents();
   constexpr bool kTwo = kMode != kDown;  // two weight streams
   constexpr int NACC = kTwo ? 8 : 4;
   __shared__ float red[kWarps][32][NACC];
@@ -300,6 +304,7 @@ constexpr int kCombineTopk = 16;  // the most pairs per token the combine takes
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                                    const int64_t* __restrict__ ids, int E, int topk, int N,
                                    const __nv_bfloat16* __restrict__ res, __nv_bfloat16* __restrict__ out) {
+  release_dependents();
   __shared__ float wk[kCombineTopk];  // [topk] route weights
   __shared__ bool use[kCombineTopk];  // [topk] the pair's expert is on this rank
   pdl_wait();

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
+
 namespace {
 
 constexpr int kMaxExperts = 512;
@@ -16,6 +18,7 @@ constexpr int kMaxTopk = 32;
 // picking the k best one after another is a chain of k reductions).
 __global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int E, int topk,
                              float scale, int normalize, int64_t* __restrict__ ids, float* __restrict__ weights) {
+  release_dependents();
   __shared__ float warp_max[kMaxExperts / 32];
   __shared__ float cand_v[kMaxExperts];  // [candidates] biased scores
   __shared__ int cand_e[kMaxExperts];
@@ -81,6 +84,7 @@ template <typename TX, typename TW>
 __global__ void rms_norm_kernel(const TX* __restrict__ x, const TX* __restrict__ res, const TW* __restrict__ w,
                                 int D, int inner, int64_t s_outer, int64_t s_inner, float eps, TX* __restrict__ y,
                                 TX* __restrict__ res_out) {
+  release_dependents();
   extern __shared__ float row[];  // [D]
   __shared__ float warp_sum[32];
   const size_t r = blockIdx.x;
