@@ -341,7 +341,7 @@ def test_kernels_launched_early_wait_for_the_kernel_before(arch):
 
 def test_pdl_is_a_gpu_launch_mode_and_prefetches_only_what_fits(monkeypatch):
     """DDTREE_PDL=1 changes nothing off CUDA (the launch arguments say off); a product prefetches its weights only
-    where their rows are contiguous 16-byte multiples and all of them fit PREFETCH_MAX_BYTES."""
+    where their rows are contiguous 16-byte multiples and all of them together fit PREFETCH_MAX_BYTES."""
     import torch
 
     from ddtree_chat.engine.ops import pdl
@@ -354,3 +354,8 @@ def test_pdl_is_a_gpu_launch_mode_and_prefetches_only_what_fits(monkeypatch):
     assert not pdl.prefetchable(w.t())  # rows not contiguous along K
     assert not pdl.prefetchable(w[:, 4:])  # rows start 8 bytes into a 16-byte line
     assert not pdl.prefetchable(torch.empty(pdl.PREFETCH_MAX_BYTES // (7168 * 2) + 1, 7168, dtype=torch.bfloat16))
+    half = torch.empty(pdl.PREFETCH_MAX_BYTES // (7168 * 2 * 2) + 1, 7168, dtype=torch.bfloat16)
+    assert pdl.prefetchable(half)  # each of a GLU's two weights fits, both together do not:
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    assert pdl.launch(torch.device("cpu"), half, half)["PREFETCH"] is False
+    assert pdl.launch(torch.device("cpu"), half, None)["PREFETCH"] is True

@@ -17,9 +17,10 @@ import triton.language as tl
 
 from ... import knobs
 
-# a product's weights are prefetched only when they fit well inside L2 (the H200's is 50 MB, the RTX PRO 6000's
-# 128 MB): a larger prefetch would evict itself before the kernel reads it
-PREFETCH_MAX_BYTES = 24 << 20
+# a product's weights are prefetched only when they fit inside L2 with room to spare (the H200's is 50 MB, the RTX
+# PRO 6000's 128 MB): a larger prefetch would evict itself before the kernel reads it. K2.6's fused q_a + kv_a
+# (30 MB, one per layer on every TP rank) fits; a TP=8 rank's lm head (293 MB) does not.
+PREFETCH_MAX_BYTES = 32 << 20
 
 
 _MAJOR: dict[int, int] = {}  # device index -> major compute capability
@@ -41,7 +42,9 @@ def launch(device: torch.device, *weights: torch.Tensor | None) -> dict:
     on = enabled(device)
     args = {"PDL": on, "launch_pdl": on}
     if weights:
-        args["PREFETCH"] = on and all(prefetchable(w) for w in weights if w is not None)
+        ws = [w for w in weights if w is not None]
+        args["PREFETCH"] = on and all(map(prefetchable, ws)) and sum(w.numel() * w.element_size() for w in ws) \
+            <= PREFETCH_MAX_BYTES
     return args
 
 
