@@ -210,13 +210,14 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(
     const uint32_t* __restrict__ sb, const __nv_bfloat16* __restrict__ act, int act_div,
     const int* __restrict__ block_expert, const int* __restrict__ block_pairs, const int* __restrict__ num_blocks,
     int NT, int KT, __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
-  release_dependents();
   constexpr bool kTwo = kMode != kDown;  // two weight streams
   constexpr int NACC = kTwo ? 8 : 4;
   __shared__ float red[kWarps][32][NACC];
   // gate/up reads align's blocks, so it waits first; down reads only blocks (align finished before every
   // gate/up CTA passed its wait) until it needs h.
   if (kMode == kGateUp) pdl_wait();
+  // NOTE: gate/up releases only after its wait: down reads align's blocks before its own wait
+  release_dependents();
   const int b = blockIdx.y;
   if (b >= *num_blocks) return;
   const int tile = kMode == kDown2 ? 2 * blockIdx.x : blockIdx.x;  // the first (or only) row tile
