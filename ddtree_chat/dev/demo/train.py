@@ -57,6 +57,12 @@ def _windows(stream: torch.Tensor, n: int, t: int, gen: torch.Generator, mask: t
     return x if mask is None else (x, torch.stack([mask[s : s + t + 1] for s in starts]))
 
 
+def keeps(best: tuple[float, bool], loss: float, qat: bool) -> bool:
+    """Whether a validation step's weights replace the kept ones (best = (loss, trained under QAT)): the export
+    is INT4, so weights trained under fake quantisation beat any from before it, then the lower loss wins."""
+    return (qat, -loss) > (best[1], -best[0])
+
+
 def masked_ce(logits: torch.Tensor, x: torch.Tensor, m: torch.Tensor | None, reduction: str = "mean"):
     """Next-token loss of logits [B, T, V] against x[:, 1:], over the positions whose mask m[:, 1:] is set."""
     ce = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(), reduction="none")
@@ -143,7 +149,7 @@ def train_target(out: Path, a, device) -> dict:
     total = a.target_steps or 10**9
     step, t_start, hist = 0, time.time(), []
     qat_from = None
-    best = (float("inf"), -1, None)
+    best = (float("inf"), -1, None, False)  # validation loss, step, weights, trained under QAT
     while step < total:
         if a.target_steps is None and step in (10, 30):
             if cuda:
@@ -176,8 +182,8 @@ def train_target(out: Path, a, device) -> dict:
             copied, held = copies(), heldout()
             tt.train()
             hist.append((step, loss.item(), vl, copied, held))
-            if vl < best[0]:
-                best = (vl, step, {k: v.detach().clone() for k, v in tt.state_dict().items()})
+            if keeps((best[0], best[3]), vl, qat_from is not None):
+                best = (vl, step, {k: v.detach().clone() for k, v in tt.state_dict().items()}, qat_from is not None)
             log(f"target: step {step}/{total} loss {loss.item():.3f} val {vl:.3f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"max-load/mean {max(imb):.2f} copy {copied}/{len(requests)}{heldout_text(held)}")
         step += 1
