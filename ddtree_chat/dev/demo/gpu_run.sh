@@ -19,10 +19,11 @@
 # RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target (held-out quality of the target alone, plain decoding), draft
 # (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
 # e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
-# "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS]]] ...", each with its eval-target; SETS: extra data sets joined by
-# "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the self-instruct
-# set)), EVERYDAY=0 / EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and draft without that set; everyday3 and self only
-# where answered or unpacked), pick ($PICK: the sweep target the later steps use).
+# "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS[:QAT]]]] ...", each with its eval-target; SETS: extra data sets joined
+# by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the
+# self-instruct set); QAT: train.py's --qat-frac, the share of steps trained under fake INT4), EVERYDAY=0 /
+# EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and draft without that set; everyday3 and self only where answered or
+# unpacked), pick ($PICK: the sweep target the later steps use).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
@@ -85,13 +86,13 @@ for s in "$@"; do
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
         sweep) for cfg in ${TARGETS:-8:4:2000::mixed:everyday+everyday2 8:4:2000:hidden=384,inter=1152:mixed:everyday+everyday2}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
-                   IFS=: read -r r w n arch pool extra <<< "$cfg"  # side by side on one GPU, each evaluated held out
+                   IFS=: read -r r w n arch pool extra qat <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,+' '-___')
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
                     step target 500 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
                         $(for x in ${extra//+/ }; do echo /tmp/$x; done) \
                         --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
-                        ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"}
+                        ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"} ${qat:+--qat-frac "$qat"}
                     step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
                         --device cuda --mode ar --json "/tmp/sweep/$name/heldout_target.json"  # not heldout.json: e2e reads its prompts
                     cat "/tmp/sweep/$name/heldout_target.json" >> "$log") &
