@@ -100,13 +100,18 @@ def test_compiles_within_an_sm120_block(src, defines, arch, tmp_path):
 @pytest.mark.parametrize("src", SOURCES, ids=[p.name for p in SOURCES])
 def test_every_kernel_lets_an_early_launched_successor_start(src, tmp_path):
     """Each kernel releases its dependents at its start (csrc/pdl.cuh): the Triton kernel after it, launched as a
-    programmatic dependent under DDTREE_PDL=1, may prefetch its weights while it runs (sm_90a's PTX)."""
+    programmatic dependent under DDTREE_PDL=1, may prefetch its weights while it runs (sm_90a's PTX). The MoE's
+    gate/up GEMM releases only after its own wait: the down GEMM after it reads align's blocks before waiting
+    (released at gate/up's start, a graph replay of variant 14 read them unwritten)."""
     res = run_nvcc([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-ptx", "-arch=compute_90a", str(src), "-o",
                     str(tmp_path / "k.ptx")])
     assert res.returncode == 0, res.stderr[-4000:]
     ptx = (tmp_path / "k.ptx").read_text()
     entries = ptx.split(".entry ")[1:]
     assert entries and all("griddepcontrol.launch_dependents" in e for e in entries)
+    gate_up = [e for e in entries if re.match(r"\w*moe_gemm_kernelILi1E", e)]  # Mode kGateUp = 1
+    assert bool(gate_up) == (src.name == "moe_int4.cu")
+    assert all(0 <= e.find("griddepcontrol.wait") < e.find("griddepcontrol.launch_dependents") for e in gate_up)
 
 
 @needs_nvcc
