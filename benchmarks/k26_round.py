@@ -132,8 +132,8 @@ def main(argv=None) -> int:
         print(f"{mode}: round {total:.3f} ms (programs summed)")
     if a.json:
         a.json.write_text(json.dumps({"target_layers": tcfg.num_layers, "draft_layers": dcfg.num_layers,
-                                      "context": a.context, "tp_world": a.tp_world, "collective_us": a.collective_us, "ceiling": ceiling, "device": where, "rows": rows},
-                                     indent=1))
+                                      "context": a.context, "tp_world": a.tp_world, "collective_us": a.collective_us,
+                                      "ceiling": ceiling, "device": where, "rows": rows}, indent=1))
     return 0
 
 
