@@ -327,3 +327,18 @@ def test_a_budget_outside_what_a_round_can_hold_is_refused(budget):
         GenerationConfig(mode="ddtree", budget=budget)
     assert GenerationConfig(budget=1023).budget == 1023 and GenerationConfig(budget=1).budget == 1
     assert GenerationConfig(mode="ar", budget=0).budget == GenerationConfig(mode="dflash", budget=0).budget == 0
+
+
+@pytest.mark.parametrize("vocab, scale", [(8192, 1.0), (8192, 4.0), (8192, 12.0), (50, 3.0), (2000, 0.5)])
+def test_nucleus_from_the_top_k_equals_the_full_sort(vocab, scale):
+    """tree.nucleus looks among the top 64 or 1024 tokens first: the kept tokens and their probabilities are
+    those of the full sort's nucleus, for flat rows (the fallback) and peaked ones alike, any vocabulary."""
+    from ddtree_chat.engine.tree import nucleus
+
+    probs = torch.softmax(torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * scale, -1)
+    for top_p in (0.5, 0.9, 0.95):
+        kept, ids = nucleus(probs, top_p)
+        got = torch.zeros_like(probs).scatter_(-1, ids, kept)
+        want = torch.stack([_target_probs(row.log(), 1.0, top_p) > 0 for row in probs])
+        assert torch.equal(got > 0, want), (vocab, scale, top_p)
+        assert torch.equal(got[want], probs[want])

@@ -155,6 +155,9 @@ def path_scores(tree: DraftTree) -> torch.Tensor:
     return out
 
 
+NUCLEUS_CANDIDATES = (64, 1024)  # top-p looks among this many likeliest tokens first, then a sort of all V
+
+
 def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
                   generator: torch.Generator | None) -> torch.Tensor:
     """logits [N, V] float32 -> the target's token at each node: argmax at T=0, else a seeded sample
@@ -162,12 +165,25 @@ def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
     if temperature <= 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
+    if top_p >= 1.0:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # generator on the logits' device
+    kept, ids = nucleus(probs, top_p)
+    return ids.gather(-1, torch.multinomial(kept, 1, generator=generator)).squeeze(-1)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs [N, V] -> (kept [N, k], ids [N, k]): the likeliest tokens in descending order, each one's
+    probability where it is in the smallest prefix whose mass reaches top_p, else 0."""
+    # NOTE: the nucleus lies within the top k once their mass exceeds top_p: sorting k of V tokens, not V
+    # (a full sort cost a CPU 0.5 ms a row at V = 8192, a 9-node tree 4.5 ms: half a plain step)
+    for k in NUCLEUS_CANDIDATES:
+        if k < probs.shape[-1]:
+            sp, si = probs.topk(k, -1)
+            if bool((sp.sum(-1) > top_p).all()):
+                break
+    else:
         sp, si = probs.sort(-1, descending=True)
-        drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
-        sp = sp.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # generator on the logits' device
+    return sp.masked_fill(sp.cumsum(-1) - sp > top_p, 0.0), si
 
 
 def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
