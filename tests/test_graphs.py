@@ -91,7 +91,7 @@ def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
     dec = static.decoder
     launches = []
     launch = dec._launch
-    dec._launch = lambda *a, fresh: launches.append(fresh) or launch(*a, fresh=fresh)
+    dec._launch = lambda *a, fresh, **kw: launches.append(fresh) or launch(*a, fresh=fresh, **kw)
     try:
         for text in PROMPTS + [LONG]:
             prompt = static.tokenizer.encode(text)
@@ -117,7 +117,7 @@ def test_auto_budget_runs_ahead_between_exploring_rounds(pair):
     dec = static.decoder
     launches = []
     launch = dec._launch
-    dec._launch = lambda *a, fresh: launches.append((fresh, a[5] is not None)) or launch(*a, fresh=fresh)
+    dec._launch = lambda *a, fresh, **kw: launches.append((fresh, a[5] is not None)) or launch(*a, fresh=fresh, **kw)
     try:
         prompt = eager.tokenizer.encode(LONG)
         want = run(eager, prompt, mode="ar", max_new_tokens=60)["token_ids"]
@@ -134,26 +134,40 @@ def test_auto_budget_runs_ahead_between_exploring_rounds(pair):
         del dec._launch
 
 
-def test_auto_plain_steps_run_ahead_and_the_drafter_catches_up_in_padded_chunks(pair, monkeypatch):
+def test_auto_plain_steps_run_ahead_and_the_drafter_catches_up_from_their_kept_features(pair, monkeypatch):
     """--budget auto turning from trees to plain steps and back on the graph path's logic: the tree round
-    that chose plain steps launches the first one ahead and each launches the next, the drafting round
-    after them recomputes the drafter's missed rows through padded prefill chunks; the ids stay ar's."""
+    that chose plain steps launches the first one ahead and each launches the next, keeping its root's target
+    features; the drafting round after them projects those into the drafter's context, with no target forward
+    (no prefill chunk runs but the prompt's), to the context that recomputing them through padded prefill
+    chunks makes; the ids stay ar's."""
     eager, static = pair
     dec = static.decoder
-    flips = iter(range(10**6))  # every exploring round flips between plain steps and trees
-    monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf if next(flips) % 2 == 0 else 0.0)
-    monkeypatch.setattr(static.replies, "auto", None)  # a fresh auto budget: its first round explores
-    launches, caught = [], []
-    launch, catch_up = dec._launch, dec._catch_up
-    monkeypatch.setattr(dec, "_launch", lambda *a, fresh: launches.append((a[0], fresh)) or launch(*a, fresh=fresh))
+    launches, caught, chunks = [], [], []
+    launch, catch_up, prefill_chunks = dec._launch, dec._catch_up, dec._prefill_chunks
+    monkeypatch.setattr(dec, "_launch", lambda *a, fresh, **kw: launches.append((a[0], fresh)) or launch(*a, fresh=fresh, **kw))
     monkeypatch.setattr(dec, "_catch_up", lambda: caught.append(catch_up()) or caught[-1])
+    monkeypatch.setattr(dec, "_prefill_chunks", lambda *a: chunks.append(a) or prefill_chunks(*a))
     prompt = eager.tokenizer.encode(LONG)
     want = run(eager, prompt, mode="ar", max_new_tokens=60)["token_ids"]
-    got = run(static, prompt, mode="ddtree", budget="auto", max_new_tokens=60)
-    assert got["token_ids"] == want
+
+    def reply():
+        flips = iter(range(10**6))  # every exploring round flips between plain steps and trees
+        monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf if next(flips) % 2 == 0 else 0.0)
+        monkeypatch.setattr(static.replies, "auto", None)  # a fresh auto budget: its first round explores
+        launches.clear(), caught.clear(), chunks.clear()
+        got = run(static, prompt, mode="ddtree", budget="auto", max_new_tokens=60)
+        n = dec.dcache.length
+        return got["token_ids"], dec.dcache.k[:, :n].clone(), dec.dcache.v[:, :n].clone()
+
+    ids, k, v = reply()
+    assert ids == want
     plain = [fresh for mode, fresh in launches if mode is Mode.AR]
     assert len(plain) >= 14 and not any(plain)  # every plain step was launched ahead
-    assert len(caught) >= 2 and set(caught) == {7}
+    assert len(caught) >= 2 and set(caught) == {7} and len(chunks) == 1  # the prompt's chunks only
+    monkeypatch.setattr(dec, "_catch_up_kept", lambda: 0)  # the same reply, catching up through the target
+    ids2, k2, v2 = reply()
+    assert ids2 == want and set(caught) == {7} and len(chunks) == 1 + len(caught)
+    assert torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
 
 
 @pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 16), (0.6, 64)])

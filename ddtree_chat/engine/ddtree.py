@@ -28,6 +28,7 @@ from .model import KimiModel
 from .tree import DraftTree, build_tree, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
+KEPT_ROWS = 512  # the auto budget's plain steps' target features kept for the drafter's catch-up (a ring)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,11 @@ class Decoder:
             self.draft_head = target.lm_head.weight.to(self.draft_dtype)
         self.dcache = DraftCache(dcfg.num_layers, max_len, drafter.kv_heads, dcfg.head_dim, self.draft_dtype,
                                  self.device, dcfg.kv_window) if dcfg else None
+        # [KEPT_ROWS, len(layers) * H]: a plain step's features at row position % KEPT_ROWS (graphs.accept); kept_from:
+        # the first position of the run of them held since the drafter's context ended (None: none held)
+        self.kept = torch.zeros(KEPT_ROWS, len(self.feature_layers) * tcfg.hidden_size, dtype=self.dtype,
+                                device=self.device) if dcfg else None
+        self.kept_from: int | None = None
         # NOTE: positions stay below max_len + one tree (the context refuses rounds past max_len); the
         # tables are built now, outside any CUDA-graph capture. Products that read one input become one.
         for model, dtype in ((target, self.dtype), (drafter, self.draft_dtype)):
@@ -117,6 +123,7 @@ class Decoder:
                 break
             lcp += 1
         if drafting and self.dcache is not None:
+            self._catch_up_kept()  # NOTE: the drafter's context may lack what the last reply's plain steps kept
             lcp = min(lcp, self.dcache.end_pos)
         lcp = min(lcp, len(ids) - 1)  # at least one token must run to produce logits
         if len(ids) + 1 > self.max_len:
@@ -126,6 +133,7 @@ class Decoder:
         del self.tokens[lcp:]
         if self.dcache is not None:
             self.dcache.truncate_to_pos(lcp)
+        self.kept_from = None
         self.pending = None
         self._ahead = None  # NOTE: a round launched past the last reply's end is never read
         new = ids[lcp:]
@@ -211,7 +219,7 @@ class Decoder:
     @torch.no_grad()
     def round(self, mode: Mode, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
               stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
-              then: Callable[[], int | None] | None = None) -> RoundResult:
+              then: Callable[[], int | None] | None = None, keep: bool = False) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose(tree, cum_mass)`
         may cut the drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next
         round will verify whole (0: a plain `ar` round; None: it will not be a fixed-size round); default:
@@ -219,7 +227,8 @@ class Decoder:
         when recorded: the next round is launched (on the state this round's accept leaves on the device)
         before this one's result is read, so the GPU works while the host reads; a round launched past a
         stop or the limit is simply never read (it wrote scratch only). A drafting round after `ar` rounds
-        first catches the drafter's context up (_catch_up)."""
+        first catches the drafter's context up (_catch_up). keep: this reply's `ar` rounds (the auto budget's
+        plain steps) keep their target features, so that catch-up needs no target forward."""
         sr = self.graphs
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
             mode, budget, choose, then = Mode.AR, 0, None, None
@@ -233,13 +242,13 @@ class Decoder:
         if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead(temperature)):
             flight = None  # launched for another kind of round: never read
         if flight is None:
-            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True)
+            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True, keep=keep)
         # NOTE: asked after the launch: a choosing round has made its choice by now
         nxt = (budget if choose is None else None) if then is None else then()
         nxt_mode = Mode.AR if nxt == 0 else mode  # NOTE: after a drafting round, the auto budget's plain steps
         if (nxt is not None and self.runs_ahead(temperature) and sr.fits(nxt_mode, nxt)
                 and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
-            self._ahead = self._launch(nxt_mode, nxt, 0.0, 1.0, None, None, fresh=False)
+            self._ahead = self._launch(nxt_mode, nxt, 0.0, 1.0, None, None, fresh=False, keep=keep)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
         t_draft, t_target = flight.clock.split()
@@ -250,6 +259,10 @@ class Decoder:
         self.tokens.extend([self.pending] + emitted[:-1])
         if self.dcache is not None and mode != Mode.AR:
             self.dcache.advance(m, start + m)
+        if mode != Mode.AR or not keep or self.dcache is None:
+            self.kept_from = None
+        elif self.kept_from is None:
+            self.kept_from = start
         self.pending = emitted[-1]
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
             self._ahead = None
@@ -260,13 +273,29 @@ class Decoder:
         """Before a drafting round after `ar` rounds (`--budget auto`'s plain steps): recompute the committed
         positions the drafter's context lacks, as a drafting prefill does (the same chunks and programs;
         they write the target's rows again, which row-invariant kernels leave as they were). Returns how many."""
+        self._ahead = None  # NOTE: launched on the state before the catch-up: never read
+        kept = self._catch_up_kept()
+        if kept:
+            return kept
         start = self.dcache.end_pos
         missed = self.tokens[start:]
-        self._ahead = None  # NOTE: launched on the state before the catch-up: never read
         self.cache.truncate(start)
         del self.tokens[start:]
         self._prefill_chunks(missed, self._chunks(len(missed), True), True)
         return len(missed)
+
+    def _catch_up_kept(self) -> int:
+        """The drafter's missing context rows from the features plain steps kept (no target forward), when
+        they hold every missing position; returns how many (0: they do not)."""
+        start, end = self.dcache.end_pos, self.cache.length
+        # NOTE: fewer than the ring holds: a plain step launched ahead writes the row of position `end`
+        if self.kept_from is None or self.kept_from > start or not 0 < end - start < KEPT_ROWS:
+            return 0
+        pos = torch.arange(start, end, device=self.device)
+        k, v = self.drafter.context_kv_stacked(self.kept[pos % KEPT_ROWS].to(self.draft_dtype), pos)
+        self.dcache.append(k, v, end)
+        self.kept_from = None
+        return end - start
 
     def runs_ahead(self, temperature: float) -> bool:
         """Whether fixed-size rounds at this temperature run one ahead (recorded rounds, greedy)."""
@@ -280,7 +309,7 @@ class Decoder:
         fits = self.cache.length + min(n, b) + n_next <= self.max_len
         return fits and (self.dcache is None or self.dcache.length + 2 * b <= self.dcache.capacity)
 
-    def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool):
+    def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool, keep: bool = False):
         """Enqueue one round's programs (fresh: from the host's state; else from the device state the
         previous round's accept left) and start the copy of its result."""
         sr, choosing = self.graphs, choose is not None
@@ -292,7 +321,8 @@ class Decoder:
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
-        self._record(sr.round_keys(mode, budget, sizes, choosing, held))
+        keep = keep and mode == Mode.AR and self.dcache is not None
+        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep))
         if fresh:
             sr.begin(*self.committed_state(self.pending))
         clock = sr.clock()
@@ -301,10 +331,10 @@ class Decoder:
         if choosing and n > 1:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
-        logits, _ = sr.run(sr.verify_key(mode, n))
+        logits, _ = sr.run(sr.verify_key(mode, n, keep))
         if temperature > 0:
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
-        return sr.fetch(RoundShape(mode, budget), n, sr.run(sr.accept_key(mode, n)), clock)
+        return sr.fetch(RoundShape(mode, budget), n, sr.run(sr.accept_key(mode, n, keep)), clock)
 
     @staticmethod
     def _outcome(packed: torch.Tensor, n: int, stop_ids: frozenset[int], room: int):

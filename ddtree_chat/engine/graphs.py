@@ -67,6 +67,7 @@ class AcceptKey(NamedTuple):
     nodes: int
     drafting: bool  # extends the drafter's context
     chain: bool  # node i at depth i (ar, dflash): the accepted path is in place already
+    keep: bool = False  # a plain step that keeps its root's target features (Decoder.kept) for a later catch-up
 
 
 GraphKey = Union[PrefillKey, DraftKey, VerifyKey, AcceptKey]
@@ -203,21 +204,24 @@ class StaticRound:
     def drafting(self, mode: Mode) -> bool:
         return mode != Mode.AR and self.dec.drafter is not None
 
-    def verify_key(self, mode: Mode, n: int) -> VerifyKey:
-        """Only a drafting round's verify keeps the target features the drafter's context is made of."""
-        return VerifyKey("verify", n, self.drafting(mode))
+    def verify_key(self, mode: Mode, n: int, keep: bool = False) -> VerifyKey:
+        """Only a drafting round's verify, or a plain step that keeps them, has the target features the
+        drafter's context is made of."""
+        return VerifyKey("verify", n, self.drafting(mode) or keep)
 
-    def accept_key(self, mode: Mode, n: int) -> AcceptKey:
-        """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it);
-        an `ar` or `dflash` round's nodes are a chain, so its accepted path is already in place."""
-        return AcceptKey("accept", n, self.drafting(mode), mode != Mode.DDTREE or n == 1)
+    def accept_key(self, mode: Mode, n: int, keep: bool = False) -> AcceptKey:
+        """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it; the
+        auto budget's plain steps keep their features: `keep`); an `ar` or `dflash` round's nodes are a chain,
+        so its accepted path is already in place."""
+        return AcceptKey("accept", n, self.drafting(mode), mode != Mode.DDTREE or n == 1, keep and not self.drafting(mode))
 
-    def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None):
+    def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None,
+                   keep: bool = False):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
-            yield self.verify_key(mode, n)
-            yield self.accept_key(mode, n)
+            yield self.verify_key(mode, n, keep)
+            yield self.accept_key(mode, n, keep)
 
     def prefill_sizes(self, drafting: bool) -> list[int]:
         """Chunk sizes that fit the target cache (and, drafting, the drafter's window) whole."""
@@ -232,8 +236,8 @@ class StaticRound:
             return lambda: self.draft(key.mode, key.budget, key.span, key.choosing)
         if key.program == "verify":
             return lambda: self.verify(key.nodes, key.features)
-        feats = lambda: self.outputs[VerifyKey("verify", key.nodes, True)][1] if key.drafting else None  # noqa: E731
-        return lambda: self.accept(key.nodes, feats(), key.chain)
+        feats = lambda: self.outputs[VerifyKey("verify", key.nodes, True)][1] if key.drafting or key.keep else None  # noqa: E731
+        return lambda: self.accept(key.nodes, feats(), key.chain, key.keep)
 
     def prepare(self, keys) -> None:
         """Record the programs of these keys that are recordable and not recorded yet (a recording leaves
@@ -266,6 +270,8 @@ class StaticRound:
         # one group of programs per round, then one per prefill variant: recorded, and reported, group by group
         groups = [list(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
                   for mode, budget, choosing in modes if self.fits(mode, budget)]  # NOTE: lists: read twice
+        if self.dec.dcache is not None and any(m is Mode.DDTREE and c for m, _, c in modes):
+            groups.append(list(self.round_keys(Mode.AR, 0, [1], False, keep=True)))  # the auto budget's plain steps
         groups += [[PrefillKey("prefill", n, d) for n in self.prefill_sizes(d)] for d in variants]
         self._precompile([k for g in groups for k in g], progress)
         for i, keys in enumerate(groups):
@@ -490,7 +496,7 @@ class StaticRound:
     def verify(self, n: int, features: bool = True):
         dec = self.dec
         length = self.state[0:1]
-        if not features:  # NOTE: a drafting round's draft wrote the root with its tree; AR rounds draft nothing
+        if n == 1:  # NOTE: a drafting round's draft wrote the root with its tree; a single node is drafted by none
             self.tokens[:1].copy_(self.state[2:3])
         tree = self.tree(n)
         view = SlotView(dec.cache, length, length + self.arange[:n])
@@ -498,13 +504,17 @@ class StaticRound:
         torch.argmax(logits, -1, out=self.choice[:n])  # NOTE: T > 0 overwrites it with samples
         return logits, feats
 
-    def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False) -> torch.Tensor:
+    def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False, keep: bool = False) -> torch.Tensor:
         """feats None: the drafter's context is not extended (and its device count not advanced). chain:
         node i is at depth i (ar, dflash), so the accepted path's rows are in place already (the moves
-        would only write scratch rows past it)."""
+        would only write scratch rows past it). keep (a plain step, n = 1): the root's features go to the
+        decoder's ring of kept features (Decoder.kept) instead of the drafter's context."""
         dec = self.dec
         tree = self.tree(n)
         choice = self.choice[:n]
+        if keep:  # NOTE: the root's position is the committed length before the walk moves it
+            dec.kept.index_copy_(0, self.state[0:1] % dec.kept.shape[0], feats[:1].to(dec.kept.dtype))
+            feats = None
         drafting = dec.drafter is not None and feats is not None
         # NOTE: state moves on to the next round's here (in case that is launched before the host has read
         # this one); what follows reads the slots computed from the old state

@@ -77,7 +77,7 @@ class ReplyLoop:
                 round_mode, round_budget, choose, then, learns = Mode.AR, 0, None, None, False
             t0 = time.perf_counter()
             r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, gen, stop_ids,
-                          cfg.max_new_tokens - len(out), choose, then)
+                          cfg.max_new_tokens - len(out), choose, then, keep=auto)
             if learns:
                 self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up,
                                   time.perf_counter() - t0)
