@@ -178,7 +178,8 @@ def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
     """Drafting costs most of a plain step and the target rarely agrees (T > 0 on a CPU): after the
     first explorations every round is a plain step but for an exploration every PLAIN_EXPLORE_MAX rounds
     (each one also pays the drafter's catch-up); an exploring tree that beats them brings the next exploration
-    within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations."""
+    within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations (their rate less
+    one standard error must beat plain steps: the poor rounds still in the decaying sums take ~7)."""
     from ddtree_chat.engine.budget import EXPLORE_MAX, PLAIN_EXPLORE_MAX
 
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
@@ -189,32 +190,53 @@ def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
     assert 0 < sum(b != PLAIN for b in late) <= len(late) // PLAIN_EXPLORE_MAX + 1  # still explores, rarely
     assert auto.catch_up_s == pytest.approx(0.05)
     # 6 tokens in 1.8 s: trees beat 1 in 0.55 s; after the first such exploration they are checked every EXPLORE_MAX
-    good = _simulate(auto, PLAIN_EXPLORE_MAX + 4 * EXPLORE_MAX, accepted=6)
+    good = _simulate(auto, PLAIN_EXPLORE_MAX + 6 * EXPLORE_MAX, accepted=6)
     assert auto.last != PLAIN and all(b != PLAIN for b in good[-EXPLORE_MAX:])
+
+
+def _trees(rate: float, tokens: list[int]) -> list[float]:
+    """AutoBudget.trees of tree rounds that gave these tokens at `rate` tokens/s overall."""
+    return [sum(tokens), sum(tokens) / rate, sum(t * t for t in tokens), len(tokens)]
 
 
 def test_a_near_tie_keeps_the_choice_in_force_and_a_new_temperature_explores_afresh():
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
     auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
-    auto.trees = [1.0, 0.51]  # tree rounds gave 1.96 tokens/s, plain steps would give 2
+    many = [2] * 1000  # a long record: the standard error is small
+    auto.trees = _trees(1.96, many)  # tree rounds gave 1.96 tokens/s, plain steps would give 2
     assert auto.choose(_tree(False)) > 0 and auto.last != PLAIN
-    auto.trees = [1.0, 0.6]
+    auto.trees = _trees(1.67, many)
     auto.rounds = auto.interval
     auto.choose(_tree(False))
     assert auto.last == PLAIN
-    auto.trees = [1.0, 0.49]  # the margin goes to the choice in force: 2.04 tokens/s do not leave plain steps
+    auto.trees = _trees(2.04, many)  # the margin goes to the choice in force: 2.04 tokens/s do not leave plain steps
     auto.rounds = auto.interval
     auto.choose(_tree(False))
     assert auto.last == PLAIN
-    auto.trees = [1.0, 0.45]  # 2.22 do
+    auto.trees = _trees(2.22, many)  # 2.22 do
     auto.rounds = auto.interval
     auto.choose(_tree(False))
     assert auto.last != PLAIN
     auto.start_reply(0.0)  # the first reply: it was never told a temperature
     assert auto.last is None and auto.exploring and auto.tree_rate == 0.0
-    auto.last, auto.trees = PLAIN, [1.0, 0.6]
+    auto.last, auto.trees = PLAIN, _trees(1.67, many)
     auto.start_reply(0.0)  # the same temperature: it keeps what it learnt
     assert auto.last == PLAIN and auto.tree_rate > 0
+
+
+def test_plain_steps_leave_for_trees_only_on_their_rate_less_a_standard_error():
+    """Ten tree rounds of 1 and 5 tokens (T > 0) at 2.4 tokens/s against plain steps' 2: the point estimate
+    clears the margin, one standard error below it does not; the same mean over a long record does."""
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
+    auto.last, auto.rounds = PLAIN, auto.interval
+    auto.trees = _trees(2.4, [1, 5] * 5)
+    assert auto.tree_rate == pytest.approx(2.4) and auto.tree_rate_low < 2.1 < auto.tree_rate
+    auto.choose(_tree(False))
+    assert auto.last == PLAIN
+    auto.trees, auto.rounds = _trees(2.4, [1, 5] * 500), auto.interval
+    auto.choose(_tree(False))
+    assert auto.last != PLAIN
 
 
 def _alternate(monkeypatch):

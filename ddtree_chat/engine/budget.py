@@ -48,7 +48,7 @@ class AutoBudget:
         self.plain_cost: float | None = None  # measured seconds of a plain step's verify (None: not measured)
         self.plain_s = 0.0  # real plain round seconds (EMA; 0 until one ran)
         self.caught = [0.0, 0.0]  # the drafter's catch-ups after plain rounds: decaying sums of tokens, seconds
-        self.trees = [0.0, 0.0]  # what tree rounds gave: decaying sums of tokens, seconds
+        self.trees = [0.0, 0.0, 0.0, 0.0]  # what tree rounds gave: decaying sums of tokens, seconds, tokens², rounds
         self.drafted: int | None = None  # the size drafted this round (what next_budget returned; PLAIN: none)
         self.rounds = 0
         self.interval = EXPLORE  # rounds between explorations (exploring rounds choose and cannot run ahead)
@@ -61,7 +61,7 @@ class AutoBudget:
         otherwise hold a T = 0 reply for a few explorations, up to EXPLORE_MAX rounds each)."""
         if temperature != self.temperature:
             self.temperature = temperature
-            self.trees, self.calib, self.last, self.interval = [0.0, 0.0], 1.0, None, EXPLORE
+            self.trees, self.calib, self.last, self.interval = [0.0, 0.0, 0.0, 0.0], 1.0, None, EXPLORE
 
     def next_budget(self) -> int:
         """Once per round: the tree size to draft (a collective under TP, and it resets the round's
@@ -169,8 +169,10 @@ class AutoBudget:
         trees = self.tree_rate or best_rate
         # NOTE: the margin goes to the choice in force: a tie between plain steps and trees flipped to trees for
         # a stretch after every lucky exploring tree (CPU auto at T=0.7 ran 0.92x of ar, with ~5% tree rounds)
-        plain = (PLAIN_MARGIN * self.plain_rate() > trees if self.last == PLAIN
-                 else self.plain_rate() > PLAIN_MARGIN * trees)
+        # NOTE: back to trees only on their rate less one standard error: at T > 0 ten tree rounds' tokens vary by
+        # ~20%, and trees 10% below plain steps (CPU, T=0.7) won stretches of 100-300 rounds on the point estimate
+        plain = (PLAIN_MARGIN * self.plain_rate() > (self.tree_rate_low if self.trees[3] else trees)
+                 if self.last == PLAIN else self.plain_rate() > PLAIN_MARGIN * trees)
         best, later = self.tp.broadcast((best, PLAIN if plain else best))
         # a stable choice needs ever fewer checks; a change goes back to EXPLORE
         cap = PLAIN_EXPLORE_MAX if later == PLAIN else EXPLORE_MAX
@@ -191,6 +193,17 @@ class AutoBudget:
         """Tokens per second that tree rounds gave (0 until one was learned from). NOTE: a ratio of sums: a
         round that happened to accept many tokens moves it by its share of the time, not as one rate of several."""
         return self.trees[0] / self.trees[1] if self.trees[1] > 0 else 0.0
+
+    @property
+    def tree_rate_low(self) -> float:
+        """tree_rate less one standard error of the mean tokens a tree round gave (their variance at least the
+        mean, as a count's: one round alone shows none)."""
+        tok, s, sq, n = self.trees
+        if s <= 0 or n <= 0:
+            return 0.0
+        mean = tok / n
+        se = math.sqrt(max(sq / n - mean * mean, mean) / n)
+        return max(mean - se, 0.0) * n / s
 
     @property
     def catch_up_s(self) -> float:
@@ -214,7 +227,7 @@ class AutoBudget:
             self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s
         elif self.rounds > 1:
             self._observe_costs(tree.size - 1, draft_s, target_s)
-            self.trees = [TREE_DECAY * self.trees[0] + accepted, TREE_DECAY * self.trees[1] + s]
+            self.trees = [TREE_DECAY * t + x for t, x in zip(self.trees, (accepted, s, accepted * accepted, 1))]
             if self.last == PLAIN and accepted / s > PLAIN_MARGIN * self.plain_rate():
                 # NOTE: an exploring tree that beat plain steps: look again sooner (trees may pay now)
                 self.interval = min(self.interval, EXPLORE_MAX)
