@@ -270,9 +270,10 @@ class Decoder:
         return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target, caught, t_catch_up)
 
     def _catch_up(self) -> int:
-        """Before a drafting round after `ar` rounds (`--budget auto`'s plain steps): recompute the committed
-        positions the drafter's context lacks, as a drafting prefill does (the same chunks and programs;
-        they write the target's rows again, which row-invariant kernels leave as they were). Returns how many."""
+        """Before a drafting round after `ar` rounds (`--budget auto`'s plain steps): the features those kept
+        (_catch_up_kept), else recompute the committed positions the drafter's context lacks, as a drafting
+        prefill does (the same chunks and programs; they write the target's rows again, which row-invariant
+        kernels leave as they were). Returns how many."""
         self._ahead = None  # NOTE: launched on the state before the catch-up: never read
         kept = self._catch_up_kept()
         if kept:

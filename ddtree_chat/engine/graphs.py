@@ -213,7 +213,8 @@ class StaticRound:
         """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it; the
         auto budget's plain steps keep their features: `keep`); an `ar` or `dflash` round's nodes are a chain,
         so its accepted path is already in place."""
-        return AcceptKey("accept", n, self.drafting(mode), mode != Mode.DDTREE or n == 1, keep and not self.drafting(mode))
+        drafting = self.drafting(mode)
+        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting)
 
     def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None,
                    keep: bool = False):
