@@ -324,19 +324,25 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
 
 @pytest.mark.gpu
 def test_cuda_graph_auto_plain_steps_and_trees_in_turn_equal_ar(synthetic_pair, monkeypatch):
-    """Recorded: plain steps launched ahead (the first by the tree round that chose them), the drafter's
-    catch-up through the recorded prefill chunks, trees after it; greedy and sampled replies run."""
+    """Recorded: plain steps launched ahead (the first by the tree round that chose them) keeping their
+    features, the drafter's catch-up from those (no prefill chunk but the prompt's), trees after it; greedy and
+    sampled replies run."""
     eager = Engine.load(*synthetic_pair, device="cuda", graphs=False)
     graphed = Engine.load(*synthetic_pair, device="cuda")
     flips = iter(range(10**6))
     monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf if next(flips) % 2 == 0 else 0.0)
+    dec, chunks = graphed.decoder, []
+    prefill_chunks = dec._prefill_chunks
+    monkeypatch.setattr(dec, "_prefill_chunks", lambda *a: chunks.append(len(a[0])) or prefill_chunks(*a))
     for text in PROMPTS + [LONG]:
         prompt = eager.tokenizer.encode(text)
         want = run(eager, prompt, mode="ar", max_new_tokens=64)["token_ids"]
+        chunks.clear()
         evs = list(graphed.generate(prompt, GenerationConfig(mode="ddtree", budget="auto", max_new_tokens=64,
                                                              stop_token_ids=())))
         assert evs[-1]["token_ids"] == want
         assert {ev["mode"] for ev in evs[1:-1]} == {"ar", "ddtree"}
+        assert len(chunks) == 1  # the prompt's: every catch-up came from the kept features
         sampled = run(graphed, prompt, mode="ddtree", budget="auto", max_new_tokens=32, temperature=0.8, seed=1)
         assert len(sampled["token_ids"]) == 32
 
