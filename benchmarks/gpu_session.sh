@@ -5,7 +5,7 @@
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce exact exactab pdl cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
-#                                               smoke e2e
+#                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
@@ -110,6 +110,8 @@ for s in "$@"; do
         moemla) DDTREE_MOE_SWEEP=1 step moemla 300 python benchmarks/kernels.py --only moe,mla,linear --json "$OUT/moemla.json" ;;
         e2e) step e2e 240 python benchmarks/e2e.py --device cuda --prompts 12 --max-new 128 --budgets 8 16 32 64 128 auto \
                  --idle --json "$OUT/e2e.json" ;;
+        e2esampled) step e2esampled 240 python benchmarks/e2e.py --device cuda --temperature 0.7 --top-p 0.95 --prompts 12 \
+                        --max-new 128 --budgets 8 auto --json "$OUT/e2e_sampled.json" ;;
         programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
                       --json "$OUT/programs.json" ;;
         k26) step k26 150 python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 \
