@@ -170,6 +170,27 @@ def test_auto_plain_steps_run_ahead_and_the_drafter_catches_up_from_their_kept_f
     assert torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
 
 
+def test_a_chat_turn_after_auto_plain_steps_prefills_only_its_new_tokens(pair, monkeypatch):
+    """An auto reply that ends in plain steps leaves their features kept; the next turn (the conversation so far
+    plus new text) catches the drafter up from them in its prefill and runs only the new tokens through the
+    target; its reply is ar's."""
+    eager, static = pair
+    dec = static.decoder
+    monkeypatch.setattr(AutoBudget, "plain_rate", lambda self: math.inf)  # plain steps after the first exploration
+    monkeypatch.setattr(static.replies, "auto", None)
+    prompt = eager.tokenizer.encode(PROMPTS[0])
+    first = run(static, prompt, mode="ddtree", budget="auto", max_new_tokens=40)["token_ids"]
+    assert dec.kept_from is not None and dec.dcache.end_pos < dec.cache.length  # ended in plain steps
+    follow = prompt + first + eager.tokenizer.encode(" and then")
+    chunks = []
+    prefill_chunks = dec._prefill_chunks
+    monkeypatch.setattr(dec, "_prefill_chunks", lambda *a: chunks.append(len(a[0])) or prefill_chunks(*a))
+    got = run(static, follow, mode="ddtree", budget="auto", max_new_tokens=30)["token_ids"]
+    assert chunks == [len(follow) - len(prompt) - len(first) + 1]  # the new text and the last reply token
+    assert dec.dcache.end_pos >= len(follow)  # the drafter's context covers the whole turn
+    assert got == run(eager, follow, mode="ar", max_new_tokens=30)["token_ids"]
+
+
 @pytest.mark.parametrize("noise,budget", [(0.0, 7), (0.3, 16), (0.6, 64)])
 def test_static_round_commits_partial_paths_exactly(pair, noise, budget):
     eager, static = pair
