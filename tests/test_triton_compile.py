@@ -353,9 +353,10 @@ def test_pdl_is_a_gpu_launch_mode_and_prefetches_only_what_fits(monkeypatch):
     assert pdl.prefetchable(w) and pdl.prefetchable(w[:512])
     assert not pdl.prefetchable(w.t())  # rows not contiguous along K
     assert not pdl.prefetchable(w[:, 4:])  # rows start 8 bytes into a 16-byte line
-    assert not pdl.prefetchable(torch.empty(pdl.PREFETCH_MAX_BYTES // (7168 * 2) + 1, 7168, dtype=torch.bfloat16))
     half = torch.empty(pdl.PREFETCH_MAX_BYTES // (7168 * 2 * 2) + 1, 7168, dtype=torch.bfloat16)
     assert pdl.prefetchable(half)  # each of a GLU's two weights fits, both together do not:
     monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    big = torch.empty(pdl.PREFETCH_MAX_BYTES // (7168 * 2) + 1, 7168, dtype=torch.bfloat16)
+    assert pdl.prefetchable(big) and pdl.launch(torch.device("cpu"), big)["PREFETCH"] is False  # alone too large
     assert pdl.launch(torch.device("cpu"), half, half)["PREFETCH"] is False
     assert pdl.launch(torch.device("cpu"), half, None)["PREFETCH"] is True

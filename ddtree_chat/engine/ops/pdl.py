@@ -7,7 +7,8 @@ shapes the forward is ~1,400 kernels of a few microseconds, most of them reading
 after the kernel before has drained: the weight fetch is what the overlap hides. No arithmetic changes.
 
 Every kernel launched with launch_pdl=True must wait (wait_previous) before its first read of an activation: a
-launch may precede the end of the kernel before it. Off unless DDTREE_PDL=1, until measured (BENCHMARKS.md)."""
+launch may precede the end of the kernel before it. Off unless DDTREE_PDL=1: on the H200 it measured slower
+(BENCHMARKS.md, "Programmatic dependent launch")."""
 
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def launch(device: torch.device, *weights: torch.Tensor | None) -> dict:
 
 def prefetchable(w: torch.Tensor) -> bool:
     """Whether a product's weight [.., N, K] may be prefetched row by row: rows contiguous along K, each row
-    and its start 16-byte aligned (cp.async.bulk), all of it within PREFETCH_MAX_BYTES."""
+    and its start 16-byte aligned (cp.async.bulk). Its size: launch() bounds all of a product's weights together."""
     row = w.shape[-1] * w.element_size()
     return (w.stride(-1) == 1 and row % 16 == 0 and (w.stride(-2) * w.element_size()) % 16 == 0
-            and w.data_ptr() % 16 == 0 and w.numel() * w.element_size() <= PREFETCH_MAX_BYTES)
+            and w.data_ptr() % 16 == 0)
 
 
 @triton.jit
