@@ -13,6 +13,7 @@ import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
+from ddtree_chat.engine.graphs import AcceptKey
 from ddtree_chat.modes import Mode
 
 from drafters import TargetDrafter
@@ -523,9 +524,9 @@ def test_a_program_recorded_mid_chat_writes_past_the_committed_rows(synthetic_pa
     prefill = dec.prefill
     dec.prefill = lambda *a, **k: (prefill(*a, **k), sr.state.zero_())[0]
     try:
-        assert ("accept", 13, True, False) not in sr.graphs
+        assert AcceptKey("accept", 13, True, False) not in sr.graphs
         assert run(graphed, prompt, mode="ddtree", budget=12, max_new_tokens=24)["token_ids"] == want
-        assert ("accept", 13, True, False) in sr.graphs
+        assert AcceptKey("accept", 13, True, False) in sr.graphs
     finally:
         del dec.prefill
 
