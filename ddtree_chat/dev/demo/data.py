@@ -296,3 +296,63 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
     write_json(out / "heldout.json", heldout)
     write_json(out / "file_list.json", src["files"])
     return meta
+
+
+# The files prepare() writes; a cached data stage needs all of them.
+OUTPUTS = ("data.pt", "data_meta.json", "heldout.json", "file_list.json", "tokenizer/tokenizer.json",
+           "tokenizer/tokenizer_config.json", "tokenizer/chat_template.jinja")
+KEY_FILE = "data_key.json"
+
+
+def input_key(limit: int | None = None, tokenizer_from: Path | None = None,
+              distil: Path | list[Path] | None = None, **settings) -> str:
+    """sha256 of what prepare()'s outputs depend on: its settings, every input file (the stdlib's, the distilled
+    sets', a reused tokenizer's) by path, size and mtime, the demo code that builds them, and the versions."""
+    import tokenizers
+
+    h = hashlib.sha256()
+
+    def add(obj) -> None:
+        h.update(json.dumps(obj, sort_keys=True, default=str).encode() + b"\n")
+
+    dirs = [Path(d) for d in (distil if isinstance(distil, (list, tuple)) else [distil] if distil else [])]
+    add({"limit": limit, "tokenizer_from": tokenizer_from, "distil": dirs, **settings, "python": sys.version,
+         "tokenizers": tokenizers.__version__, "torch": torch.__version__})
+    root, files = stdlib_files(limit)
+    inputs = [(root, files)] + [(d, sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()))
+                                for d in dirs]
+    if tokenizer_from is not None:
+        inputs.append((Path(tokenizer_from), ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]))
+    for base, rels in inputs:
+        for rel in rels:
+            try:
+                st = (base / rel).stat()
+                add([str(base), rel, st.st_size, st.st_mtime_ns])
+            except OSError:
+                add([str(base), rel, None])
+    here = Path(__file__).resolve().parent
+    for src in sorted(here.glob("*.py")) + [here.parents[1] / "engine" / "tokenizer.py"]:
+        if src.name != "train.py":  # the training loop does not shape the data
+            h.update(src.read_bytes())
+    return h.hexdigest()
+
+
+def prepare_cached(out: Path, limit: int | None = None, log=print, **kwargs) -> dict:
+    """prepare(), skipped when out/ holds its outputs for the same input_key (data_key.json; the tokenising
+    alone is ~1 minute of the full GPU data set); a changed key rebuilds them."""
+    key = input_key(limit, **kwargs)
+    key_file = out / KEY_FILE
+    try:
+        old = json.loads(key_file.read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    if old == key and all((out / f).exists() for f in OUTPUTS):
+        log(f"data: cached in {out} (same settings and input files, key {key[:12]}): data stage skipped")
+        return json.loads((out / "data_meta.json").read_text())
+    if old is not None:
+        log(f"data: settings or input files changed since the cached data (key {old[:12]} -> {key[:12]}): "
+            "rebuilding")
+    key_file.unlink(missing_ok=True)  # a rebuild cut short leaves no key that vouches for it
+    meta = prepare(out, limit, log=log, **kwargs)
+    write_json(key_file, {"key": key})
+    return meta

@@ -20,14 +20,21 @@ the drafter's prompts are fresh generated requests (prompts.py, another seed) an
 --draft-arch trains several drafter shapes side by side on the same batches (each to DIR/draft-LxI).
 Training length is set by wall-clock budgets (--target-seconds, --draft-gen-seconds, --draft-seconds,
 --deadline): the step/batch counts are fixed after timing the first ones and logged, so a run can be
-repeated exactly with --target-steps / --draft-gen-batches / --draft-steps."""
+repeated exactly with --target-steps / --draft-gen-batches / --draft-steps.
+Target training longer than one call: --target-deadline SECONDS (and/or --target-steps-per-call N) stops at a
+step boundary, saves OUT/target_ckpt.pt (weights, optimizer, step and step count, RNGs, kept weights, curve)
+and exits 0 without exporting; the same command with --resume continues it (bitwise as one run on the CPU)
+and exports at the end. The data stage is cached in OUT (data_key.json: settings + input files + code)."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -90,7 +97,50 @@ def val_loss(forward_logits, stream: torch.Tensor, t: int, n: int, batch: int, d
 
 # ----------------------------------------------------------------------------- target
 
-def train_target(out: Path, a, device) -> dict:
+CKPT, DONE = "target_ckpt.pt", "target_done.json"  # in --out: a paused run's state; a finished run's settings
+CKPT_FORMAT = 1
+
+
+class ResumeError(Exception):
+    """A checkpoint that cannot be continued (unreadable, or saved under other settings): one line for the user."""
+
+
+def fingerprint(a, meta: dict, out: Path) -> dict:
+    """The settings a checkpoint's run shares with the run that continues it: sizes, schedule and data."""
+    from .common import TARGET
+
+    data = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    data.update((out / "tokenizer" / "tokenizer.json").read_bytes())
+    fp = {"arch": dict(TARGET), "batch": a.batch, "seq": a.seq, "lr": a.target_lr, "qat_frac": a.qat_frac,
+          "bias_rate": a.bias_rate, "val_every": a.target_val_every, "target_steps": a.target_steps,
+          "target_seconds": a.target_seconds if a.target_steps is None else None, "data": data.hexdigest()}
+    return json.loads(json.dumps(fp))  # as a JSON round trip reads it back (the done marker's copy)
+
+
+def _one_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160] if text else ''}"
+
+
+def load_checkpoint(path: Path, device, fp: dict) -> dict:
+    """The checkpoint at path, or ResumeError when it is unreadable or its run had other settings than fp."""
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+        if not isinstance(ck, dict) or ck.get("format") != CKPT_FORMAT:
+            raise ValueError(f"not a format-{CKPT_FORMAT} target training checkpoint")
+    except Exception as e:  # torch.load raises many kinds on a torn or foreign file
+        raise ResumeError(f"cannot resume from {path}: unreadable ({_one_line(e)}); "
+                          "delete it, or run without --resume to start afresh") from None
+    saved = ck.get("fingerprint") or {}
+    diff = [f"{k} {saved.get(k)!r} -> {fp.get(k)!r}" for k in sorted(set(fp) | set(saved)) if saved.get(k) != fp.get(k)]
+    if diff:
+        raise ResumeError(f"cannot resume from {path}: it was saved with other settings ({'; '.join(diff)}); "
+                          "rerun with its flags, or without --resume to start afresh")
+    return ck
+
+
+def train_target(out: Path, a, device) -> dict | None:
+    """Train, keep the best QAT weights, export to out/target; None when paused (checkpoint in out/CKPT)."""
     from ddtree_chat.engine.config import TargetConfig
     from ddtree_chat.engine.loader import load_target
     from ddtree_chat.engine.model import causal_mask
@@ -104,6 +154,16 @@ def train_target(out: Path, a, device) -> dict:
     data = torch.load(out / "data.pt")
     meta = data["meta"]
     vocab, n_ranks = meta["vocab"], meta["n_ranks"]
+    ck_path, done_path = out / CKPT, out / DONE
+    fp = fingerprint(a, meta, out)
+    if a.resume and not ck_path.exists() and done_path.exists() and (out / "target" / "config.json").exists():
+        try:
+            done = json.loads(done_path.read_text())
+        except ValueError:
+            done = {}
+        if done.get("fingerprint") == fp and (out / "target_train.json").exists():
+            log(f"target: already trained and exported with these settings ({done_path}): nothing to resume")
+            return json.loads((out / "target_train.json").read_text())
     cfg = TargetConfig.from_json(target_text_config(vocab, n_ranks))
     tt = TrainTarget(cfg, SEED).to(device)
     n_params = sum(p.numel() for p in tt.parameters())
@@ -146,19 +206,73 @@ def train_target(out: Path, a, device) -> dict:
     def heldout_text(h: dict) -> str:
         return f" heldout define {h['defines']}/{h['n']} def-line {h['def_line']}/{h['n']}" if h else ""
 
-    total = a.target_steps or 10**9
-    step, t_start, hist = 0, time.time(), []
+    total, fixed = a.target_steps or 10**9, a.target_steps is not None  # fixed: given, or timed and logged
+    step, hist, trained_s, resumes = 0, [], 0.0, []
     qat_from = None
     best = (float("inf"), -1, None, False)  # validation loss, step, weights, trained under QAT
+    if a.resume and ck_path.exists():
+        ck = load_checkpoint(ck_path, device, fp)
+        try:
+            tt.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            rng = ck["rng"]
+            gen.set_state(rng["gen"].cpu())
+            torch.set_rng_state(rng["torch"].cpu())
+            if cuda and rng["cuda"] is not None and len(rng["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all([r.cpu() for r in rng["cuda"]])
+            random.setstate(rng["python"])
+            step, total, fixed, hist, best = ck["step"], ck["total"], ck["fixed"], list(ck["hist"]), tuple(ck["best"])
+            qat_from, trained_s, resumes = ck["qat_from"], ck["train_seconds"], list(ck["resumes"])
+        except (KeyError, RuntimeError, TypeError, ValueError) as e:
+            raise ResumeError(f"cannot resume from {ck_path}: it does not fit this model ({_one_line(e)}); "
+                              "delete it, or run without --resume to start afresh") from None
+        if qat_from is not None:
+            tt.set_qat(True)
+        resumes.append(step)
+        log(f"target: resuming at step {step} of {total if fixed else '? (not timed yet)'} from {ck_path} "
+            f"({trained_s:.0f}s trained before)")
+    else:
+        if a.resume:
+            log(f"target: no checkpoint {ck_path}: starting afresh")
+        elif ck_path.exists():
+            log(f"target: starting afresh (without --resume): the earlier checkpoint {ck_path} is removed")
+        ck_path.unlink(missing_ok=True)
+    done_path.unlink(missing_ok=True)  # out/target is about to change
+    keep_ckpt = bool(a.resume or a.target_deadline is not None or a.target_steps_per_call or a.target_checkpoint_every)
+
+    def save_checkpoint() -> None:  # written aside, then renamed: a kill mid-write leaves the last one whole
+        # numpy draws nothing here; the global torch and python ones are kept in case a forward ever draws
+        rng = {"gen": gen.get_state(), "torch": torch.get_rng_state(), "python": random.getstate(),
+               "cuda": torch.cuda.get_rng_state_all() if cuda else None}
+        ck = {"format": CKPT_FORMAT, "fingerprint": fp, "step": step, "total": total, "fixed": fixed,
+              "model": tt.state_dict(), "opt": opt.state_dict(), "rng": rng, "best": best, "hist": hist,
+              "qat_from": qat_from, "train_seconds": trained_s + time.time() - t_start, "resumes": resumes}
+        tmp = ck_path.with_name(ck_path.name + ".tmp")
+        torch.save(ck, tmp)
+        os.replace(tmp, ck_path)
+
+    def past_deadline() -> bool:
+        return a.target_deadline is not None and time.time() - T0 >= a.target_deadline
+
+    start, t_start, why = step, time.time(), None
+    t_lo, t_hi = start + 10, start + 30  # a resumed call that still has to time its steps warms up again
     while step < total:
-        if a.target_steps is None and step in (10, 30):
+        if step > start:  # every call trains at least one step
+            if a.target_steps_per_call and step - start >= a.target_steps_per_call:
+                why = f"{a.target_steps_per_call} steps this call"
+            elif past_deadline():
+                why = f"the {a.target_deadline:.0f}s deadline passed"
+            if why:
+                break
+        if not fixed and step in (t_lo, t_hi):
             if cuda:
                 torch.cuda.synchronize()
-            if step == 10:
-                t10 = time.time()
+            if step == t_lo:
+                t_mark = time.time()
             else:
-                per = (time.time() - t10) / 20
-                total = max(40, 30 + int((a.target_seconds - (time.time() - t_start)) / per))
+                per = (time.time() - t_mark) / (t_hi - t_lo)
+                total = max(step + 10, step + int((a.target_seconds - trained_s - (time.time() - t_start)) / per))
+                fixed = True
                 log(f"target: {per * 1000:.0f} ms/step -> {total} steps (reproduce with --target-steps {total})")
         if qat_from is None and step >= int(total * (1 - a.qat_frac)):
             qat_from = step
@@ -176,7 +290,7 @@ def train_target(out: Path, a, device) -> dict:
         torch.nn.utils.clip_grad_norm_(tt.parameters(), 1.0)
         opt.step()
         imb = tt.update_bias(a.bias_rate)
-        if step % 100 == 0 or step == total - 1:
+        if step % a.target_val_every == 0 or step == total - 1:
             tt.eval()
             vl = val_loss(fwd_logits, val, a.seq, 48, a.batch, device, m_val)
             copied, held = copies(), heldout()
@@ -187,7 +301,20 @@ def train_target(out: Path, a, device) -> dict:
             log(f"target: step {step}/{total} loss {loss.item():.3f} val {vl:.3f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"max-load/mean {max(imb):.2f} copy {copied}/{len(requests)}{heldout_text(held)}")
         step += 1
-    train_s = time.time() - t_start
+        if a.target_checkpoint_every and step % a.target_checkpoint_every == 0 and step < total:
+            save_checkpoint()
+            log(f"target: checkpoint at step {step} ({ck_path})")
+    if why is None and step > start and past_deadline():  # the export waits for the next call
+        why = f"the {a.target_deadline:.0f}s deadline passed before the export"
+    if why is not None:
+        save_checkpoint()
+        enable_sdpa_training(False) if cuda else None
+        log(f"target: paused at step {step} of {total if fixed else '? (not timed yet)'} ({why}), not exported: "
+            f"continue with the same command{'' if a.resume else ' and --resume'} (checkpoint {ck_path})")
+        return None
+    if keep_ckpt and step > start:
+        save_checkpoint()  # a kill during the export resumes straight into it
+    train_s = trained_s + time.time() - t_start
     log(f"target: keeping the weights of step {best[1]} (best val {best[0]:.4f})")
     tt.load_state_dict(best[2])
     tt.eval()
@@ -218,8 +345,10 @@ def train_target(out: Path, a, device) -> dict:
            "batch": a.batch, "seq": a.seq, "lr": a.target_lr, "val_loss_bf16": loss_fp,
            "val_loss_fakeint4": loss_qat, "val_loss_int4_export_fp32": loss_int4, "loss_curve": hist,
            "copy": {"requests": len(requests), "named": copied}, "heldout": held,
-           "tokens_seen": total * a.batch * a.seq}
+           "tokens_seen": total * a.batch * a.seq, "resumed_at_steps": resumes}
     (out / "target_train.json").write_text(json.dumps(res, indent=1))
+    ck_path.unlink(missing_ok=True)
+    (out / DONE).write_text(json.dumps({"fingerprint": fp, "steps": total, "kept_step": best[1]}, indent=1) + "\n")
     return res
 
 
@@ -513,6 +642,17 @@ def main(argv=None) -> int:
     ap.add_argument("--limit-files", type=int, default=None)
     ap.add_argument("--target-seconds", type=float, default=40)
     ap.add_argument("--target-steps", type=int, default=None)
+    ap.add_argument("--target-deadline", type=float, default=None,
+                    help="seconds after start: past them, stop the target at the next step boundary, save a checkpoint "
+                         "in OUT and exit without exporting (continue with --resume)")
+    ap.add_argument("--target-steps-per-call", type=int, default=None,
+                    help="train at most this many target steps in this call, then stop as at --target-deadline")
+    ap.add_argument("--target-checkpoint-every", type=int, default=None,
+                    help="also save the target's checkpoint every N steps (what a kill before the deadline keeps)")
+    ap.add_argument("--resume", action="store_true",
+                    help=f"continue the target from OUT/{CKPT} when there is one (same flags), else start afresh; "
+                         "skip it when OUT holds its finished export")
+    ap.add_argument("--target-val-every", type=int, default=100, help="validate (and maybe keep) every N target steps")
     ap.add_argument("--target-arch", default=None,
                     help="key=int,... over the target's sizes (common.TARGET), e.g. hidden=384,inter=1152")
     ap.add_argument("--target-lr", type=float, default=3e-3)
@@ -545,6 +685,9 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--slot-decay", type=float, default=5.0)
     a = ap.parse_args(argv)
+    for flag in ("target_steps_per_call", "target_checkpoint_every", "target_val_every"):
+        if getattr(a, flag) is not None and getattr(a, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     if a.toy:
         a.limit_files = a.limit_files or 150
         a.target_steps = a.target_steps or 30
@@ -566,12 +709,20 @@ def main(argv=None) -> int:
     torch.manual_seed(SEED)
     a.out.mkdir(parents=True, exist_ok=True)
     log(f"demo train: stages {stages}, device {device}, torch {torch.__version__}")
-    if "data" in stages:
-        from .data import prepare
+    try:
+        return _run_stages(a, stages, device)
+    except ResumeError as e:
+        print(f"demo train: {e}", file=sys.stderr, flush=True)
+        return 1
 
-        meta = prepare(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
-                       code_share=a.code_share, renames=a.renames, name_weight=a.name_weight,
-                       rename_pool=a.rename_pool)
+
+def _run_stages(a, stages: list[str], device) -> int:
+    if "data" in stages:
+        from .data import prepare_cached
+
+        meta = prepare_cached(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
+                              code_share=a.code_share, renames=a.renames, name_weight=a.name_weight,
+                              rename_pool=a.rename_pool)
         shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
         if shipped is not None and shipped.exists():
             ref = json.loads(shipped.read_text())
@@ -580,8 +731,9 @@ def main(argv=None) -> int:
                 f"data: WARNING: differs from the target's training data ({shipped}): "
                 f"files {meta['file_list_sha256'][:12]} vs {ref.get('file_list_sha256', '?')[:12]}, "
                 f"tokens {meta['tokens']} vs {ref.get('tokens')}")
-    if "target" in stages:
-        train_target(a.out, a, device)
+    if "target" in stages and train_target(a.out, a, device) is None:
+        log("paused: the later stages wait for the exported target")
+        return 0
     if "draft" in stages:
         train_draft(a.out, a, device)
     log("done")

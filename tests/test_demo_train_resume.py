@@ -1,0 +1,88 @@
+"""train.py's target training across calls: a run paused (deadline, steps per call) and resumed exports the same
+weights as one run, its data stage is cached, and a checkpoint it cannot continue is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_chat.dev.demo import common, train
+
+ROOT = Path(__file__).resolve().parents[1]
+# A 0.8M-parameter target on 12 stdlib files, validated every 2 steps, all of them under QAT: ~1 s a call.
+# lr 0.1: the validation loss wanders, so the kept step is not simply the last one.
+TINY = ["--toy", "--stages", "data,target", "--limit-files", "12", "--heldout-probe", "0", "--copy-probe", "0",
+        "--target-arch", "hidden=64,layers=2,heads=2,q_lora=32,kv_lora=32,nope=16,rope=8,v=16,inter=128,moe_inter=32,"
+        "experts=4,top_k=2,shards=1", "--target-steps", "10", "--target-val-every", "2", "--qat-frac", "1",
+        "--target-lr", "0.1"]
+
+
+@pytest.fixture(autouse=True)
+def _target_sizes():
+    saved = dict(common.TARGET)  # --target-arch changes the shared sizes in place
+    yield
+    common.TARGET.clear()
+    common.TARGET.update(saved)
+
+
+def _exported(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "target").iterdir()) if p.suffix == ".safetensors"}
+
+
+def test_a_paused_and_resumed_run_exports_the_same_weights_as_one_run(tmp_path, capsys):
+    one, split = tmp_path / "one", tmp_path / "split"
+    assert train.main(["--out", str(one)] + TINY) == 0
+    whole = json.loads((one / "target_train.json").read_text())
+    assert not (one / train.CKPT).exists() and (one / train.DONE).exists()
+    capsys.readouterr()
+    # Pause right after the kept step (when it is not the last), so the kept weights must come through the checkpoint.
+    k = whole["kept_step"] + 1 if whole["kept_step"] < whole["steps"] - 1 else whole["steps"] // 2
+    # 1: the deadline is already past, so one step; 2: up to step k; 3: the rest and the export.
+    assert train.main(["--out", str(split), "--resume", "--target-deadline", "0"] + TINY) == 0
+    first = capsys.readouterr().out
+    assert "starting afresh" in first and "paused at step 1 of 10" in first
+    assert (split / train.CKPT).exists() and not (split / "target").exists()
+    assert train.main(["--out", str(split), "--resume", "--target-steps-per-call", str(k - 1)] + TINY) == 0
+    second = capsys.readouterr().out
+    assert "data stage skipped" in second and "resuming at step 1 of 10" in second
+    assert f"paused at step {k} of 10" in second and not (split / "target").exists()
+    assert train.main(["--out", str(split), "--resume"] + TINY) == 0
+    resumed = json.loads((split / "target_train.json").read_text())
+    assert _exported(split) == _exported(one) and len(_exported(one)) == 1
+    assert resumed["loss_curve"] == whole["loss_curve"] and resumed["kept_step"] == whole["kept_step"]
+    assert resumed["resumed_at_steps"] == [1, k] and not (split / train.CKPT).exists()
+    # Finished: --resume again finds the export and trains nothing.
+    capsys.readouterr()
+    assert train.main(["--out", str(split), "--resume"] + TINY) == 0
+    assert "nothing to resume" in capsys.readouterr().out and _exported(split) == _exported(one)
+
+
+def test_a_checkpoint_of_other_settings_or_unreadable_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "never"), "--target-steps-per-call", "0"] + TINY)
+    assert "--target-steps-per-call must be at least 1" in capsys.readouterr().err
+    out = tmp_path / "run"
+    assert train.main(["--out", str(out), "--target-steps-per-call", "1"] + TINY) == 0
+    ckpt = out / train.CKPT
+    assert ckpt.exists()
+    capsys.readouterr()
+    # Other data (a changed input file list rebuilds the cached data stage): the checkpoint does not fit it.
+    other = [x if x != "12" else "10" for x in TINY]
+    assert train.main(["--out", str(out), "--resume"] + other) == 1
+    cap = capsys.readouterr()
+    assert "settings or input files changed" in cap.out
+    assert len(cap.err.strip().splitlines()) == 1 and str(ckpt) in cap.err and "data" in cap.err
+    ckpt.write_bytes(b"not a checkpoint")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-m", "ddtree_chat.dev.demo.train", "--out", str(out), "--resume"] + other,
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "data stage skipped" in run.stdout
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()] and "Traceback" not in run.stderr
+    assert str(ckpt) in run.stderr and "unreadable" in run.stderr
+    assert ckpt.read_bytes() == b"not a checkpoint"  # left for the user to look at
+
