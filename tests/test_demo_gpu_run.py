@@ -1,4 +1,5 @@
-"""ddtree_chat/dev/demo/gpu_run.sh's sweep: each target's fields reach train.py's flags (python3 stubbed)."""
+"""ddtree_chat/dev/demo/gpu_run.sh's sweep: each target's fields reach train.py's flags, and with RESUME=1 a run
+continues its checkpoint and pauses before the step's limit (python3 stubbed)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,59 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sweep_fields_become_train_flags(tmp_path):
+def _run(tmp_path: Path, steps: list[str], **env) -> list[list[str]]:
+    """Runs gpu_run.sh with python3 stubbed to record its arguments; returns them, one list per call."""
     stub = tmp_path / "bin"
-    stub.mkdir()
+    stub.mkdir(exist_ok=True)
     calls = tmp_path / "calls.txt"
+    calls.unlink(missing_ok=True)
     (stub / "python3").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     (stub / "python3").chmod(0o755)
     out = tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, OUT=str(out), PATH=f"{stub}:{os.environ['PATH']}",
-               TARGETS="8:4:20:hidden=384:mixed:everyday+self:0.3 2:1:10")
-    subprocess.run(["bash", "ddtree_chat/dev/demo/gpu_run.sh", "sweep"], cwd=ROOT, env=env, check=True, timeout=60)
-    trains = sorted(line for line in calls.read_text().splitlines() if "demo.train" in line)
+    out.mkdir(exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if k not in ("RESUME", "TARGET_MARGIN", "CKPT_EVERY", "TARGETS")}
+    env = dict(base, OUT=str(out), PATH=f"{stub}:{os.environ['PATH']}", SWEEP=str(tmp_path / "sweep"), **env)
+    subprocess.run(["bash", "ddtree_chat/dev/demo/gpu_run.sh", *steps], cwd=ROOT, env=env, check=True, timeout=60)
+    return [line.split() for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_sweep_fields_become_train_flags(tmp_path):
+    calls = _run(tmp_path, ["sweep"], TARGETS="8:4:20:hidden=384:mixed:everyday+self:0.3 2:1:10")
+    trains = [c for c in calls if "ddtree_chat.dev.demo.train" in c]
     assert len(trains) == 2
-    full, bare = (t.split() for t in sorted(trains, key=len, reverse=True))
+    full, bare = sorted(trains, key=len, reverse=True)
     assert full[full.index("--qat-frac") + 1] == "0.3" and full[full.index("--target-arch") + 1] == "hidden=384"
     assert full[full.index("--rename-pool") + 1] == "mixed" and "/tmp/self" in full and "/tmp/everyday" in full
     assert full[full.index("--target-steps") + 1] == "20" and full[full.index("--renames") + 1] == "8"
     assert "--qat-frac" not in bare and "--target-arch" not in bare and "--rename-pool" not in bare
     assert bare[bare.index("--target-steps") + 1] == "10"
+    assert bare[bare.index("--out") + 1] == str(tmp_path / "sweep" / "2-1-10")
+    assert not any("--resume" in t or "--target-deadline" in t for t in trains)  # one call trains, as before
+    assert len([c for c in calls if "ddtree_chat.dev.demo.eval_heldout" in c]) == 2
+
+
+def test_resumed_sweep_pauses_before_the_limit_and_evaluates_exported_targets_only(tmp_path):
+    """RESUME=1: every target continues its checkpoint and pauses 80 s before the step's 500 s; eval-target runs
+    for a target exported in this call, not for one still paused, nor for one evaluated after its export."""
+    sweep = tmp_path / "sweep"
+    paused, done, evaluated = sweep / "2-1-10", sweep / "2-1-11", sweep / "2-1-12"
+    paused.mkdir(parents=True)
+    (paused / "target_ckpt.pt").write_bytes(b"")
+    for d in (done, evaluated):
+        (d / "target").mkdir(parents=True)
+        (d / "target_train.json").write_text("{}")
+    os.utime(evaluated / "target_train.json", (1_000_000, 1_000_000))
+    (evaluated / "heldout_target.json").write_text("{}")
+    calls = _run(tmp_path, ["sweep"], TARGETS="2:1:10 2:1:11 2:1:12", RESUME="1")
+    trains = [c for c in calls if "ddtree_chat.dev.demo.train" in c]
+    assert len(trains) == 3
+    for t in trains:
+        assert "--resume" in t and t[t.index("--target-deadline") + 1] == "420"
+        assert t[t.index("--target-checkpoint-every") + 1] == "500"
+    evals = [c for c in calls if "ddtree_chat.dev.demo.eval_heldout" in c]
+    assert [e[e.index("--target") + 1] for e in evals] == [str(done / "target")]
+    log = (tmp_path / "out" / "sweep-2-1-10.txt").read_text()
+    assert "eval-target skipped" in log and "paused" in log
+    target = _run(tmp_path, ["target"], RESUME="1", TARGET_MARGIN="100", CKPT_EVERY="300")
+    assert target[0][target[0].index("--target-deadline") + 1] == "200" and "--resume" in target[0]
+    assert target[0][target[0].index("--target-checkpoint-every") + 1] == "300"

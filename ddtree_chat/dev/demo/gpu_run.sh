@@ -24,10 +24,17 @@
 # self-instruct set); QAT: train.py's --qat-frac, the share of steps trained under fake INT4), EVERYDAY=0 /
 # EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and draft without that set; everyday3 and self only where answered or
 # unpacked), pick ($PICK: the sweep target the later steps use).
+# Target training longer than one call: with RESUME=1, target and sweep pass train.py --resume and a
+# --target-deadline TARGET_MARGIN s (default 80) before the step's limit (a checkpoint every CKPT_EVERY steps, 500,
+# too): a run the deadline stops saves target_ckpt.pt in its folder, exports nothing and skips its eval-target (and
+# draft); the same command in the next back-to-back call continues it (its data stage cached in that folder); a
+# finished sweep target is neither trained nor evaluated again. Sweep folders: $SWEEP (default /tmp/sweep).
+#   TARGETS="8:4:1900:hidden=384,inter=1152:mixed:everyday+everyday2+everyday3+self" RESUME=1 \
+#       bash ddtree_chat/dev/demo/gpu_run.sh unpack-data sweep    # then `RESUME=1 ... sweep` until no target pauses
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
-S=/tmp/self SP=/tmp/self-proposals
+S=/tmp/self SP=/tmp/self-proposals SW=${SWEEP:-/tmp/sweep}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -39,6 +46,15 @@ data_dirs() {  # the distilled data sets the target and draft steps train on: th
     [ "${EVERYDAY2:-1}" = 1 ] && echo $E2
     [ "${EVERYDAY3:-1}" = 1 ] && [ -d $E3 ] && echo $E3  # once answered (data-everyday3) or committed (unpack-data)
     [ "${SELF:-1}" = 1 ] && [ -d $S ] && echo $S  # the same for the self-instruct set (data-self)
+}
+
+resume_flags() {  # a step's limit in seconds -> with RESUME=1, train.py's flags to continue its checkpoint and pause in time
+    [ "${RESUME:-0}" = 1 ] && echo "--resume --target-deadline $(( $1 - ${TARGET_MARGIN:-80} )) \
+        --target-checkpoint-every ${CKPT_EVERY:-500}"
+}
+
+paused() {  # a train.py output folder; true while its target waits in a checkpoint (not exported)
+    [ -f "$1/target_ckpt.pt" ] && echo "=== $2 skipped: the target in $1 is paused, not exported (its step again, RESUME=1)" >> "$log"
 }
 
 step() {  # name, seconds, command...
@@ -79,8 +95,8 @@ for s in "$@"; do
                      [ -d $S ] || [ ! -f training/demo-distil-self.tar.xz ] || tar xJf training/demo-distil-self.tar.xz -C /tmp ;;
         target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
-                    ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ;;
-        draft) step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
+                    ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} $(resume_flags 300) ;;
+        draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $(data_dirs) --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
@@ -88,18 +104,24 @@ for s in "$@"; do
         sweep) for cfg in ${TARGETS:-8:4:2000::mixed:everyday+everyday2 8:4:2000:hidden=384,inter=1152:mixed:everyday+everyday2}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
                    IFS=: read -r r w n arch pool extra qat <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,+' '-___')
+                   dir="$SW/$name"
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
-                    step target 500 python3 -m ddtree_chat.dev.demo.train --out "/tmp/sweep/$name" --distil $D \
+                    step target 500 python3 -m ddtree_chat.dev.demo.train --out "$dir" --distil $D \
                         $(for x in ${extra//+/ }; do echo /tmp/$x; done) \
                         --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
-                        ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"} ${qat:+--qat-frac "$qat"}
-                    step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "/tmp/sweep/$name/target" \
-                        --device cuda --mode ar --json "/tmp/sweep/$name/heldout_target.json"  # not heldout.json: e2e reads its prompts
-                    cat "/tmp/sweep/$name/heldout_target.json" >> "$log") &
+                        ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"} ${qat:+--qat-frac "$qat"} \
+                        $(resume_flags 500)
+                    paused "$dir" eval-target && exit 0
+                    if [ "${RESUME:-0}" = 1 ] && [ "$dir/heldout_target.json" -nt "$dir/target_train.json" ]; then
+                        echo "=== eval-target skipped: $dir was evaluated after its export" >> "$log"; exit 0
+                    fi
+                    step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target "$dir/target" \
+                        --device cuda --mode ar --json "$dir/heldout_target.json"  # not heldout.json: e2e reads its prompts
+                    cat "$dir/heldout_target.json" >> "$log") &
                done
                wait ;;
-        pick) rm -rf $M && cp -r "/tmp/sweep/$(echo "$PICK" | tr ':=,+' '-___')" $M ;;  # that sweep target is the pair's
-        eval-target) step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
+        pick) rm -rf $M && cp -r "$SW/$(echo "$PICK" | tr ':=,+' '-___')" $M ;;  # that sweep target is the pair's
+        eval-target) paused $M eval-target || step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
                          --device cuda --mode ar --json "$OUT/heldout_target.json" ;;
         eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \
                   --device cuda --json "$OUT/heldout_eval.json" ;;
