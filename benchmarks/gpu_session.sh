@@ -9,7 +9,7 @@
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
-#                                               alone: each GPU test file in a process and home of its own, the
+#                                               alone: each GPU test file (test_kernels_gpu as two halves) in a process and home of its own, the
 #                                               files side by side, then the TP file alone; reversed: all
 #                                               of them, last file first; tp: tensor parallelism on one GPU; tprank: rank 0
 #                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; allreduce: one-shot vs NCCL by size (several GPUs); smoke: the one-shot CLI in every mode, fresh
@@ -43,6 +43,17 @@ fresh_home() {  # a new user home holding only the CUDA kernel library already b
     echo "$h"
 }
 
+# the `alone` step's longest file (~250 s of a ~400 s call), run as two processes side by side
+ALONE_SPLIT=${ALONE_SPLIT:-tests/test_kernels_gpu.py}
+
+shard_args() {  # FILE or FILE#k/n -> pytest's arguments, one a line: the file, or every n-th of its GPU tests from the k-th
+    local f=${1%%#*} k n ids
+    [[ $1 == *#* ]] || { echo "$f"; return; }
+    k=${1#*#}; n=${k#*/}; k=${k%/*}
+    ids=$(python -m pytest --collect-only -q -m gpu "$f" 2> /dev/null | grep "::" | awk -v n="$n" -v k="$k" 'NR % n == k')
+    if [ -n "$ids" ]; then echo "$ids"; elif [ "$k" = 0 ]; then echo "$f"; fi  # NOTE: collection failed: shard 0 runs it whole
+}
+
 step() {  # name, seconds, command...
     local name=$1 limit=$2 t0 rc
     shift 2
@@ -59,16 +70,22 @@ for s in "$@"; do
                    -k "glu or mask_and_walk or rope or small_latent or dispatch or engine_on_gpu or cuda or synchronise or topk \
                    or rms_norm or latent" ;;
         gputests) step gputests 420 python -m pytest -q --durations=10 tests/test_kernels_gpu.py tests/test_graphs.py ;;
-        alone) gpu_files=($(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu))
+        alone) units=()  # a file, or FILE#k/n: the k-th of n interleaved shards of its GPU tests
+                  for f in $(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu); do
+                      if [[ " $ALONE_SPLIT " == *" $f "* ]]; then units+=("$f#0/2" "$f#1/2"); else units+=("$f"); fi
+                  done
                   homes=()
-                  for f in "${gpu_files[@]}"; do homes+=("$(fresh_home)"); done  # NOTE: the first builds the CUDA library, once
-                  for i in "${!gpu_files[@]}"; do  # NOTE: a process and home per file (no test order hides a fault), side by side
+                  for u in "${units[@]}"; do homes+=("$(fresh_home)"); done  # NOTE: the first builds the CUDA library, once
+                  for i in "${!units[@]}"; do  # NOTE: a process and home per unit (no test order hides a fault), side by side
                       (log="$OUT/alone-$i.txt"; : > "$log"  # NOTE: in $OUT: a call cut short still returns them
-                       DDTREE_CHAT_HOME=${homes[$i]} step "alone-$(basename "${gpu_files[$i]}" .py)" 420 \
-                           python -m pytest -q -m gpu --timeout 300 "${gpu_files[$i]}") &
+                       mapfile -t args < <(shard_args "${units[$i]}")
+                       [ ${#args[@]} -gt 0 ] || exit 0  # NOTE: never a bare pytest (it would run every test)
+                       name=$(basename "${units[$i]%%#*}" .py); [[ ${units[$i]} == *#* ]] && name+="-${units[$i]#*#}"
+                       DDTREE_CHAT_HOME=${homes[$i]} step "alone-${name/\//of}" 420 \
+                           python -m pytest -q -m gpu --timeout 300 "${args[@]}") &
                   done
                   wait  # NOTE: the TP file's ranks spin on one another's flags: it runs alone, after the others
-                  for i in "${!gpu_files[@]}"; do cat "$OUT/alone-$i.txt" >> "$log" && rm "$OUT/alone-$i.txt"; done
+                  for i in "${!units[@]}"; do cat "$OUT/alone-$i.txt" >> "$log" && rm "$OUT/alone-$i.txt"; done
                   # NOTE: a test that hangs (a rank waiting for a collective) fails alone after 300 s, the call goes on
                   DDTREE_CHAT_HOME=$(fresh_home) step alone-test_tp_gpu 420 python -m pytest -q -m gpu --timeout 300 \
                       --durations=5 tests/test_tp_gpu.py ;;
