@@ -111,20 +111,21 @@ def main(argv=None) -> int:
             wall = time.perf_counter() - t0
         rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total) if prof else []
         busy = sum(e.self_device_time_total for e in rows) / 1e6
-        if a.ops:  # aten ops (their kernels' time) by input shapes
+        # NOTE: --ops: aten ops by input shapes, by their kernels' time (CUDA) or their own host time (CPU)
+        op_us = (lambda e: e.device_time_total) if cuda else (lambda e: e.self_cpu_time_total)  # noqa: E731
+        us = op_us if a.ops else (lambda e: e.self_device_time_total)  # noqa: E731
+        if a.ops:
             rows = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")),
-                          key=lambda e: -e.device_time_total)
+                          key=lambda e: -op_us(e))
         top = [{"kernel": (e.key + (f" {e.input_shapes}" if a.ops else ""))[:160], "calls": e.count,
-                "total_ms": (e.device_time_total if a.ops else e.self_device_time_total) / 1e3,
-                "us_per_call": (e.device_time_total if a.ops else e.self_device_time_total) / max(e.count, 1)}
-               for e in rows[: a.top]]
+                "total_ms": us(e) / 1e3, "us_per_call": us(e) / max(e.count, 1)} for e in rows[: a.top]]
         out[spec] = {"wall_s": wall, "busy_s": busy, "rounds": done["rounds"], "tokens": len(done["token_ids"]),
                      "top": top}
         print(f"\n## {spec}: {len(done['token_ids'])} tokens, {done['rounds']} rounds, wall {wall * 1e3:.1f} ms, "
               + (f"kernels {busy * 1e3:.1f} ms ({100 * busy / wall:.0f}% busy), " if cuda else "")
               + f"{wall / max(done['rounds'], 1) * 1e3:.3f} ms/round")
-        if cuda:  # NOTE: a CPU profile holds no kernels
-            print("| kernel | calls | total ms | us/call |\n|---|---|---|---|")
+        if cuda or a.ops:  # NOTE: a CPU profile holds no kernels, only --ops' aten calls
+            print(f"| {'kernel' if cuda else 'aten op (input shapes)'} | calls | total ms | us/call |\n|---|---|---|---|")
             for t in top:
                 print(f"| {t['kernel']} | {t['calls']} | {t['total_ms']:.2f} | {t['us_per_call']:.1f} |")
         if a.programs:

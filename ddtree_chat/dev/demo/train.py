@@ -308,7 +308,8 @@ def train_target(out: Path, a, device) -> dict | None:
         why = f"the {a.target_deadline:.0f}s deadline passed before the export"
     if why is not None:
         save_checkpoint()
-        enable_sdpa_training(False) if cuda else None
+        if cuda:
+            enable_sdpa_training(False)
         log(f"target: paused at step {step} of {total if fixed else '? (not timed yet)'} ({why}), not exported: "
             f"continue with the same command{'' if a.resume else ' and --resume'} (checkpoint {ck_path})")
         return None
@@ -327,7 +328,8 @@ def train_target(out: Path, a, device) -> dict | None:
     log(f"target: val loss bf16-experts {loss_fp:.4f}, fake-INT4 experts {loss_qat:.4f} ({train_s:.0f}s training); "
         f"copy {copied}/{len(requests)}{heldout_text(held)}")
     export_target(tt, out / "tokenizer", out / "target", vocab, n_ranks)
-    enable_sdpa_training(False) if cuda else None
+    if cuda:
+        enable_sdpa_training(False)
     # The real check: load the exported checkpoint with the engine's loader (float32, experts dequantised
     # from INT4 exactly as on CPU) and score the validation windows again.
     tcfg, model = load_target(out / "target", torch.device("cpu"), torch.float32)
