@@ -10,8 +10,11 @@ requested function's name on the answer's `def` line can weigh more there (name_
 from __future__ import annotations
 
 import ast
+import bisect
 import hashlib
+import itertools
 import json
+import operator
 import random
 import re
 import shutil
@@ -20,6 +23,7 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...engine.tokenizer import KIMI_PATTERN
@@ -83,7 +87,9 @@ def chat_pairs(source: str) -> list[tuple[str, str]]:
     return out
 
 
-def read_sources(limit: int | None = None) -> dict:
+def read_sources(limit: int | None = None, with_pairs: bool = True) -> dict:
+    """The stdlib's files and, with_pairs, their docstring -> function chat pairs (a distilled data set replaces
+    them: not built then, the slowest part of the reading)."""
     root, files = stdlib_files(limit)
     docs = {"train": [], "val": [], "test": []}
     pairs = {"train": [], "val": [], "test": []}
@@ -98,11 +104,12 @@ def read_sources(limit: int | None = None) -> dict:
         kept.append(rel)
         s = split_of(rel)
         docs[s].append(text)
-        pairs[s].extend((rel, u, a) for u, a in chat_pairs(text))
+        if with_pairs:
+            pairs[s].extend((rel, u, a) for u, a in chat_pairs(text))
     meta = {"python": sys.version, "stdlib": str(root), "n_files": len(kept),
             "file_list_sha256": hashlib.sha256("\n".join(kept).encode()).hexdigest(),
             "split_files": {k: len(v) for k, v in docs.items()},
-            "split_chat_pairs": {k: len(v) for k, v in pairs.items()},
+            "split_chat_pairs": {k: len(v) for k, v in pairs.items()} if with_pairs else None,
             "split_chars": {k: sum(map(len, v)) for k, v in docs.items()}}
     return {"docs": docs, "pairs": pairs, "meta": meta, "files": kept}
 
@@ -135,6 +142,20 @@ def write_tokenizer_config(out_dir: Path, n_ranks: int) -> None:
         "added_tokens_decoder": {str(i): {"content": n, "special": True, "lstrip": False, "rstrip": False,
                                           "normalized": False, "single_word": False} for i, n in names.items()}})
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+DEF_NAME = re.compile(r"\bdef\s+(\w+)\s*\(")  # one pattern for every requested name: compiled once, not per pair
+
+
+def span_weights(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], weight: int) -> list[int]:
+    """Per token, weight where its characters [lo, hi) overlap a span [start, end), else 1. The tokenizer's
+    offsets ascend (lo and hi each), so the overlapping tokens are one run, found by bisection."""
+    out = [1] * len(offsets)
+    for start, end in spans:
+        lo = bisect.bisect_right(offsets, start, key=operator.itemgetter(1))
+        for i in range(lo, bisect.bisect_left(offsets, end, lo, key=operator.itemgetter(0))):
+            out[i] = weight
+    return out
 
 
 class Encoder:
@@ -177,13 +198,16 @@ class Encoder:
             reply = [s["</think>"]] + code.ids + [s["<|im_end|>"]]
             seqs.append(prompt + reply)
             asked = REQUESTED.search(u) if name_weight != 1 else None
-            names = [m.span(1) for m in re.finditer(rf"\bdef\s+({re.escape(asked.group(1))})\s*\(", a)] if asked else []
-            # a token weighs name_weight where its characters [lo, hi) overlap a defined name's [start, end)
-            weights = [name_weight if any(lo < end and hi > start for start, end in names) else 1
-                       for lo, hi in code.offsets]
+            names = [m.span(1) for m in DEF_NAME.finditer(a) if m.group(1) == asked.group(1)] if asked else []
+            weights = span_weights(code.offsets, names, name_weight) if names else [1] * len(code.ids)
             masks.append([0] * len(prompt) + [1] + weights + [1])
             prompts.append((rel, u, a, prompt))
         return (seqs, prompts, masks) if with_masks else (seqs, prompts)
+
+
+def concat(lists: list[list[int]], dtype) -> torch.Tensor:
+    """The lists joined into one tensor of dtype (a numpy dtype): numpy reads the ints, not a Python loop."""
+    return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(lists), dtype, sum(map(len, lists))))
 
 
 def reuse_tokenizer(src_dir: Path, out_dir: Path) -> None:
@@ -246,7 +270,7 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
     target); otherwise a BPE is trained on the train split. distil: distil_data.py output dir(s) whose kept
     answers are the chat pairs (see the module docstring). name_weight: the train split's weight of the
     requested name's tokens on a `def` line (validation stays unweighted, comparable across runs)."""
-    src = read_sources(limit)
+    src = read_sources(limit, with_pairs=distil is None)
     log(f"data: {json.dumps(src['meta'])}")
     if distil is not None:
         src = distil_sources(src, distil, code_share, log, renames, rename_pool)
@@ -264,9 +288,8 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
                                         name_weight=name_weight if split == "train" else 1)
         order = list(range(len(seqs)))
         rng.shuffle(order)
-        streams[split] = torch.tensor([t for i in order for t in seqs[i]],
-                                      dtype=torch.int16 if enc.vocab < 32768 else torch.int32)
-        masks[split] = torch.tensor([m for i in order for m in ms[i]], dtype=torch.uint8)
+        streams[split] = concat([seqs[i] for i in order], np.int16 if enc.vocab < 32768 else np.int32)
+        masks[split] = concat([ms[i] for i in order], np.uint8)
         prompts[split] = pr
         heavy = int((masks[split] > 1).sum())
         weighted = f", {heavy} weighted {name_weight}x" if heavy else ""

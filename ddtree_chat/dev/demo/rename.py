@@ -16,7 +16,10 @@ target missed every held-out name with a rare word, `palindrome`, `factorial`)."
 from __future__ import annotations
 
 import builtins
+import functools
 import keyword
+import multiprocessing
+import os
 import random
 import re
 
@@ -74,26 +77,37 @@ def swap(user: str, answer: str, old: str, new: str) -> tuple[str, str] | None:
 
 
 def rename_copies(pairs: list[tuple[str, str, str]], names: dict[str, str], copies: int, seed: int,
-                  pool: str = DEFAULT_POOL):
+                  pool: str = DEFAULT_POOL, workers: int | None = None, chunk: int = 2000):
     """For each (id, user, answer) whose prompt asked for a function names[id]: up to `copies` name-swapped
-    copies under distinct new names drawn from `pool` (POOLS), ids suffixed `~k`. Deterministic in (seed, id, k)."""
+    copies under distinct new names drawn from `pool` (POOLS), ids suffixed `~k`. Deterministic in (seed, id, k),
+    so the same from any number of worker processes (default: one per CPU core), each given `chunk` pairs at a time."""
     if copies <= 0:
         return []
     if pool not in POOLS:
         raise ValueError(f"rename pool {pool!r}: one of {', '.join(POOLS)}")
     words = (word_pool([n for n in names.values() if n]) if pool == "names"
              else prose_pool([u for pid, u, _ in pairs if names.get(pid)]))
+    todo = [(pid, user, answer, names[pid]) for pid, user, answer in pairs if renamable(names.get(pid))]
+    parts = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]
+    work = functools.partial(_copies, copies=copies, seed=seed, pool=pool, words=words, avoid=set(names.values()))
+    workers = min(len(parts), workers or os.cpu_count() or 1)
+    if workers > 1:  # the ast parse of every copy (swap's check) is most of the data stage's reading time
+        with multiprocessing.Pool(workers) as p:
+            done = p.map(work, parts)
+    else:
+        done = map(work, parts)
+    return [c for part in done for c in part]
 
+
+def _copies(todo: list[tuple[str, str, str, str]], copies: int, seed: int, pool: str, words: list[str],
+            avoid: set[str]) -> list[tuple[str, str, str]]:
+    """rename_copies' copies of (id, user, answer, requested name) rows."""
     def word(rng: random.Random) -> str:
         made_up = pool == "syllables" or (pool == "mixed" and rng.random() < 0.5)
         return syllable_word(rng) if made_up else rng.choice(words)
 
-    avoid = set(names.values())
     out = []
-    for pid, user, answer in pairs:
-        old = names.get(pid)
-        if not renamable(old):
-            continue
+    for pid, user, answer, old in todo:
         used = set()
         for k in range(copies):
             new = fresh_name(random.Random(f"{seed}:{pid}:{k}"), word, avoid, used)
