@@ -1,5 +1,6 @@
 """train.py's target training across calls: a run paused (deadline, steps per call) and resumed exports the same
-weights as one run, its data stage is cached, and a checkpoint it cannot continue is refused in one line."""
+weights as one run, its data stage is cached, a checkpoint it cannot continue is refused in one line, and a fresh
+run's step 0 skips the generation probes."""
 
 from __future__ import annotations
 
@@ -86,3 +87,21 @@ def test_a_checkpoint_of_other_settings_or_unreadable_is_refused_in_one_line(tmp
     assert str(ckpt) in run.stderr and "unreadable" in run.stderr
     assert ckpt.read_bytes() == b"not a checkpoint"  # left for the user to look at
 
+
+def test_step_0_of_a_fresh_run_skips_the_generation_probes(tmp_path, capsys, monkeypatch):
+    """Untrained weights answer nothing: step 0 logs its losses without the copy and held-out probes (null and {}
+    in the curve); the later validation steps and the kept weights' check run them."""
+    from ddtree_chat.dev.demo import copy_probe
+
+    probed = []
+    monkeypatch.setattr(copy_probe, "copy_rate", lambda *a, **k: probed.append("copy") or 1)
+    held = {"n": 20, "defines": 2, "passes": 0, "def_line": 3}
+    monkeypatch.setattr(copy_probe, "heldout_rate", lambda *a, **k: probed.append("heldout") or held)
+    assert train.main(["--out", str(tmp_path)] + TINY + ["--copy-probe", "2", "--heldout-probe", "4"]) == 0
+    res = json.loads((tmp_path / "target_train.json").read_text())
+    curve = res["loss_curve"]
+    assert [c[0] for c in curve] == [0, 2, 4, 6, 8, 9]
+    assert curve[0][3:] == [None, {}] and all(c[3] == 1 and c[4]["defines"] == 2 for c in curve[1:])
+    assert probed == ["copy", "heldout"] * len(curve)  # steps 2 to 9, then the kept weights' check
+    out = capsys.readouterr().out
+    assert "step 0/10" in out and "probes from the next validation step" in out and "copy 1/" in out

@@ -293,13 +293,16 @@ def train_target(out: Path, a, device) -> dict | None:
         if step % a.target_val_every == 0 or step == total - 1:
             tt.eval()
             vl = val_loss(fwd_logits, val, a.seq, 48, a.batch, device, m_val)
-            copied, held = copies(), heldout()
+            # step 0 of a fresh run (a resumed one starts past it): untrained weights answer nothing yet
+            copied, held = (None, {}) if step == 0 else (copies(), heldout())
             tt.train()
             hist.append((step, loss.item(), vl, copied, held))
             if keeps((best[0], best[3]), vl, qat_from is not None):
                 best = (vl, step, {k: v.detach().clone() for k, v in tt.state_dict().items()}, qat_from is not None)
+            probes = "probes from the next validation step" if copied is None else \
+                f"copy {copied}/{len(requests)}{heldout_text(held)}"
             log(f"target: step {step}/{total} loss {loss.item():.3f} val {vl:.3f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"max-load/mean {max(imb):.2f} copy {copied}/{len(requests)}{heldout_text(held)}")
+                f"max-load/mean {max(imb):.2f} {probes}")
         step += 1
         if a.target_checkpoint_every and step % a.target_checkpoint_every == 0 and step < total:
             save_checkpoint()
