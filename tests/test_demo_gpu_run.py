@@ -1,5 +1,6 @@
-"""ddtree_chat/dev/demo/gpu_run.sh's sweep: each target's fields reach train.py's flags, and with RESUME=1 a run
-continues its checkpoint and pauses before the step's limit (python3 stubbed)."""
+"""ddtree_chat/dev/demo/gpu_run.sh's sweep: each target's fields reach train.py's flags, targets of the same data
+settings share one data stage, and with RESUME=1 a run continues its checkpoint and pauses before the step's limit
+(python3 and the clock stubbed)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path: Path, steps: list[str], **env) -> list[list[str]]:
-    """Runs gpu_run.sh with python3 stubbed to record its arguments; returns them, one list per call."""
+    """Runs gpu_run.sh with python3 stubbed to record its arguments; returns them, one list per call. The clock
+    (`date`) is stubbed too: it stands still but for 100 s that each data-only train.py call takes."""
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
-    calls = tmp_path / "calls.txt"
+    calls, clock = tmp_path / "calls.txt", tmp_path / "clock"
     calls.unlink(missing_ok=True)
-    (stub / "python3").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
-    (stub / "python3").chmod(0o755)
+    clock.write_text("1000000\n")
+    bump = f"echo $(( $(cat {clock}) + 100 )) > {clock}"
+    (stub / "python3").write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase " $* " in *" --stages data "*) {bump};; esac\n')
+    (stub / "date").write_text(f"#!/bin/sh\ncat {clock}\n")
+    for f in ("python3", "date"):
+        (stub / f).chmod(0o755)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if k not in ("RESUME", "TARGET_MARGIN", "CKPT_EVERY", "TARGETS")}
@@ -29,7 +35,7 @@ def _run(tmp_path: Path, steps: list[str], **env) -> list[list[str]]:
 def test_sweep_fields_become_train_flags(tmp_path):
     calls = _run(tmp_path, ["sweep"], TARGETS="8:4:20:hidden=384:mixed:everyday+self:0.3 2:1:10")
     trains = [c for c in calls if "ddtree_chat.dev.demo.train" in c]
-    assert len(trains) == 2
+    assert len(trains) == 2 and not any("--data-from" in t for t in trains)  # no data settings in common
     full, bare = sorted(trains, key=len, reverse=True)
     assert full[full.index("--qat-frac") + 1] == "0.3" and full[full.index("--target-arch") + 1] == "hidden=384"
     assert full[full.index("--rename-pool") + 1] == "mixed" and "/tmp/self" in full and "/tmp/everyday" in full
@@ -41,9 +47,42 @@ def test_sweep_fields_become_train_flags(tmp_path):
     assert len([c for c in calls if "ddtree_chat.dev.demo.eval_heldout" in c]) == 2
 
 
+def _flags(call: list[str], *names: str) -> list[tuple[str, ...]]:
+    """The call's arguments from each flag in names to the next flag."""
+    out = []
+    for name in names:
+        i = call.index(name)
+        j = next((k for k in range(i + 1, len(call)) if call[k].startswith("--")), len(call))
+        out.append(tuple(call[i:j]))
+    return out
+
+
+def test_sweep_targets_of_the_same_data_settings_share_one_data_stage(tmp_path):
+    """Targets whose RENAMES:NAME_WEIGHT, POOL and SETS agree get one data stage, run before them, and copy it
+    (--data-from); a target of other data settings builds its own; the data stage's time comes out of theirs."""
+    calls = _run(tmp_path, ["sweep"], RESUME="1",
+                 TARGETS="8:4:20:hidden=384:mixed:everyday+self 8:4:30::mixed:everyday+self:0.3 8:4:20::mixed:everyday")
+    data = calls[0]  # first and alone: the targets start once it is done
+    shared = tmp_path / "sweep" / "data-8-4-mixed-everyday_self"
+    assert data[data.index("--stages") + 1] == "data" and data[data.index("--out") + 1] == str(shared)
+    assert "--resume" not in data and "--data-from" not in data
+    targets = sorted((c for c in calls[1:] if "ddtree_chat.dev.demo.train" in c), key=lambda t: t[t.index("--out") + 1])
+    assert len(targets) == 3 and all(t[t.index("--stages") + 1] == "data,target" for t in targets)
+    other, *same = targets  # sweep/8-4-20--mixed-everyday sorts first
+    want = _flags(data, "--distil", "--renames", "--name-weight", "--rename-pool")
+    assert want[0] == ("--distil", "/tmp/distil", "/tmp/everyday", "/tmp/self")
+    for t in same:
+        assert _flags(t, "--distil", "--renames", "--name-weight", "--rename-pool") == want
+        assert t[t.index("--data-from") + 1] == str(shared)
+    assert "--data-from" not in other and "/tmp/self" not in other
+    # the stubbed data stage took 100 s: each target pauses 80 s before what is left of the step's 500 s
+    assert {t[t.index("--target-deadline") + 1] for t in targets} == {"320"}
+
+
 def test_resumed_sweep_pauses_before_the_limit_and_evaluates_exported_targets_only(tmp_path):
-    """RESUME=1: every target continues its checkpoint and pauses 80 s before the step's 500 s; eval-target runs
-    for a target exported in this call, not for one still paused, nor for one evaluated after its export."""
+    """RESUME=1: every target continues its checkpoint and pauses 80 s before the step's 500 s (less its shared data
+    stage's 100 s); eval-target runs for a target exported in this call, not for one still paused, nor for one
+    evaluated after its export."""
     sweep = tmp_path / "sweep"
     paused, done, evaluated = sweep / "2-1-10", sweep / "2-1-11", sweep / "2-1-12"
     paused.mkdir(parents=True)
@@ -54,10 +93,10 @@ def test_resumed_sweep_pauses_before_the_limit_and_evaluates_exported_targets_on
     os.utime(evaluated / "target_train.json", (1_000_000, 1_000_000))
     (evaluated / "heldout_target.json").write_text("{}")
     calls = _run(tmp_path, ["sweep"], TARGETS="2:1:10 2:1:11 2:1:12", RESUME="1")
-    trains = [c for c in calls if "ddtree_chat.dev.demo.train" in c]
+    trains = [c for c in calls if "ddtree_chat.dev.demo.train" in c and "data,target" in c]
     assert len(trains) == 3
     for t in trains:
-        assert "--resume" in t and t[t.index("--target-deadline") + 1] == "420"
+        assert "--resume" in t and t[t.index("--target-deadline") + 1] == "320"
         assert t[t.index("--target-checkpoint-every") + 1] == "500"
     evals = [c for c in calls if "ddtree_chat.dev.demo.eval_heldout" in c]
     assert [e[e.index("--target") + 1] for e in evals] == [str(done / "target")]

@@ -1,6 +1,6 @@
 """train.py's target training across calls: a run paused (deadline, steps per call) and resumed exports the same
-weights as one run, its data stage is cached, a checkpoint it cannot continue is refused in one line, and a fresh
-run's step 0 skips the generation probes."""
+weights as one run, its data stage is cached (or copied from another run's, --data-from), a checkpoint it cannot
+continue is refused in one line, and a fresh run's step 0 skips the generation probes."""
 
 from __future__ import annotations
 
@@ -86,6 +86,36 @@ def test_a_checkpoint_of_other_settings_or_unreadable_is_refused_in_one_line(tmp
     assert run.stderr.strip().splitlines() == [run.stderr.strip()] and "Traceback" not in run.stderr
     assert str(ckpt) in run.stderr and "unreadable" in run.stderr
     assert ckpt.read_bytes() == b"not a checkpoint"  # left for the user to look at
+
+
+def test_a_target_takes_the_data_stage_of_another_run_of_the_same_settings(tmp_path, capsys, monkeypatch):
+    """--data-from: a run whose data settings and input files match copies that run's cached data stage (what a
+    sweep's targets of one data setting share) and trains the same weights as on data of its own; with other
+    settings it builds its own; the copy is then its cache for --resume."""
+    from ddtree_chat.dev.demo import data
+
+    shared, own, other = tmp_path / "data", tmp_path / "own", tmp_path / "other"
+    assert train.main(["--out", str(shared), *TINY, "--stages", "data"]) == 0
+    assert train.main(["--out", str(own)] + TINY) == 0
+    capsys.readouterr()
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenised again")
+
+    with monkeypatch.context() as m:
+        m.setattr(data, "prepare", never)
+        copied = tmp_path / "copied"
+        assert train.main(["--out", str(copied), "--data-from", str(shared), "--resume",
+                           "--target-steps-per-call", "4"] + TINY) == 0
+        assert "data: copied from" in capsys.readouterr().out
+        assert train.main(["--out", str(copied), "--data-from", str(shared), "--resume"] + TINY) == 0
+        assert "data stage skipped" in capsys.readouterr().out
+    for f in data.OUTPUTS + (data.KEY_FILE,):
+        assert (copied / f).read_bytes() == (shared / f).read_bytes()
+    assert _exported(copied) == _exported(own)
+    with pytest.raises(AssertionError, match="tokenised again"), monkeypatch.context() as m:
+        m.setattr(data, "prepare", never)
+        train.main(["--out", str(other), "--data-from", str(shared)] + [x if x != "12" else "10" for x in TINY])
 
 
 def test_step_0_of_a_fresh_run_skips_the_generation_probes(tmp_path, capsys, monkeypatch):

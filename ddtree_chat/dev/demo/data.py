@@ -360,22 +360,36 @@ def input_key(limit: int | None = None, tokenizer_from: Path | None = None,
     return h.hexdigest()
 
 
-def prepare_cached(out: Path, limit: int | None = None, log=print, **kwargs) -> dict:
+def cached_key(out: Path) -> str | None:
+    """The input_key that out's data stage was built under, None when out holds no complete one."""
+    try:
+        key = json.loads((out / KEY_FILE).read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return key if all((out / f).exists() for f in OUTPUTS) else None
+
+
+def prepare_cached(out: Path, limit: int | None = None, log=print, data_from: Path | None = None, **kwargs) -> dict:
     """prepare(), skipped when out/ holds its outputs for the same input_key (data_key.json; the tokenising
-    alone is ~1 minute of the full GPU data set); a changed key rebuilds them."""
+    alone is ~1 minute of the full GPU data set), or copied from data_from/ when that holds them (another run's
+    out: targets of the same data settings tokenise once); a changed key rebuilds them."""
     key = input_key(limit, **kwargs)
     key_file = out / KEY_FILE
-    try:
-        old = json.loads(key_file.read_text()).get("key")
-    except (OSError, ValueError, AttributeError):
-        old = None
-    if old == key and all((out / f).exists() for f in OUTPUTS):
+    old = cached_key(out)
+    if old == key:
         log(f"data: cached in {out} (same settings and input files, key {key[:12]}): data stage skipped")
         return json.loads((out / "data_meta.json").read_text())
     if old is not None:
         log(f"data: settings or input files changed since the cached data (key {old[:12]} -> {key[:12]}): "
             "rebuilding")
     key_file.unlink(missing_ok=True)  # a rebuild cut short leaves no key that vouches for it
-    meta = prepare(out, limit, log=log, **kwargs)
+    if data_from is not None and cached_key(data_from) == key:
+        for f in OUTPUTS:  # copies, not links: a later rebuild here writes its files in place
+            (out / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(data_from / f, out / f)
+        log(f"data: copied from {data_from} (same settings and input files, key {key[:12]}): data stage skipped")
+        meta = json.loads((out / "data_meta.json").read_text())
+    else:
+        meta = prepare(out, limit, log=log, **kwargs)
     write_json(key_file, {"key": key})
     return meta

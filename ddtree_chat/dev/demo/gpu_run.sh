@@ -21,12 +21,13 @@
 # e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
 # "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS[:QAT]]]] ...", each with its eval-target; SETS: extra data sets joined
 # by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the
-# self-instruct set); QAT: train.py's --qat-frac, the share of steps trained under fake INT4), EVERYDAY=0 /
+# self-instruct set); QAT: train.py's --qat-frac, the share of steps trained under fake INT4; targets of the same
+# RENAMES:NAME_WEIGHT, POOL and SETS share one data stage, built first in $SWEEP/data-* and copied), EVERYDAY=0 /
 # EVERYDAY2=0 / EVERYDAY3=0 / SELF=0 (target and draft without that set; everyday3 and self only where answered or
 # unpacked), pick ($PICK: the sweep target the later steps use).
 # Target training longer than one call: with RESUME=1, target and sweep pass train.py --resume and a
-# --target-deadline TARGET_MARGIN s (default 80) before the step's limit (a checkpoint every CKPT_EVERY steps, 500,
-# too): a run the deadline stops saves target_ckpt.pt in its folder, exports nothing and skips its eval-target (and
+# --target-deadline TARGET_MARGIN s (default 80) before the step's limit (sweep: 500 s less its shared data stages';
+# a checkpoint every CKPT_EVERY steps, 500, too): a run the deadline stops saves target_ckpt.pt in its folder, exports nothing and skips its eval-target (and
 # draft); the same command in the next back-to-back call continues it (its data stage cached in that folder); a
 # finished sweep target is neither trained nor evaluated again. Sweep folders: $SWEEP (default /tmp/sweep).
 #   TARGETS="8:4:1900:hidden=384,inter=1152:mixed:everyday+everyday2+everyday3+self" RESUME=1 \
@@ -46,6 +47,14 @@ data_dirs() {  # the distilled data sets the target and draft steps train on: th
     [ "${EVERYDAY2:-1}" = 1 ] && echo $E2
     [ "${EVERYDAY3:-1}" = 1 ] && [ -d $E3 ] && echo $E3  # once answered (data-everyday3) or committed (unpack-data)
     [ "${SELF:-1}" = 1 ] && [ -d $S ] && echo $S  # the same for the self-instruct set (data-self)
+}
+
+sweep_data() {  # a sweep target's fields -> "NAME FLAGS...": its data settings' folder name and train.py data flags
+    local r w pool extra
+    IFS=: read -r r w _ _ pool extra _ <<< "$1"
+    echo "data-$(echo "$r:$w:$pool:$extra" | tr ':=,+' '-___')" \
+        --distil $D $(for x in ${extra//+/ }; do echo /tmp/$x; done) --renames "$r" --name-weight "$w" \
+        ${pool:+--rename-pool "$pool"}
 }
 
 resume_flags() {  # a step's limit in seconds -> with RESUME=1, train.py's flags to continue its checkpoint and pause in time
@@ -101,16 +110,26 @@ for s in "$@"; do
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
-        sweep) for cfg in ${TARGETS:-8:4:2000::mixed:everyday+everyday2 8:4:2000:hidden=384,inter=1152:mixed:everyday+everyday2}; do  # NOTE: 4 x 2000 steps side by side outlast the limit
+        sweep) t0=$(date +%s)  # NOTE: 4 x 2000 steps side by side outlast the limit
+               cfgs=${TARGETS:-8:4:2000::mixed:everyday+everyday2 8:4:2000:hidden=384,inter=1152:mixed:everyday+everyday2}
+               data=$(for cfg in $cfgs; do sweep_data "$cfg"; done)
+               shared=$(cut -d' ' -f1 <<< "$data" | sort | uniq -d)
+               for d in $shared; do  # data settings several targets share: tokenised once, before them, and copied
+                   read -r _ flags <<< "$(grep -m1 "^$d " <<< "$data")"
+                   step "$d" 300 python3 -m ddtree_chat.dev.demo.train --out "$SW/$d" $flags --stages data &
+               done
+               wait
+               limit=$(( 500 - ($(date +%s) - t0) ))  # the shared data stages' seconds come out of the targets' 500
+               for cfg in $cfgs; do
                    IFS=: read -r r w n arch pool extra qat <<< "$cfg"  # side by side on one GPU, each evaluated held out
                    name=$(echo "$cfg" | tr ':=,+' '-___')
                    dir="$SW/$name"
+                   read -r d flags <<< "$(sweep_data "$cfg")"
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
-                    step target 500 python3 -m ddtree_chat.dev.demo.train --out "$dir" --distil $D \
-                        $(for x in ${extra//+/ }; do echo /tmp/$x; done) \
-                        --stages data,target --target-steps "$n" --renames "$r" --name-weight "$w" \
-                        ${pool:+--rename-pool "$pool"} ${arch:+--target-arch "$arch"} ${qat:+--qat-frac "$qat"} \
-                        $(resume_flags 500)
+                    step target $limit python3 -m ddtree_chat.dev.demo.train --out "$dir" $flags \
+                        $(grep -qx "$d" <<< "$shared" && echo --data-from "$SW/$d") \
+                        --stages data,target --target-steps "$n" ${arch:+--target-arch "$arch"} \
+                        ${qat:+--qat-frac "$qat"} $(resume_flags $limit)
                     paused "$dir" eval-target && exit 0
                     if [ "${RESUME:-0}" = 1 ] && [ "$dir/heldout_target.json" -nt "$dir/target_train.json" ]; then
                         echo "=== eval-target skipped: $dir was evaluated after its export" >> "$log"; exit 0

@@ -24,7 +24,8 @@ repeated exactly with --target-steps / --draft-gen-batches / --draft-steps.
 Target training longer than one call: --target-deadline SECONDS (and/or --target-steps-per-call N) stops at a
 step boundary, saves OUT/target_ckpt.pt (weights, optimizer, step and step count, RNGs, kept weights, curve)
 and exits 0 without exporting; the same command with --resume continues it (bitwise as one run on the CPU)
-and exports at the end. The data stage is cached in OUT (data_key.json: settings + input files + code)."""
+and exports at the end. The data stage is cached in OUT (data_key.json: settings + input files + code); --data-from
+DIR copies DIR's when it was built under the same key (several targets, one tokenising)."""
 
 from __future__ import annotations
 
@@ -643,6 +644,9 @@ def main(argv=None) -> int:
                     help="with --distil: the train loss weight of the requested name's tokens on a def line")
     ap.add_argument("--draft-prompts", type=int, default=20000,
                     help="with --distil: fresh generated requests for the drafter's prompts (at most)")
+    ap.add_argument("--data-from", type=Path, default=None,
+                    help="another OUT (or a --stages data run's): copy its cached data stage when it was built with "
+                         "the same settings and input files, instead of tokenising again")
     ap.add_argument("--device", default=None)
     ap.add_argument("--limit-files", type=int, default=None)
     ap.add_argument("--target-seconds", type=float, default=40)
@@ -725,8 +729,8 @@ def _run_stages(a, stages: list[str], device) -> int:
     if "data" in stages:
         from .data import prepare_cached
 
-        meta = prepare_cached(a.out, a.limit_files, log=log, tokenizer_from=a.target_from, distil=a.distil,
-                              code_share=a.code_share, renames=a.renames, name_weight=a.name_weight,
+        meta = prepare_cached(a.out, a.limit_files, log=log, data_from=a.data_from, tokenizer_from=a.target_from,
+                              distil=a.distil, code_share=a.code_share, renames=a.renames, name_weight=a.name_weight,
                               rename_pool=a.rename_pool)
         shipped = a.target_from.parent / "data_meta.json" if a.target_from else None
         if shipped is not None and shipped.exists():
