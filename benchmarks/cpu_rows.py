@@ -1,0 +1,147 @@
+"""Why the CPU path is token-exact only in practice (docs/exactness.md, Limits): on this machine's torch build,
+which row counts give a row of a float32 product the bits it gets alone, whether attention's rows and the
+elementwise ops the target uses keep their bits inside larger launches, and what padding the AR step's 1-3-row
+products up to the row count from which all launches agree would cost.
+
+    PYTHONPATH=. python benchmarks/cpu_rows.py [--steps 300] [--json OUT]
+
+Products: every weight shape of the shipped demo target (x [M, K] @ w^T, as F.linear runs it; random values),
+M = 1..64. "alone up to": the largest M whose first row still has the one-row product's bits; "agree from": the
+smallest M0 such that every M >= M0 gives its first row and its last row (placed first in an M0-row launch) the
+same bits. Attention: ops.mla_attention_ref, a chain node inside a 9-row launch vs the one-row step at its
+position (random latents, prefixes of 5..300 keys). Elementwise: one row alone vs the same row first in a 9-row
+launch, at the width the target applies the op to (a launch's last elements may take a scalar path). Cost: the decoder's AR rounds on the first held-out prompt, padded and plain alternated in one
+process (a lower bound: the MoE's grouped products are left as they are)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def product_rows(n: int, k: int, most: int = 64) -> tuple[int, int]:
+    """(alone up to, agree from) for x [M, k] @ w [n, k]^T, M = 1..most."""
+    g = torch.Generator().manual_seed(n * 7919 + k)
+    w, x = torch.randn(n, k, generator=g), torch.randn(most, k, generator=g)
+    first = {m: F.linear(x[:m], w)[0] for m in range(1, most + 1)}
+    alone = max(m for m in first if all(torch.equal(first[j], first[1]) for j in range(1, m + 1)))
+    agree = most
+    for m0 in range(most, 0, -1):
+        same = all(torch.equal(first[m], first[m0]) for m in range(m0, most + 1))
+        last = all(torch.equal(F.linear(x[:m], w)[m - 1], F.linear(torch.cat([x[m - 1 : m], x[: m0 - 1]]), w)[0])
+                   for m in range(m0, most + 1, 7))
+        if not (same and last):
+            break
+        agree = m0
+    return alone, agree
+
+
+def attention_rows(trials: int = 30) -> tuple[int, int]:
+    """(rows differing, rows compared): a chain node inside a 9-row launch vs the one-row step."""
+    from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
+
+    g = torch.Generator().manual_seed(0)
+    h, r, p, t = 4, 64, 16, 9
+    bad = total = 0
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    one = torch.ones(1, 1, dtype=torch.bool)
+    for _ in range(trials):
+        pre = int(torch.randint(5, 300, (), generator=g))
+        ckv, kpe = torch.randn(pre + t, r, generator=g), torch.randn(pre + t, p, generator=g)
+        q, qp = torch.randn(t, h, r, generator=g), torch.randn(t, h, p, generator=g)
+        full = mla_attention_ref(q, qp, ckv, kpe, pre, causal, 0.1)
+        for j in range(t):
+            step = mla_attention_ref(q[j : j + 1], qp[j : j + 1], ckv[: pre + j + 1], kpe[: pre + j + 1], pre + j, one, 0.1)
+            bad += not torch.equal(step[0], full[j])
+            total += 1
+    return bad, total
+
+
+def elementwise_rows(widths: dict[str, int], trials: int = 2000) -> dict[str, int]:
+    """Rows that differ alone vs first in a 9-row launch, of `trials`, per op at the target's width for it."""
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, width in widths.items():
+        fn = {"sigmoid": torch.sigmoid, "silu": F.silu, "exp": torch.exp}[name.split()[0]]
+        bad = 0
+        for _ in range(trials):
+            x = torch.randn(9, width, generator=g) * 4
+            bad += not torch.equal(fn(x[:1].clone()), fn(x)[:1])
+        out[f"{name} [T, {width}]"] = bad
+    return out
+
+
+def padded_step_cost(rows: int, steps: int) -> tuple[float, float]:
+    """ms per AR round as it runs vs with every F.linear of fewer than `rows` rows padded to `rows`."""
+    from ddtree_chat.dev.demo.common import heldout_prompts
+    from ddtree_chat.engine import Engine
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.modes import Mode
+
+    plain_linear, pad = F.linear, [False]
+
+    def linear(x, w, b=None):
+        m = x.shape[0] if x.dim() == 2 else rows
+        if pad[0] and m < rows:  # NOTE: zero rows after the real ones; their outputs are dropped
+            return plain_linear(torch.cat([x, x.new_zeros(rows - m, x.shape[1])]), w, b)[:m]
+        return plain_linear(x, w, b)
+
+    eng = Engine.load(*shipped_demo_dirs(), device="cpu", graphs=False)
+    dec, gen = eng.decoder, torch.Generator().manual_seed(0)
+    dec.pending = int(dec.prefill(heldout_prompts(1)[0]["prompt_ids"], drafting=False).argmax())
+    took = {False: 0.0, True: 0.0}
+    F.linear = linear
+    try:
+        for i in range(2 * steps):
+            pad[0] = bool(i % 2)
+            t0 = time.perf_counter()
+            dec.round(Mode.AR, 0, 0.0, 1.0, gen, frozenset(), 2)
+            took[pad[0]] += time.perf_counter() - t0
+    finally:
+        F.linear = plain_linear
+    return 1e3 * took[False] / steps, 1e3 * took[True] / steps
+
+
+def main(argv=None) -> int:
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.engine.loader import load_target
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, one thread")
+    cfg, model = load_target(shipped_demo_dirs()[0], torch.device("cpu"), torch.float32)
+    shapes = {tuple(t.shape) for t in model.state_dict().values() if t.dim() == 2 and t.shape[1] >= 16}
+    shapes |= {(cfg.moe_intermediate_size, cfg.hidden_size), (cfg.hidden_size, cfg.moe_intermediate_size)}
+    res = {"products": {}, "attention": None, "elementwise": None, "ar_ms": None}
+    print("| product [N, K] | one-row bits kept up to M | all launches agree from M |\n|---|---:|---:|")
+    for n, k in sorted(shapes):
+        alone, agree = product_rows(n, k)
+        res["products"][f"{n}x{k}"] = [alone, agree]
+        print(f"| {n} x {k} | {alone} | {agree} |")
+    bad, total = attention_rows()
+    res["attention"] = [bad, total]
+    print(f"attention: {bad} of {total} chain rows differ from the one-row step")
+    res["elementwise"] = elementwise_rows({"sigmoid (router)": cfg.n_routed_experts,
+                                           "silu (experts)": cfg.moe_intermediate_size,
+                                           "silu (dense MLP)": cfg.intermediate_size, "exp": 16})
+    print(f"elementwise, rows differing alone vs first of 9 (of 2000): {res['elementwise']}")
+    rows = max(agree for _, agree in res["products"].values())
+    plain, padded = padded_step_cost(rows, a.steps)
+    res["ar_ms"] = {"plain": plain, f"padded_to_{rows}": padded}
+    print(f"AR round: {plain:.3f} ms as it runs, {padded:.3f} ms with 1-{rows - 1}-row products padded to {rows} "
+          f"({padded / plain:.2f}x)")
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
