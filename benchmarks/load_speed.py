@@ -1,6 +1,6 @@
 """Loading at disk speed: one tensor-parallel rank's load of its K2.6 slices against the disk's sequential read.
 
-    PYTHONPATH=. python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 [--device cuda]
+    PYTHONPATH=. python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 [--device cuda | --device cpu --packed]
         [--json OUT]
     python benchmarks/load_speed.py --dir /tmp/tiny-shards --tiny --device cpu        # CPU smoke run
 
