@@ -7,8 +7,8 @@ products up to the row count from which all launches agree would cost.
 
 Products: every weight shape of the shipped demo target (x [M, K] @ w^T, as F.linear runs it; random values),
 M = 1..64. "alone up to": the largest M whose first row still has the one-row product's bits; "agree from": the
-smallest M0 such that every M >= M0 gives its first row and its last row (placed first in an M0-row launch) the
-same bits. Attention: ops.mla_attention_ref, a chain node inside a 9-row launch vs the one-row step at its
+smallest M0 such that every M >= M0 gives its first row the M0-row launch's bits and its last row the bits that
+row gets placed first. Attention: ops.mla_attention_ref, a chain node inside a 9-row launch vs the one-row step at its
 position (random latents, prefixes of 5..300 keys). Elementwise: one row alone vs the same row first in a 9-row
 launch, at the width the target applies the op to (a launch's last elements may take a scalar path). Cost: the decoder's AR rounds on the first held-out prompt, padded and plain alternated in one
 process (a lower bound: the MoE's grouped products are left as they are)."""
@@ -25,19 +25,16 @@ import torch.nn.functional as F
 
 
 def product_rows(n: int, k: int, most: int = 64) -> tuple[int, int]:
-    """(alone up to, agree from) for x [M, k] @ w [n, k]^T, M = 1..most."""
+    """(alone up to, agree from) for x [M, k] @ w [n, k]^T, M = 1..most (agree from most + 1: none agree)."""
     g = torch.Generator().manual_seed(n * 7919 + k)
     w, x = torch.randn(n, k, generator=g), torch.randn(most, k, generator=g)
-    first = {m: F.linear(x[:m], w)[0] for m in range(1, most + 1)}
-    alone = max(m for m in first if all(torch.equal(first[j], first[1]) for j in range(1, m + 1)))
-    agree = most
-    for m0 in range(most, 0, -1):
-        same = all(torch.equal(first[m], first[m0]) for m in range(m0, most + 1))
-        last = all(torch.equal(F.linear(x[:m], w)[m - 1], F.linear(torch.cat([x[m - 1 : m], x[: m0 - 1]]), w)[0])
-                   for m in range(m0, most + 1, 7))
-        if not (same and last):
-            break
-        agree = m0
+    counts = range(1, most + 1)
+    first = {m: F.linear(x[:m], w)[0] for m in counts}
+    # the last row of an m-row launch has the bits it gets placed first in one
+    placed = {m: torch.equal(F.linear(x[:m], w)[m - 1], F.linear(x[:m].roll(1, 0), w)[0]) for m in counts}
+    alone = max(m for m in counts if all(torch.equal(first[j], first[1]) for j in range(1, m + 1)))
+    agree = min((m0 for m0 in counts if all(placed[m] and torch.equal(first[m], first[m0]) for m in range(m0, most + 1))),
+                default=most + 1)
     return alone, agree
 
 
