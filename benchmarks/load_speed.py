@@ -131,10 +131,13 @@ def _child(ckpt: str, rank: int, world: int, device: str, packed: bool = False) 
         loader._load_experts = lambda cfg, reader, base, dev, dtype, dense, tick, tp: experts(
             cfg, reader, base, dev, dtype, False, tick, tp)
     t0 = time.perf_counter()
-    loader.load_target(ckpt, torch.device(device), torch.bfloat16, tp=TPGroup(rank, world))
+    _, model = loader.load_target(ckpt, torch.device(device), torch.bfloat16, tp=TPGroup(rank, world))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    print(json.dumps({"load_s": time.perf_counter() - t0, "storage_read_bytes": _storage_read_bytes()}))
+    load_s = time.perf_counter() - t0
+    experts = [layer.mlp.experts.gate for layer in model.layers if getattr(layer.mlp, "experts", None) is not None]
+    print(json.dumps({"load_s": load_s, "storage_read_bytes": _storage_read_bytes(),
+                      "experts_packed": bool(experts) and all(not torch.is_tensor(e) for e in experts)}))
 
 
 def _storage_read_bytes() -> int | None:
@@ -181,9 +184,13 @@ def main(argv=None) -> int:
         return 1
     child = json.loads(out.stdout.strip().splitlines()[-1])
     load_s, fetched = child["load_s"], child["storage_read_bytes"]
+    if a.packed and not child["experts_packed"]:
+        print("load_speed: --packed, yet the rank's experts were loaded dense", file=sys.stderr)
+        return 1
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     need = rank_bytes(ckpt, a.tp_world)
-    res = {"layers": cfg.num_layers, "tp_world": a.tp_world, "rank": a.rank, "device": a.device, "packed": a.packed,
+    res = {"layers": cfg.num_layers, "tp_world": a.tp_world, "rank": a.rank, "device": a.device,
+           "experts_packed": child["experts_packed"],
            "write_s": write_s, "file_bytes": disk_bytes, "disk_GBps": disk_bytes / disk_s / 1e9,
            "rank_bytes": need, "load_s": load_s, "rank_GBps": need / load_s / 1e9,
            "files_GBps_during_load": disk_bytes / load_s / 1e9, "storage_read_bytes": fetched,

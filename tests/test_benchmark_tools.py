@@ -180,13 +180,13 @@ def test_load_speed_writes_a_k26_layout_checkpoint_and_times_a_rank_on_cpu(tmp_p
                             "--tp-world", "2", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     total = json.loads((tmp_path / "ckpt" / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
-    assert got["layers"] == 2 and got["load_s"] > 0 and got["peak_rss_bytes"] > 0
+    assert got["layers"] == 2 and got["load_s"] > 0 and got["peak_rss_bytes"] > 0 and not got["experts_packed"]
     assert load_speed.rank_bytes(tmp_path / "ckpt", 1) == total and got["rank_bytes"] < total <= got["file_bytes"]
     assert "storage_read_bytes" in got  # NOTE: its value depends on the file system (0 on tmpfs, dirty pages)
     # --packed: the same load with the experts kept packed (as a GPU keeps them), in its child process
     assert load_speed.main(["--dir", str(tmp_path / "ckpt"), "--tiny", "--device", "cpu", "--tp-world", "2",
                             "--packed", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["packed"] is True
+    assert json.loads(out.read_text())["experts_packed"] is True
 
 
 def test_allreduce_benchmark_runs_two_ranks_on_cpu_and_finds_the_crossover(tmp_path):
