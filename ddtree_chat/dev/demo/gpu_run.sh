@@ -49,10 +49,14 @@ data_dirs() {  # the distilled data sets the target and draft steps train on: th
     [ "${SELF:-1}" = 1 ] && [ -d $S ] && echo $S  # the same for the self-instruct set (data-self)
 }
 
+folder() {  # a sweep target's fields (or its data settings') -> its folder's name under $SWEEP (pick reads it too)
+    echo "$1" | tr ':=,+' '-___'
+}
+
 sweep_data() {  # a sweep target's fields -> "NAME FLAGS...": its data settings' folder name and train.py data flags
     local r w pool extra
     IFS=: read -r r w _ _ pool extra _ <<< "$1"
-    echo "data-$(echo "$r:$w:$pool:$extra" | tr ':=,+' '-___')" \
+    echo "data-$(folder "$r:$w:$pool:$extra")" \
         --distil $D $(for x in ${extra//+/ }; do echo /tmp/$x; done) --renames "$r" --name-weight "$w" \
         ${pool:+--rename-pool "$pool"}
 }
@@ -122,7 +126,7 @@ for s in "$@"; do
                limit=$(( 500 - ($(date +%s) - t0) ))  # the shared data stages' seconds come out of the targets' 500
                for cfg in $cfgs; do
                    IFS=: read -r r w n arch pool extra qat <<< "$cfg"  # side by side on one GPU, each evaluated held out
-                   name=$(echo "$cfg" | tr ':=,+' '-___')
+                   name=$(folder "$cfg")
                    dir="$SW/$name"
                    read -r d flags <<< "$(sweep_data "$cfg")"
                    (log="$OUT/sweep-$name.txt"  # NOTE: one file per target (8 come back): the held-out JSON joins its log
@@ -139,7 +143,7 @@ for s in "$@"; do
                     cat "$dir/heldout_target.json" >> "$log") &
                done
                wait ;;
-        pick) rm -rf $M && cp -r "$SW/$(echo "$PICK" | tr ':=,+' '-___')" $M ;;  # that sweep target is the pair's
+        pick) rm -rf $M && cp -r "$SW/$(folder "$PICK")" $M ;;  # that sweep target is the pair's
         eval-target) paused $M eval-target || step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
                          --device cuda --mode ar --json "$OUT/heldout_target.json" ;;
         eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \
