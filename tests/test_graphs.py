@@ -14,6 +14,7 @@ import torch
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
 from ddtree_chat.engine.graphs import AcceptKey
+from ddtree_chat.engine.tree import target_choice
 from ddtree_chat.modes import Mode
 
 from drafters import TargetDrafter
@@ -104,6 +105,29 @@ def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
             assert got["token_ids"] == want["token_ids"]
             assert got["acceptance_histogram"] == want["acceptance_histogram"]
             assert (list(dec.tokens), dec.cache.length, dec.dcache.length, dec.dcache.end_pos) == state
+            assert launches.count(True) == 1 and launches.count(False) == got["rounds"]  # all but the first ran ahead
+    finally:
+        del dec._launch
+
+
+@pytest.mark.parametrize("mode,budget", [("ar", 0), ("ddtree", 16)])
+def test_sampled_rounds_run_ahead_with_the_seeds_draws_in_order(pair, mode, budget):
+    """At T > 0 too the next round is launched on the device state before this one's result is read: its
+    sample is drawn after this round's, so a seed gives the ids it gives rounds launched one by one."""
+    _, static = pair
+    dec = static.decoder
+    launches = []
+    launch = dec._launch
+    dec._launch = lambda *a, fresh, **kw: launches.append(fresh) or launch(*a, fresh=fresh, **kw)
+    cfg = dict(mode=mode, budget=budget, max_new_tokens=40, temperature=0.8, top_p=0.95, seed=5)
+    try:
+        for text in PROMPTS:
+            prompt = static.tokenizer.encode(text)
+            dec.run_ahead = False
+            want = run(static, prompt, **cfg)
+            dec.run_ahead, launches[:] = True, []
+            got = run(static, prompt, **cfg)
+            assert got["token_ids"] == want["token_ids"] and len(got["token_ids"]) == 40
             assert launches.count(True) == 1 and launches.count(False) == got["rounds"]  # all but the first ran ahead
     finally:
         del dec._launch
@@ -549,6 +573,10 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
                     sr.verify_key("ddtree", 1), sr.accept_key("ddtree", 1), sr.verify_key("ar", 1),
                     sr.accept_key("ar", 1)):
             sr.run(key)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        logits = torch.randn(17, eng.tcfg.vocab_size, device="cuda")
+        for top_p in (0.95, 1.0):  # a sampled round's choice, drawn between verify and accept
+            sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, gen))
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

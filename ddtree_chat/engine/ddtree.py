@@ -223,7 +223,7 @@ class Decoder:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose(tree, cum_mass)`
         may cut the drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next
         round will verify whole (0: a plain `ar` round; None: it will not be a fixed-size round); default:
-        this round's own, when it has no `choose`. Greedy rounds followed by a fixed-size one run one ahead
+        this round's own, when it has no `choose`. Rounds followed by a fixed-size one run one ahead
         when recorded: the next round is launched (on the state this round's accept leaves on the device)
         before this one's result is read, so the GPU works while the host reads; a round launched past a
         stop or the limit is simply never read (it wrote scratch only). A drafting round after `ar` rounds
@@ -239,16 +239,17 @@ class Decoder:
             caught = self._catch_up()
             catch_clock.mark()
         flight, self._ahead = self._ahead, None
-        if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead(temperature)):
+        if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead()):
             flight = None  # launched for another kind of round: never read
         if flight is None:
             flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True, keep=keep)
         # NOTE: asked after the launch: a choosing round has made its choice by now
         nxt = (budget if choose is None else None) if then is None else then()
         nxt_mode = Mode.AR if nxt == 0 else mode  # NOTE: after a drafting round, the auto budget's plain steps
-        if (nxt is not None and self.runs_ahead(temperature) and sr.fits(nxt_mode, nxt)
+        if (nxt is not None and self.runs_ahead() and sr.fits(nxt_mode, nxt)
                 and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
-            self._ahead = self._launch(nxt_mode, nxt, 0.0, 1.0, None, None, fresh=False, keep=keep)
+            # NOTE: at T > 0 its sample is drawn now, after this round's: the seed's draws keep their order
+            self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, gen, None, fresh=False, keep=keep)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
         t_draft, t_target = flight.clock.split()
@@ -298,10 +299,9 @@ class Decoder:
         self.kept_from = None
         return end - start
 
-    def runs_ahead(self, temperature: float) -> bool:
-        """Whether fixed-size rounds at this temperature run one ahead (recorded rounds, greedy)."""
-        ahead = self.graphs.capture if self.run_ahead is None else self.run_ahead
-        return ahead and temperature <= 0
+    def runs_ahead(self) -> bool:
+        """Whether fixed-size rounds run one ahead (recorded rounds; run_ahead overrides)."""
+        return self.graphs.capture if self.run_ahead is None else self.run_ahead
 
     def _room_ahead(self, n: int, n_next: int) -> bool:
         """Whether a round of n_next nodes launched now, before this n-node round's path is known, surely

@@ -63,7 +63,7 @@ class ReplyLoop:
             choose = then = None
             round_mode = mode
             if auto:
-                budget, choose, then = self._auto_round(cfg.temperature)
+                budget, choose, then = self._auto_round()
                 round_mode = Mode.AR if budget == PLAIN else mode  # NOTE: the auto budget chose plain steps
             room = dec.max_len - dec.cache.length
             if room < 1:
@@ -122,13 +122,13 @@ class ReplyLoop:
         self.auto.ensure_costs()
         return time.perf_counter() - t0
 
-    def _auto_round(self, temperature: float):
+    def _auto_round(self):
         """(budget, choose, then) of an auto round (budget PLAIN: a plain `ar` round). NOTE: between exploring
         rounds the graph path verifies the last choice whole, so the round is a fixed-size one and runs
         ahead; rounds run directly still cut it (a climbing CPU cost)."""
         auto = self.auto
         budget = auto.next_budget()  # NOTE: every round: the search moves it
-        choose = auto.choose if budget != PLAIN and (auto.exploring or not self.dec.runs_ahead(temperature)) else None
+        choose = auto.choose if budget != PLAIN and (auto.exploring or not self.dec.runs_ahead()) else None
         return budget, choose, auto.following
 
 
