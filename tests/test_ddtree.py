@@ -1,6 +1,7 @@
 """DDTree / DFlash are lossless against AR, trees are the true top-budget prefixes, commits are exact."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -354,3 +355,7 @@ def test_draw_picks_columns_in_proportion_to_their_weights():
     want = w[0] / w[0].sum() * w.shape[0]
     assert got[0] == 0
     assert float(((got[1:] - want[1:]) ** 2 / want[1:]).sum()) < 13.8, got
+    # a noise of exactly 0 (seen from GPUs) still never draws a weight of 0
+    zero = torch.Generator().manual_seed(0)
+    with mock.patch.object(torch.Tensor, "exponential_", lambda t, generator=None: t.zero_()):
+        assert draw(torch.tensor([[0.0, 0.5, 0.0]]), zero).tolist() == [1]

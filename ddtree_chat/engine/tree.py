@@ -175,7 +175,9 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """weights [N, k] >= 0 (unnormalised) -> [N] column indices drawn in proportion to them: the argmax of
     w / E, E ~ Exp(1) (the exponential race), which, unlike multinomial's input checks, never makes the host
     wait for the GPU. generator: on the weights' device."""
-    return (weights / torch.empty_like(weights).exponential_(generator=generator)).argmax(-1)
+    e = torch.empty_like(weights).exponential_(generator=generator)
+    # NOTE: a GPU's exponential_ has returned 0: 0 / 0 would be a NaN, which argmax takes, a token of weight 0
+    return (weights / e.clamp_(min=torch.finfo(e.dtype).tiny)).argmax(-1)
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
