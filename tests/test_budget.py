@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
-from ddtree_chat.engine.budget import PLAIN, AutoBudget
+from ddtree_chat.engine.budget import PLAIN, PLAIN_MARGIN, AutoBudget
 from ddtree_chat.engine.parallel import SINGLE
 from ddtree_chat.engine.tree import path_scores
 
@@ -177,8 +177,8 @@ def _simulate(auto, rounds: int, accepted: int) -> list[int]:
 def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
     """Drafting costs most of a plain step and the target rarely agrees (T > 0 on a CPU): after the
     first explorations every round is a plain step but for an exploration every PLAIN_EXPLORE_MAX rounds
-    (each one also pays the drafter's catch-up); an exploring tree that beats them brings the next exploration
-    within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations (their rate less
+    (each one also pays the drafter's catch-up); an exploring tree that beats them by SOONER brings the next
+    exploration within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations (their rate less
     one standard error must beat plain steps: the poor rounds still in the decaying sums take ~7)."""
     from ddtree_chat.engine.budget import EXPLORE_MAX, PLAIN_EXPLORE_MAX
 
@@ -192,6 +192,35 @@ def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
     # 6 tokens in 1.8 s: trees beat 1 in 0.55 s; after the first such exploration they are checked every EXPLORE_MAX
     good = _simulate(auto, PLAIN_EXPLORE_MAX + 6 * EXPLORE_MAX, accepted=6)
     assert auto.last != PLAIN and all(b != PLAIN for b in good[-EXPLORE_MAX:])
+
+
+def test_only_an_exploring_tree_clearly_faster_than_plain_steps_brings_the_next_exploration_closer():
+    """Under plain steps (2 tokens/s), an exploring tree round at 1.2x their rate is luck at T > 0 and leaves the
+    interval alone; one at 2x brings the next exploration within EXPLORE_MAX rounds."""
+    from ddtree_chat.engine.budget import EXPLORE_MAX, PLAIN_EXPLORE_MAX, SOONER
+
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
+    auto.last, auto.interval, auto.rounds, auto.drafted = PLAIN, PLAIN_EXPLORE_MAX, 5, 8
+    tree = _tree(False).prefix(8)
+    auto.observe(tree, accepted=3, draft_s=0.5, target_s=0.75)  # 2.4 tokens/s
+    assert 1.2 < SOONER and auto.interval == PLAIN_EXPLORE_MAX
+    auto.observe(tree, accepted=5, draft_s=0.5, target_s=0.75)  # 4 tokens/s
+    assert auto.interval == EXPLORE_MAX
+
+
+def test_trees_stay_only_while_their_rate_less_a_standard_error_beats_plain_steps():
+    """Trees in force, ten tree rounds of 1 and 5 tokens at 2.2 tokens/s against plain steps' 2: the point estimate
+    would keep them, one standard error below it does not; the same mean over a long record keeps them."""
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
+    auto.last, auto.rounds, auto.trees = 8, auto.interval, _trees(2.2, [1, 5] * 5)
+    assert 2.0 == pytest.approx(auto.plain_rate()) and 2.0 < auto.tree_rate / PLAIN_MARGIN
+    auto.choose(_tree(False))
+    assert auto.last == PLAIN
+    auto.last, auto.rounds, auto.trees = 8, auto.interval, _trees(2.2, [1, 5] * 500)
+    auto.choose(_tree(False))
+    assert auto.last != PLAIN
 
 
 def _trees(rate: float, tokens: list[int]) -> list[float]:
