@@ -33,8 +33,8 @@ PLAIN_MARGIN = 1.05  # what the choice not in force must beat the other by (plai
 # what tree rounds gave decays by this per tree round: under plain steps only exploring rounds add to it, one a
 # few dozen rounds, and at T > 0 one round's acceptance varies 1-5x (at 0.7 one lucky tree chose trees)
 TREE_DECAY = 0.9
-# an exploring tree this much faster than plain steps brings the next exploration closer (at T = 0.7 one tree
-# round in three beat them by 5% by luck, and each pulled the explorations back to every 64 rounds)
+# an exploring tree this much faster than plain steps brings the next exploration closer (at T = 0.7 a tree
+# round gives 1-5 tokens: a 5% win is luck, and each pulled the explorations back to every 64 rounds)
 SOONER = 1.5
 log = logging.getLogger(__name__)
 
