@@ -177,3 +177,37 @@ def test_corrupt_config(broken):
     (broken / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 4}}))
     with pytest.raises(ConfigError, match="missing the field"):
         load_target_config(broken)
+
+
+def test_reads_equal_safetensors_and_fetch_only_the_rows_asked(tmp_path, monkeypatch):
+    """Whole tensors of every dtype the loader meets, row and column slices: the reader's values are
+    safetensors' own; a row slice is one read request of exactly its rows' bytes."""
+    from safetensors import safe_open
+
+    from ddtree_chat.engine import checkpoint
+    from ddtree_chat.engine.checkpoint import CheckpointReader
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"w.bf16": torch.randn(37, 40, generator=g).to(torch.bfloat16), "w.f32": torch.randn(9, 3, 5, generator=g),
+               "w.i32": torch.randint(-2**31, 2**31 - 1, (64, 16), dtype=torch.int32, generator=g),
+               "v.f32": torch.randn(33, generator=g), "s.i64": torch.tensor(7), "empty": torch.zeros(0, 4)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    reader = CheckpointReader(tmp_path)
+    asked = []
+    read_at = checkpoint._read_at
+    monkeypatch.setattr(checkpoint, "_read_at", lambda f, view, at: asked.append(view.nbytes) or read_at(f, view, at))
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        for name in tensors:
+            assert torch.equal(reader.get(name), f.get_tensor(name)), name
+        for name, rows, cols in (("w.bf16", slice(5, 17), None), ("w.i32", slice(16, 32), slice(4, 8)),
+                                 ("w.i32", None, slice(12, 16)), ("v.f32", slice(30, 33), None),
+                                 ("w.f32", slice(8, 9), None)):
+            sl = f.get_slice(name)
+            want = sl[rows or slice(None), cols or slice(None)] if cols is not None else sl[rows or slice(None)]
+            asked.clear()
+            got = reader.get(name, rows=rows, cols=cols)
+            assert torch.equal(got, want) and got.is_contiguous(), (name, rows, cols)
+            rows_read = (rows or slice(None)).indices(tensors[name].shape[0])
+            row_bytes = tensors[name][0].numel() * tensors[name].element_size()
+            assert asked == [(rows_read[1] - rows_read[0]) * row_bytes], (name, asked)
+    reader.close()
