@@ -132,10 +132,6 @@ class CheckpointReader:
             f.close()
         self._handles.clear()
 
-    def __del__(self) -> None:  # NOTE: a load that raised never reached close(): its files close here
-        if getattr(self, "_handles", None):
-            self.close()
-
 
 def _read_at(f: io.FileIO, view: memoryview, at: int) -> int:
     """One read request into view from the file's offset `at`: the bytes it gave (fewer at the file's end)."""
