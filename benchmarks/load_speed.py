@@ -126,12 +126,9 @@ def _child(ckpt: str, rank: int, world: int, device: str, packed: bool = False) 
     from ddtree_chat.engine import loader
     from ddtree_chat.engine.parallel import TPGroup
 
-    if packed:
-        experts = loader._load_experts
-        loader._load_experts = lambda cfg, reader, base, dev, dtype, dense, tick, tp: experts(
-            cfg, reader, base, dev, dtype, False, tick, tp)
     t0 = time.perf_counter()
-    _, model = loader.load_target(ckpt, torch.device(device), torch.bfloat16, tp=TPGroup(rank, world))
+    _, model = loader.load_target(ckpt, torch.device(device), torch.bfloat16, tp=TPGroup(rank, world),
+                                  packed_experts=True if packed else None)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     load_s = time.perf_counter() - t0

@@ -43,6 +43,18 @@ def test_both_layouts_load_to_identical_logits(k25, tmp_path):
     assert torch.equal(_logits(m25, ids), _logits(m2, ids))
 
 
+def test_packed_experts_on_request_compute_as_the_dense_ones(k25):
+    from ddtree_chat.engine.ops.int4 import Int4Weight
+
+    _, dense = load_target(k25, CPU, torch.float32)
+    _, packed = load_target(k25, CPU, torch.float32, packed_experts=True)
+    kinds = {type(layer.mlp.experts.down) for m in (dense, packed) for layer in m.layers
+             if getattr(layer.mlp, "experts", None) is not None}
+    assert kinds == {torch.Tensor, Int4Weight}  # NOTE: dense by default on the CPU, packed when asked
+    ids = [5, 17, 300, 2, 99]
+    torch.testing.assert_close(_logits(packed, ids), _logits(dense, ids), rtol=1e-4, atol=1e-4)
+
+
 def test_config_fields_and_fp32_bias(k25):
     cfg, model = load_target(k25, CPU, torch.float32)
     assert cfg.quant is not None and cfg.quant.group_size == 32

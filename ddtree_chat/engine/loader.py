@@ -125,7 +125,10 @@ def _count(module: nn.Module, cfg: TargetConfig | None = None) -> int:
 
 
 def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
-                progress: Progress = None, tp: TPGroup = SINGLE) -> tuple[TargetConfig, KimiModel]:
+                progress: Progress = None, tp: TPGroup = SINGLE,
+                packed_experts: bool | None = None) -> tuple[TargetConfig, KimiModel]:
+    """packed_experts: keep INT4 routed experts packed (True) or dequantise them (False); None: the device's
+    and dtype's own form (packed where a kernel serves them: a GPU in bf16/fp16)."""
     cfg = load_target_config(model_dir)
     reader = CheckpointReader(model_dir)
     with torch.device("meta"):
@@ -142,6 +145,8 @@ def load_target(model_dir: str | Path, device: torch.device, dtype: torch.dtype,
     _load_dense(model, reader, lambda n: head if n == "lm_head.weight" else prefix + n, device, dtype, tick, tp)
     # NOTE: no kernel serves float32 (CPU, small models on GPU): its reference path wants dense experts.
     dense_experts = torch.device(device).type == "cpu" or dtype == torch.float32
+    if packed_experts is not None:
+        dense_experts = not packed_experts
     for i, layer in enumerate(model.layers):
         if isinstance(layer.mlp, MoE):
             experts = _load_experts(cfg, reader, f"{prefix}layers.{i}.mlp.experts", device, dtype, dense_experts,
