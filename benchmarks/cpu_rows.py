@@ -1,22 +1,24 @@
-"""Why the CPU path is token-exact only in practice (docs/exactness.md, Limits): on this machine's torch build,
-which row counts give a row of a float32 product the bits it gets alone, whether attention's rows and the
-elementwise ops the target uses keep their bits inside larger launches, and what padding the AR step's 1-3-row
-products up to the row count from which all launches agree would cost.
+"""What torch's CPU build does to a row's bits, which ops/cpu_exact.py's row-invariant forms are built on
+(docs/exactness.md, "On the CPU"), and what those forms cost: on this machine's torch build, which row counts give
+a row of a float32 product the bits it gets alone, whether attention's rows (plain and chunked) and the elementwise
+ops the target uses keep their bits inside larger launches, and the AR round with the forms on and off.
 
     PYTHONPATH=. python benchmarks/cpu_rows.py [--steps 300] [--json OUT]
 
 Products: every weight shape of the shipped demo target (x [M, K] @ w^T, as F.linear runs it; random values),
-M = 1..64. "alone up to": the largest M whose first row still has the one-row product's bits; "agree from": the
-smallest M0 such that every M >= M0 gives its first row the M0-row launch's bits and its last row the bits that
-row gets placed first. Attention: ops.mla_attention_ref, a chain node inside a 9-row launch vs the one-row step at its
-position (random latents, prefixes of 5..300 keys). Elementwise: one row alone vs the same row first in a 9-row
-launch, at the width the target applies the op to (a launch's last elements may take a scalar path). Cost: the decoder's AR rounds on the first held-out prompt, padded and plain alternated in one
-process (a lower bound: the MoE's grouped products are left as they are)."""
+M = 1..64, one thread. "alone up to": the largest M whose first row still has the one-row product's bits; "agree
+from": the smallest M0 such that every M >= M0 gives its first row the M0-row launch's bits and its last row the
+bits that row gets placed first. Attention: ops.mla_attention_ref with DDTREE_CPU_EXACT=0 (the plain form) and on (the
+chunked form), a chain node inside a 9-row launch vs the one-row step at its position (random latents, prefixes of
+5..300 keys). Elementwise: one row alone vs the same row first in a 9-row launch, at the width the target applies
+the op to (a launch's last elements may take a scalar path). Cost: the decoder's AR rounds on the first held-out
+prompt, DDTREE_CPU_EXACT on and off alternated round by round in one process."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -38,13 +40,15 @@ def product_rows(n: int, k: int, most: int = 64) -> tuple[int, int]:
     return alone, agree
 
 
-def attention_rows(trials: int = 30) -> tuple[int, int]:
-    """(rows differing, rows compared): a chain node inside a 9-row launch vs the one-row step."""
+def attention_rows(exact: bool, trials: int = 30) -> tuple[int, int]:
+    """(rows differing, rows compared): a chain node inside a 9-row launch vs the one-row step; exact: the
+    chunked form (DDTREE_CPU_EXACT on), else the plain one."""
     from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
 
     g = torch.Generator().manual_seed(0)
     h, r, p, t = 4, 64, 16, 9
     bad = total = 0
+    os.environ["DDTREE_CPU_EXACT"] = "1" if exact else "0"
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     one = torch.ones(1, 1, dtype=torch.bool)
     for _ in range(trials):
@@ -73,34 +77,23 @@ def elementwise_rows(widths: dict[str, int], trials: int = 2000) -> dict[str, in
     return out
 
 
-def padded_step_cost(rows: int, steps: int) -> tuple[float, float]:
-    """ms per AR round as it runs vs with every F.linear of fewer than `rows` rows padded to `rows`."""
+def exact_step_cost(steps: int) -> tuple[float, float]:
+    """ms per AR round with the row-invariant CPU forms off and on (DDTREE_CPU_EXACT, read per call)."""
     from ddtree_chat.dev.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine
     from ddtree_chat.engine.default_model import shipped_demo_dirs
     from ddtree_chat.modes import Mode
 
-    plain_linear, pad = F.linear, [False]
-
-    def linear(x, w, b=None):
-        m = x.shape[0] if x.dim() == 2 else rows
-        if pad[0] and m < rows:  # NOTE: zero rows after the real ones; their outputs are dropped
-            return plain_linear(torch.cat([x, x.new_zeros(rows - m, x.shape[1])]), w, b)[:m]
-        return plain_linear(x, w, b)
-
     eng = Engine.load(*shipped_demo_dirs(), device="cpu", graphs=False)
     dec, gen = eng.decoder, torch.Generator().manual_seed(0)
     dec.pending = int(dec.prefill(heldout_prompts(1)[0]["prompt_ids"], drafting=False).argmax())
     took = {False: 0.0, True: 0.0}
-    F.linear = linear
-    try:
-        for i in range(2 * steps):
-            pad[0] = bool(i % 2)
-            t0 = time.perf_counter()
-            dec.round(Mode.AR, 0, 0.0, 1.0, gen, frozenset(), 2)
-            took[pad[0]] += time.perf_counter() - t0
-    finally:
-        F.linear = plain_linear
+    for i in range(2 * steps):
+        exact = bool(i % 2)
+        os.environ["DDTREE_CPU_EXACT"] = "1" if exact else "0"
+        t0 = time.perf_counter()
+        dec.round(Mode.AR, 0, 0.0, 1.0, gen, frozenset(), 2)
+        took[exact] += time.perf_counter() - t0
     return 1e3 * took[False] / steps, 1e3 * took[True] / steps
 
 
@@ -123,18 +116,16 @@ def main(argv=None) -> int:
         alone, agree = product_rows(n, k)
         res["products"][f"{n}x{k}"] = [alone, agree]
         print(f"| {n} x {k} | {alone} | {agree} |")
-    bad, total = attention_rows()
-    res["attention"] = [bad, total]
-    print(f"attention: {bad} of {total} chain rows differ from the one-row step")
+    res["attention"] = {"plain": attention_rows(False), "chunked": attention_rows(True)}
+    for form, (bad, total) in res["attention"].items():
+        print(f"attention, {form} form: {bad} of {total} chain rows differ from the one-row step")
     res["elementwise"] = elementwise_rows({"sigmoid (router)": cfg.n_routed_experts,
                                            "silu (experts)": cfg.moe_intermediate_size,
                                            "silu (dense MLP)": cfg.intermediate_size, "exp": 16})
     print(f"elementwise, rows differing alone vs first of 9 (of 2000): {res['elementwise']}")
-    rows = max(agree for _, agree in res["products"].values())
-    plain, padded = padded_step_cost(rows, a.steps)
-    res["ar_ms"] = {"plain": plain, f"padded_to_{rows}": padded}
-    print(f"AR round: {plain:.3f} ms as it runs, {padded:.3f} ms with 1-{rows - 1}-row products padded to {rows} "
-          f"({padded / plain:.2f}x)")
+    plain, exact = exact_step_cost(a.steps)
+    res["ar_ms"] = {"plain": plain, "exact": exact}
+    print(f"AR round: {plain:.3f} ms plain, {exact:.3f} ms row-invariant ({exact / plain:.2f}x)")
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
     return 0

@@ -33,6 +33,9 @@ FMA_ROWS = Knob("DDTREE_FMA_ROWS", "1-64", "rows lo-hi of float32 products that 
 NVCC = Knob("DDTREE_NVCC", None, "the nvcc that builds the CUDA kernels (default: PATH, then CUDA_HOME)")
 EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16 for kernels picked by row count "
              "(docs/exactness.md)", ("0", "1"))
+CPU_EXACT = Knob("DDTREE_CPU_EXACT", "0", "1 makes the CPU's float32 reference ops row-invariant (ops/cpu_exact.py): "
+                 "speculative output equals plain decoding bit for bit on the CPU too, for ~1.4x the time of an AR "
+                 "step (docs/exactness.md)", ("0", "1"))
 MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton "
            "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
 PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "how a first start compiles its Triton kernels: 1 side by side in worker processes "

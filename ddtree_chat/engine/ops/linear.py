@@ -6,18 +6,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_exact
 from .norm import rms_norm
 from .registry import define
 
 
+def _matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(x, w.transpose(-1, -2))
+
+
 def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., M, K], w [..., N, K] (batch dims broadcast) -> [..., M, N]."""
-    return torch.matmul(x, w.transpose(-1, -2))
+    return cpu_exact.padded_rows(_matmul_nt, x, w) if cpu_exact.enabled(x) else _matmul_nt(x, w)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return cpu_exact.whole_blocks(F.silu, x) if cpu_exact.enabled(x) else F.silu(x)
 
 
 def matmul_nt_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
     """silu(x @ wg^T) * (x @ wu^T): a SwiGLU MLP's gate/up half (shapes as matmul_nt_ref)."""
-    return F.silu(matmul_nt_ref(x, wg)) * matmul_nt_ref(x, wu)
+    return silu(matmul_nt_ref(x, wg)) * matmul_nt_ref(x, wu)
 
 
 MATMUL_NT = define("matmul_nt", matmul_nt_ref)
@@ -31,7 +40,12 @@ def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])
-    return MATMUL_NT.run(F.linear, x2, (x2, w)).view(*x.shape[:-1], w.shape[0])
+    return MATMUL_NT.run(_linear_ref, x2, (x2, w)).view(*x.shape[:-1], w.shape[0])
+
+
+def _linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K], w [N, K]: F.linear, its rows padded on the CPU (cpu_exact)."""
+    return cpu_exact.padded_rows(F.linear, x, w) if cpu_exact.enabled(x) else F.linear(x, w)
 
 
 def linear_add_ref(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

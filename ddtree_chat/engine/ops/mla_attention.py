@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_exact
 from .registry import define
 
 
@@ -32,6 +33,8 @@ def mla_attention_ref(q_lat: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor
     t = q_lat.shape[-3]
     if torch.is_tensor(prefix_len) and prefix_len.device.type == "cpu":
         prefix_len = int(prefix_len)  # NOTE: free on the CPU: slice the prefix instead of masking the whole buffer
+    if q_lat.dim() == 3 and ckv.dim() == 2 and cpu_exact.enabled(q_lat):
+        return cpu_exact.mla_attention(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale)
     if torch.is_tensor(prefix_len):
         visible = _slot_mask(prefix_len, tree_mask, ckv.shape[-2])
     else:

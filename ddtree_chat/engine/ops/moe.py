@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import cpu_exact
 from .int4 import Int4Weight
-from .linear import linear, linear_add, routed_glu
+from .linear import linear, linear_add, matmul_nt_ref, routed_glu, silu
 from .registry import define
 
 
@@ -76,17 +77,22 @@ def _routed_grouped_mm(out: torch.Tensor, x, ids, weights, experts: ExpertWeight
     order, expert_of = _pairs_by_expert(ids)
     if order.numel() == 0:
         return
-    offs = torch.bincount(expert_of, minlength=n_routed).cumsum(0).to(torch.int32)  # each expert's rows end
+    counts = torch.bincount(expert_of, minlength=n_routed)
     tok = order // ids.shape[1]
-    xs = x[tok]
     gate, up, down = (w[:n_routed].transpose(1, 2) for w in (experts.gate, experts.up, experts.down))
-    h = F.silu(F.grouped_mm(xs, gate, offs=offs)) * F.grouped_mm(xs, up, offs=offs)
-    out.index_add_(0, tok, F.grouped_mm(h, down, offs=offs).float() * weights.flatten()[order, None].float())
+    if cpu_exact.enabled(x):  # NOTE: each expert's rows padded to a multiple of 4 (cpu_exact.grouped_rows)
+        dest, offs = cpu_exact.grouped_rows(counts, expert_of)
+        xs = x.new_zeros(int(offs[-1]), x.shape[1]).index_copy_(0, dest, x[tok])
+    else:
+        dest, offs, xs = None, counts.cumsum(0).to(torch.int32), x[tok]  # offs: each expert's rows end
+    h = silu(F.grouped_mm(xs, gate, offs=offs)) * F.grouped_mm(xs, up, offs=offs)
+    y = F.grouped_mm(h, down, offs=offs)
+    out.index_add_(0, tok, (y if dest is None else y[dest]).float() * weights.flatten()[order, None].float())
 
 
 def _expert(x: torch.Tensor, experts: ExpertWeights, e: int) -> torch.Tensor:
-    h = F.silu(x @ experts.matrix("gate", e, x.dtype).T) * (x @ experts.matrix("up", e, x.dtype).T)
-    return h @ experts.matrix("down", e, x.dtype).T
+    h = silu(matmul_nt_ref(x, experts.matrix("gate", e, x.dtype))) * matmul_nt_ref(x, experts.matrix("up", e, x.dtype))
+    return matmul_nt_ref(h, experts.matrix("down", e, x.dtype))
 
 
 def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 
-from .linear import linear
+from . import cpu_exact
+from .linear import _linear_ref, linear
 from .registry import define
 
 _F32: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}  # id(weight) -> (weight, its version, float32 copy)
@@ -28,12 +28,12 @@ def float32_weight(w: torch.Tensor) -> torch.Tensor:
 
 def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [T, H], w [E, H] -> float32 [T, E]: the router's product in float32, whatever the model's dtype."""
-    return F.linear(x.float(), w.float())
+    return _linear_ref(x.float(), w.float())
 
 
 def _logits_of_copy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """router_logits_ref against w's float32 copy (float32_weight), not a cast per call."""
-    return F.linear(x.float(), float32_weight(w))
+    return _linear_ref(x.float(), float32_weight(w))
 
 
 def router_through_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -54,7 +54,8 @@ def router_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def route_ref(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, n_group: int = 1,
               topk_group: int = 1, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] float32 -> (ids [T, k] int64, weights [T, k] float32)."""
-    scores = torch.sigmoid(logits.float())
+    logits = logits.float()
+    scores = cpu_exact.whole_blocks(torch.sigmoid, logits) if cpu_exact.enabled(logits) else torch.sigmoid(logits)
     biased = scores + bias.float()
     if n_group > 1:
         t, e = biased.shape
