@@ -85,7 +85,7 @@ def test_mla_attention_rows_match_the_ar_step(heads, t, threads):
     keys, qs = torch.randn(n_keys, 80, generator=g), torch.randn(n_keys, heads, 80, generator=g)
     for length in lengths:
         chain = min(t, 9) if t < 256 else t  # a prefill chunk: all t rows in one causal chain
-        parents = [-1] + list(range(chain - 1)) + [int(torch.randint(0, i, (1,), generator=g)) for i in range(chain, t)]
+        parents = _tree(t, chain, g)
         deep = chain - 1
         mask = closure_mask(parents)
         cache = torch.full((length + t + 40, 80), float("nan"))

@@ -75,8 +75,8 @@ def _fold(a, b):
     if a is None:
         return b
     m = torch.maximum(a[0], b[0])
-    ea = torch.exp(a[0] - torch.where(m == float("-inf"), 0.0, m))
-    eb = torch.exp(b[0] - torch.where(m == float("-inf"), 0.0, m))
+    shift = torch.where(m == float("-inf"), 0.0, m)  # both empty: exp(-inf) = 0 on both sides, no NaN
+    ea, eb = torch.exp(a[0] - shift), torch.exp(b[0] - shift)
     return m, a[1] * ea + b[1] * eb, a[2] * ea + b[2] * eb
 
 
