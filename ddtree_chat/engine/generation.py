@@ -11,6 +11,8 @@ from ..modes import BUDGETS, MAX_BUDGET, MODES, Mode
 # the tree sizes --budget auto chooses among; NOTE: none above 64: larger trees paid in no measurement
 # (BENCHMARKS.md) and their kernels are over a third of a first start's compile time, the longest ones
 AUTO_BUDGETS = (2, 4, 8, 16, 32, 64)
+REPEAT_WINDOW = 64  # tokens the repeat penalty looks back over (the last ones of the sequence, prompt included)
+MAX_REPEAT_PENALTY = 10.0
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,9 @@ class GenerationConfig:
     budget: int | str = "auto"  # drafted tree nodes per round (root excluded), or "auto"; ddtree only
     temperature: float = 0.0
     top_p: float = 1.0
+    # > 1 makes each token already among the last REPEAT_WINDOW of the sequence less likely (1: off); every mode
+    # applies it to a node from that node's own prefix, so speculative output still equals plain decoding's
+    repeat_penalty: float = 1.0
     seed: int = 0
     max_new_tokens: int = 512
     stop_token_ids: tuple[int, ...] | None = None  # None: the tokenizer's stop ids
@@ -35,6 +40,8 @@ class GenerationConfig:
             raise ValueError(f"temperature must be >= 0, not {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
+        if not 1 <= self.repeat_penalty <= MAX_REPEAT_PENALTY:
+            raise ValueError(f"repeat_penalty must be from 1 to {MAX_REPEAT_PENALTY:g}, not {self.repeat_penalty!r}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
 
