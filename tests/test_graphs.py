@@ -368,6 +368,26 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
         assert run(graphed, prompt, mode="dflash", max_new_tokens=24)["token_ids"] == want
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
+    """The static rounds (recorded on CUDA) with a repeat penalty: every mode gives the eager ar reply's ids,
+    which the penalty changed; such rounds do not run ahead (the next one's penalty needs these tokens)."""
+    eager = Engine.load(*synthetic_pair, device=device, graphs=False)
+    static = Engine.load(*synthetic_pair, device=device)
+    if device == "cpu":
+        static.use_graphs(capture=False)
+        static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
+    changed = False
+    for text in PROMPTS:
+        prompt = eager.tokenizer.encode(text)
+        want = run(eager, prompt, mode="ar", max_new_tokens=32, repeat_penalty=1.5)["token_ids"]
+        changed |= want != run(eager, prompt, mode="ar", max_new_tokens=32)["token_ids"]
+        for kw in ({"mode": "ar"}, {"mode": "dflash"}, {"mode": "ddtree", "budget": 16},
+                   {"mode": "ddtree", "budget": "auto"}):
+            assert run(static, prompt, max_new_tokens=32, repeat_penalty=1.5, **kw)["token_ids"] == want, kw
+    assert changed
+
+
 @pytest.mark.gpu
 def test_cuda_graph_auto_plain_steps_and_trees_in_turn_equal_ar(synthetic_pair, monkeypatch):
     """Recorded: plain steps launched ahead (the first by the tree round that chose them) keeping their

@@ -21,11 +21,11 @@ from . import ops
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
 from ..modes import MAX_BUDGET, Mode
-from .generation import RoundShape
+from .generation import REPEAT_WINDOW, RoundShape
 from .kv_cache import DraftCache, KVCache
 from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
 from .model import KimiModel
-from .tree import DraftTree, build_tree, target_choice
+from .tree import DraftTree, build_tree, repeat_penalize, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 KEPT_ROWS = 512  # the auto budget's plain steps' target features kept for the drafter's catch-up (a ring)
@@ -219,7 +219,8 @@ class Decoder:
     @torch.no_grad()
     def round(self, mode: Mode, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
               stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
-              then: Callable[[], int | None] | None = None, keep: bool = False) -> RoundResult:
+              then: Callable[[], int | None] | None = None, keep: bool = False,
+              repeat_penalty: float = 1.0) -> RoundResult:
         """One round from the pending token. `room`: tokens still allowed (>= 1). `choose(tree, cum_mass)`
         may cut the drafted tree (built at `budget`) down to fewer nodes. `then()`: the budget the next
         round will verify whole (0: a plain `ar` round; None: it will not be a fixed-size round); default:
@@ -228,7 +229,9 @@ class Decoder:
         before this one's result is read, so the GPU works while the host reads; a round launched past a
         stop or the limit is simply never read (it wrote scratch only). A drafting round after `ar` rounds
         first catches the drafter's context up (_catch_up). keep: this reply's `ar` rounds (the auto budget's
-        plain steps) keep their target features, so that catch-up needs no target forward."""
+        plain steps) keep their target features, so that catch-up needs no target forward. repeat_penalty > 1:
+        each node's logits penalised from its own sequence (repeat_penalize); such rounds do not run ahead
+        (the next one's penalty needs this one's tokens)."""
         sr = self.graphs
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
             mode, budget, choose, then = Mode.AR, 0, None, None
@@ -239,14 +242,16 @@ class Decoder:
             caught = self._catch_up()
             catch_clock.mark()
         flight, self._ahead = self._ahead, None
-        if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead()):
+        ahead = self.runs_ahead() and repeat_penalty == 1
+        if flight is not None and (flight.key != key or choose is not None or not ahead):
             flight = None  # launched for another kind of round: never read
         if flight is None:
-            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True, keep=keep)
+            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True, keep=keep,
+                                  repeat_penalty=repeat_penalty)
         # NOTE: asked after the launch: a choosing round has made its choice by now
         nxt = (budget if choose is None else None) if then is None else then()
         nxt_mode = Mode.AR if nxt == 0 else mode  # NOTE: after a drafting round, the auto budget's plain steps
-        if (nxt is not None and self.runs_ahead() and sr.fits(nxt_mode, nxt)
+        if (nxt is not None and ahead and sr.fits(nxt_mode, nxt)
                 and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
             # NOTE: at T > 0 its sample is drawn now, after this round's: the seed's draws keep their order
             self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, gen, None, fresh=False, keep=keep)
@@ -310,9 +315,11 @@ class Decoder:
         fits = self.cache.length + min(n, b) + n_next <= self.max_len
         return fits and (self.dcache is None or self.dcache.length + 2 * b <= self.dcache.capacity)
 
-    def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool, keep: bool = False):
+    def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool, keep: bool = False,
+                repeat_penalty: float = 1.0):
         """Enqueue one round's programs (fresh: from the host's state; else from the device state the
-        previous round's accept left) and start the copy of its result."""
+        previous round's accept left) and start the copy of its result. A repeat penalty reads the host's
+        committed tokens, so only a fresh launch may have one."""
         sr, choosing = self.graphs, choose is not None
         n, sizes = sr.plan(mode, budget, choosing)
         b = self.block
@@ -333,7 +340,10 @@ class Decoder:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
         logits, _ = sr.run(sr.verify_key(mode, n, keep))
-        if temperature > 0:
+        if repeat_penalty != 1:
+            history = torch.tensor(self.tokens[-REPEAT_WINDOW:], dtype=torch.long, device=logits.device)
+            logits = repeat_penalize(logits[:n], history, sr.tree(n), repeat_penalty, REPEAT_WINDOW)
+        if temperature > 0 or repeat_penalty != 1:  # NOTE: else the verify's own argmax stands
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
         return sr.fetch(RoundShape(mode, budget), n, sr.run(sr.accept_key(mode, n, keep)), clock)
 

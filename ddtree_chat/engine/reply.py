@@ -14,9 +14,9 @@ from ..modes import Mode
 from .budget import PLAIN, AutoBudget
 from .ddtree import Decoder
 from .events import DoneEvent, RoundEvent, empty_tree
-from .generation import GenerationConfig, Stats
+from .generation import REPEAT_WINDOW, GenerationConfig, Stats
 from .parallel import TPGroup
-from .tree import target_choice
+from .tree import DraftTree, repeat_penalize, target_choice
 
 
 class ReplyLoop:
@@ -25,6 +25,17 @@ class ReplyLoop:
         self.dec, self.tokenizer, self.tp, self.device = decoder, tokenizer, tp, device
         self._cost_key = cost_key
         self.auto: AutoBudget | None = None  # made by the first auto reply; it keeps learning across replies
+
+    def _penalized(self, logits: torch.Tensor, ids: list[int], penalty: float) -> torch.Tensor:
+        """The prompt's next-token logits [1, V] under the repeat penalty: its last token as the root of a one-node
+        tree, the ones before as history (the rounds' rule, Decoder.round)."""
+        if penalty == 1:
+            return logits
+        dev = logits.device
+        one = DraftTree(torch.tensor(ids[-1:], device=dev), torch.tensor([-1], device=dev),
+                        torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, device=dev), max_depth=0)
+        history = torch.tensor(ids[-REPEAT_WINDOW:-1], dtype=torch.long, device=dev)
+        return repeat_penalize(logits, history, one, penalty, REPEAT_WINDOW)
 
     def run(self, ids: list[int], cfg: GenerationConfig, stop: threading.Event | None) -> Iterator[RoundEvent | DoneEvent]:
         """Yield the prefill's RoundEvent, one per round, then a DoneEvent. A consumer that closes the
@@ -43,7 +54,7 @@ class ReplyLoop:
         t_costs = self._ensure_auto() if auto else 0.0  # a one-time measurement is not the prompt's time
         if auto:
             self.auto.start_reply(cfg.temperature)
-        first = int(target_choice(logits[None], cfg.temperature, cfg.top_p, gen)[0])
+        first = int(target_choice(self._penalized(logits[None], ids, cfg.repeat_penalty), cfg.temperature, cfg.top_p, gen)[0])
         prompt_s = time.perf_counter() - t_start - t_costs  # NOTE: after int(): the device finished the prefill
         dec.pending = first
         out.append(first)
@@ -77,7 +88,7 @@ class ReplyLoop:
                 round_mode, round_budget, choose, then, learns = Mode.AR, 0, None, None, False
             t0 = time.perf_counter()
             r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, gen, stop_ids,
-                          cfg.max_new_tokens - len(out), choose, then, keep=auto)
+                          cfg.max_new_tokens - len(out), choose, then, keep=auto, repeat_penalty=cfg.repeat_penalty)
             if learns:
                 self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up,
                                   time.perf_counter() - t0)

@@ -1,0 +1,76 @@
+"""The repeat penalty: each node is penalised from its own sequence (history + its path), so every mode still
+emits plain decoding's tokens; the penalty itself follows llama.cpp's rule over the last window tokens."""
+
+import pytest
+import torch
+
+from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine.tree import DraftTree, repeat_penalize
+
+from drafters import TargetDrafter
+
+
+def _naive(logits, history, tokens, parents, penalty, window):
+    """Node by node: its sequence is the history, then the tokens from the root down to it."""
+    out = logits.clone()
+    for i in range(len(tokens)):
+        path, j = [], i
+        while j >= 0:
+            path.insert(0, tokens[j])
+            j = parents[j]
+        for tok in set((history + path)[-window:]):
+            x = logits[i, tok]
+            out[i, tok] = x / penalty if x > 0 else x * penalty
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("window,h", [(64, 40), (5, 10), (3, 0), (8, 8)])
+def test_each_node_is_penalised_from_its_own_sequence(seed, window, h):
+    g = torch.Generator().manual_seed(seed)
+    n, v = 12, 20  # few tokens: repeats within paths and between history and paths
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    tokens = torch.randint(0, v, (n,), generator=g)
+    history = torch.randint(0, v, (h,), generator=g)
+    logits = torch.randn(n, v, generator=g) * 3
+    tree = DraftTree(tokens, torch.tensor(parents), torch.tensor(depth), torch.zeros(n))
+    got = repeat_penalize(logits, history, tree, 1.7, window)
+    want = _naive(logits, history.tolist(), tokens.tolist(), parents, 1.7, window)
+    assert torch.equal(got, want)
+
+
+@pytest.fixture(scope="module")
+def eng(synthetic_pair):
+    return Engine.load(*synthetic_pair, device="cpu")
+
+
+def _ids(eng, prompt, **kw):
+    return list(eng.generate(prompt, GenerationConfig(stop_token_ids=(), max_new_tokens=40, **kw)))[-1]["token_ids"]
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_every_mode_emits_the_penalised_plain_decoding(eng, noise):
+    """Drafts that follow the unpenalised greedy path (cut where noise says): the penalised target rejects
+    some; ddtree, dflash and the auto budget still give ar's ids, which the penalty changed."""
+    eng.decoder.block_logits = TargetDrafter(eng, noise=noise, seed=3)
+    try:
+        changed = False
+        for text in ("def f(x):", "hello, world"):
+            prompt = eng.tokenizer.encode(text)
+            ar = _ids(eng, prompt, mode="ar", repeat_penalty=1.5)
+            changed |= ar != _ids(eng, prompt, mode="ar")
+            for kw in ({"mode": "ddtree", "budget": 16}, {"mode": "ddtree", "budget": 3}, {"mode": "dflash"},
+                       {"mode": "ddtree", "budget": "auto"}):
+                assert _ids(eng, prompt, repeat_penalty=1.5, **kw) == ar, kw
+        assert changed
+    finally:
+        del eng.decoder.block_logits
+
+
+def test_a_penalty_out_of_range_is_refused():
+    for bad in (0.5, 0.99, 11.0, float("nan")):
+        with pytest.raises(ValueError, match="repeat_penalty"):
+            GenerationConfig(repeat_penalty=bad)
