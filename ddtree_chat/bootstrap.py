@@ -16,7 +16,8 @@ def generation_config(settings, has_drafter: bool, mode_given: bool = True):
             raise ValueError(f"--mode {mode} needs a drafter; pass --draft DIR or use --mode ar.")
         mode = Mode.AR
     return GenerationConfig(mode=mode, budget=settings.budget, temperature=settings.temperature, top_p=settings.top_p,
-                            seed=settings.seed, max_new_tokens=settings.max_new_tokens)
+                            repeat_penalty=settings.repeat_penalty, seed=settings.seed,
+                            max_new_tokens=settings.max_new_tokens)
 
 
 def load_engine(args, progress=None):

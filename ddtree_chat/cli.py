@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=_setting("temperature"), metavar="T",
                     help="sampling temperature, 0-5 (0 = greedy; default 0)")
     ap.add_argument("--top-p", type=_setting("top_p"), metavar="P", help="nucleus sampling mass, (0, 1] (default 1.0)")
+    ap.add_argument("--repeat-penalty", type=_setting("repeat_penalty"), metavar="X",
+                    help=f"make tokens among the last {settings_mod.REPEAT_WINDOW} less likely, "
+                         f"1-{settings_mod.MAX_REPEAT_PENALTY:g} (default 1.0: off); lossless in every mode")
     ap.add_argument("--seed", type=_setting("seed"), metavar="S", help="sampling seed (default 0)")
     ap.add_argument("--max-new-tokens", type=_setting("max_new_tokens"), metavar="N",
                     help="most tokens to generate per reply (default 512)")

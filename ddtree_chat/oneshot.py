@@ -14,7 +14,8 @@ from . import settings as settings_mod
 from .ui.thinking import ThinkSplitter  # NOTE: plain Python (no Textual), shared with the chat view
 
 # Saved with a conversation and restored by --continue (the model to load is not part of a conversation).
-CONVERSATION_FIELDS = ("system", "temperature", "top_p", "max_new_tokens", "mode", "budget", "thinking", "seed")
+CONVERSATION_FIELDS = ("system", "temperature", "top_p", "repeat_penalty", "max_new_tokens", "mode", "budget",
+                       "thinking", "seed")
 
 
 def _note(text: str) -> None:

@@ -21,6 +21,9 @@ from ddtree_chat.modes import BUDGETS, MODES
 
 MAX_CONTEXT = 1 << 20  # far above any model's positions; only catches typos
 DEVICES = ("cpu", "cuda")
+# the engine's repeat-penalty window and ceiling (engine/generation.py), here free of torch; test_settings checks both
+REPEAT_WINDOW = 64
+MAX_REPEAT_PENALTY = 10.0
 SETTINGS_FILE = "settings.json"
 ENV_MODEL, ENV_DRAFT = knobs.CHAT_MODEL.name, knobs.CHAT_DRAFT.name
 
@@ -34,6 +37,7 @@ class Settings:
     system: str = ""
     temperature: float = 0.0
     top_p: float = 1.0
+    repeat_penalty: float = 1.0  # 1: off
     max_new_tokens: int = 512
     mode: str | None = None  # None: ddtree when a drafter exists, else ar
     budget: int | str = "auto"  # drafted nodes per round, or auto (measured cost vs acceptance)
@@ -90,6 +94,11 @@ def validate(name: str, value):
         if number == 0.0:
             raise SettingsError(f"top_p must be greater than 0 and at most 1, not {value!r}.")
         return number
+    if name == "repeat_penalty":
+        try:
+            return _to_number(name, value, float, 1.0, MAX_REPEAT_PENALTY)
+        except SettingsError:  # one wording for every bad value, the engine's
+            raise SettingsError(f"repeat_penalty must be from 1 to {MAX_REPEAT_PENALTY:g}, not {value!r}.") from None
     if name == "max_new_tokens":
         return _to_number(name, value, int, 1, 1_000_000)
     if name == "budget":

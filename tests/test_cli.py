@@ -79,6 +79,7 @@ def test_same_ids_across_modes(model_args, tmp_path):
     (["--prompt", "hi", "--temperature", "nan"], "--temperature: temperature must be between 0.0 and 5.0, not 'nan'"),
     (["--prompt", "hi", "--top-p", "0", "--json"], "--top-p: top_p must be greater than 0"),
     (["--prompt", "hi", "--top-p", "1.5"], "--top-p: top_p must be between 0.0 and 1.0, not '1.5'"),
+    (["--prompt", "hi", "--repeat-penalty", "11", "--json"], "--repeat-penalty: repeat_penalty must be from 1 to 10, not '11'"),
     (["--prompt", "hi", "--conversation", "99"], "no conversation 99"),
     ([], "nothing to answer"),  # stdin is /dev/null: neither a terminal nor a pipe
 ])
@@ -98,7 +99,7 @@ def test_errors_are_one_line_and_nonzero(model_args, tmp_path, args, needle):
 def test_help_version_and_flags():
     r = run_cli("--help")
     for flag in ("--model", "--draft", "--prompt", "--json", "--mode", "--budget", "--temperature", "--top-p",
-                 "--seed", "--max-new-tokens", "--tp", "--device", "--system", "--raw", "--show-thinking", "--continue",
+                 "--repeat-penalty", "--seed", "--max-new-tokens", "--tp", "--device", "--system", "--raw", "--show-thinking", "--continue",
                  "--conversation", "--no-save", "--print-completion", "DDTREE_CHAT_MODEL", "Esc"):
         assert flag in r.stdout
     from ddtree_chat import __version__
@@ -199,9 +200,9 @@ def test_completion_scripts_follow_the_parser(tmp_path):
     (tmp_path / "models" / "kimi").mkdir(parents=True)
     probe = (f'{bash}\ncomplete_at() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _ddtree_chat; echo "${{COMPREPLY[*]}}"; }}\n'
              f'complete_at ddtree-chat --mo\ncomplete_at ddtree-chat --mode d\ncd {tmp_path}\n'
-             'complete_at ddtree-chat --draft models/k\ncomplete_at ddtree-chat --prompt x')
+             'complete_at ddtree-chat --draft models/k\ncomplete_at ddtree-chat --prompt x\ncomplete_at ddtree-chat --rep')
     lines = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60).stdout.splitlines()
-    assert lines == ["--model --mode", "ddtree dflash", "models/kimi", ""]
+    assert lines == ["--model --mode", "ddtree dflash", "models/kimi", "", "--repeat-penalty"]
 
     zsh = run_cli("--print-completion", "zsh").stdout
     assert zsh.startswith("#compdef ddtree-chat") and "compdef _ddtree_chat ddtree-chat" in zsh
@@ -209,6 +210,35 @@ def test_completion_scripts_follow_the_parser(tmp_path):
         for name in action.option_strings:
             assert f"'{name}[" in zsh
     assert ":mode:(ddtree dflash ar)'" in zsh and "'--model[" in zsh and ":DIR:_files -/'" in zsh
+
+
+def _config_runs(model_args, home, *args):
+    """Run the one-shot in a fresh process; the GenerationConfig it built, as printed to stderr."""
+    code = ("import sys; import ddtree_chat.bootstrap as b; built = b.generation_config\n"
+            "def seen(*a, **k):\n    cfg = built(*a, **k); print('CONFIG', cfg.repeat_penalty, file=sys.stderr); return cfg\n"
+            "b.generation_config = seen; from ddtree_chat.cli import main; raise SystemExit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, *model_args, "--prompt", "hi", "--max-new-tokens", "2", "--json",
+                        "--mode", "ar", *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, DDTREE_CHAT_HOME=str(home)))
+    assert r.returncode == 0, r.stderr
+    return float(next(line.split()[1] for line in r.stderr.splitlines() if line.startswith("CONFIG ")))
+
+
+def test_repeat_penalty_flag_reaches_the_config_and_stays_with_the_conversation(model_args, tmp_path):
+    assert _config_runs(model_args, tmp_path) == 1.0
+    assert _config_runs(model_args, tmp_path, "--repeat-penalty", "1.3") == 1.3
+    with sqlite3.connect(tmp_path / "data" / "history.sqlite3") as db:
+        stored = [json.loads(s) for (s,) in db.execute("SELECT settings FROM conversations ORDER BY id")]
+    assert [s["repeat_penalty"] for s in stored] == [1.0, 1.3]
+    assert _config_runs(model_args, tmp_path, "-c") == 1.3, "a continued conversation keeps its penalty"
+    assert _config_runs(model_args, tmp_path, "-c", "--repeat-penalty", "2") == 2.0, "a flag wins over it"
+    with sqlite3.connect(tmp_path / "data" / "history.sqlite3") as db:  # a conversation saved before the setting
+        db.execute("UPDATE conversations SET settings = '{\"seed\": 4}' WHERE id = 2")
+    assert _config_runs(model_args, tmp_path, "--conversation", "2") == 1.0
+    r = run_cli(*model_args, "--prompt", "hi", "--repeat-penalty", "0.5", home=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("ddtree-chat: argument --repeat-penalty: repeat_penalty must be from 1 to 10, not '0.5' "
+                        "(ddtree-chat --help lists the options)\n")
 
 
 def test_a_knob_value_outside_its_choices_is_one_line(tmp_path):

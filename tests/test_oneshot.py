@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-from ddtree_chat.oneshot import _show
+from ddtree_chat.oneshot import _restored, _show
+from ddtree_chat.settings import Settings
 from ddtree_chat.ui.thinking import ThinkSplitter
 
 
@@ -26,6 +27,13 @@ def test_thinking_goes_to_stderr_only_when_asked(capsys):
     _stream(chunks, show_thinking=True)
     out, err = capsys.readouterr()
     assert out == "def f(): pass<" and err == "let me see \n"
+
+
+def test_a_continued_conversation_keeps_its_repeat_penalty():
+    saved = Settings(repeat_penalty=1.2)
+    assert _restored(saved, {"repeat_penalty": 1.5, "seed": 3}).repeat_penalty == 1.5
+    assert _restored(saved, {"seed": 3}).repeat_penalty == 1.2, "one saved before the setting: the defaults' value"
+    assert _restored(saved, {"repeat_penalty": 0.5}).repeat_penalty == 1.2, "a value no longer valid is skipped"
 
 
 def test_random_fallback_is_said_on_stderr(tmp_path):

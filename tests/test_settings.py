@@ -18,10 +18,17 @@ def test_missing_file_gives_defaults_without_warning():
 
 
 def test_roundtrip(home):
-    s = st.Settings(system="be brief", temperature=0.7, top_p=0.9, max_new_tokens=64, mode="dflash", budget=32, thinking=False, seed=3)
+    s = st.Settings(system="be brief", temperature=0.7, top_p=0.9, repeat_penalty=1.3, max_new_tokens=64, mode="dflash",
+                    budget=32, thinking=False, seed=3)
     path = st.save(s)
     assert path.parent == home / "config"
     assert st.load() == (s, None)
+
+
+def test_a_file_from_before_repeat_penalty_loads_with_it_off():
+    st.settings_path().write_text(json.dumps({"temperature": 0.4, "top_p": 0.9, "seed": 2}), encoding="utf-8")
+    assert st.load() == (st.Settings(temperature=0.4, top_p=0.9, seed=2), None)
+    assert st.load()[0].repeat_penalty == 1.0
 
 
 def test_corrupt_file_warns_and_uses_defaults():
@@ -40,7 +47,8 @@ def test_bad_values_are_dropped_with_warning():
 
 @pytest.mark.parametrize(
     "name,value,expected",
-    [("temperature", "0.5", 0.5), ("top_p", "1", 1.0), ("max_new_tokens", "12", 12), ("mode", "AR", "ar"),
+    [("temperature", "0.5", 0.5), ("top_p", "1", 1.0), ("repeat_penalty", "1", 1.0), ("repeat_penalty", "1.1", 1.1),
+     ("repeat_penalty", 10, 10.0), ("max_new_tokens", "12", 12), ("mode", "AR", "ar"),
      ("thinking", "off", False), ("thinking", "on", True), ("budget", 256, 256), ("budget", "auto", "auto"),
      ("budget", "1", 1), ("context", "8192", 8192), ("context", None, None), ("device", "cuda", "cuda"),
      ("model", "/models/kimi", "/models/kimi")],
@@ -51,7 +59,9 @@ def test_validate_accepts(name, value, expected):
 
 @pytest.mark.parametrize(
     "name,value",
-    [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("max_new_tokens", "0"),
+    [("temperature", "-1"), ("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("repeat_penalty", "0.9"),
+     ("repeat_penalty", "10.5"), ("repeat_penalty", "nan"), ("repeat_penalty", "x"), ("repeat_penalty", True),
+     ("max_new_tokens", "0"),
      ("max_new_tokens", "1.5"), ("mode", "beam"), ("thinking", "maybe"), ("budget", "x"), ("budget", "1024"),
      ("budget", "-1"), ("budget", "0"), ("context", "0"), ("context", "-5"), ("context", "4k"), ("device", "tpu"),
      ("model", ""), ("draft", 3), ("nope", 1)],
@@ -63,9 +73,12 @@ def test_validate_rejects(name, value):
 
 def test_cli_overrides_only_given_values():
     base = st.Settings(temperature=0.3, budget=8)
-    args = argparse.Namespace(temperature=None, budget=64, mode="ar", system=None, top_p=None, max_new_tokens=None, seed=None, thinking=None)
+    args = argparse.Namespace(temperature=None, budget=64, mode="ar", system=None, top_p=None, repeat_penalty=None,
+                              max_new_tokens=None, seed=None, thinking=None)
     s, warnings = st.with_overrides(base, args)
-    assert (s.temperature, s.budget, s.mode) == (0.3, 64, "ar") and warnings == []
+    assert (s.temperature, s.budget, s.mode, s.repeat_penalty) == (0.3, 64, "ar", 1.0) and warnings == []
+    s, warnings = st.with_overrides(base, argparse.Namespace(repeat_penalty=1.5))
+    assert (s.temperature, s.repeat_penalty) == (0.3, 1.5) and warnings == []
 
 
 def test_cli_thinking_default_does_not_override_saved_off():
@@ -98,12 +111,30 @@ def test_settings_know_the_engine_limits():
         st.validate("budget", low - 1)
     with pytest.raises(ValueError):
         GenerationConfig(mode="ddtree", budget=low - 1)
+    from ddtree_chat.engine import generation
+
+    assert (st.REPEAT_WINDOW, st.MAX_REPEAT_PENALTY) == (generation.REPEAT_WINDOW, generation.MAX_REPEAT_PENALTY)
+    for value in (1, st.MAX_REPEAT_PENALTY):
+        assert st.validate("repeat_penalty", value) == GenerationConfig(repeat_penalty=value).repeat_penalty == value
+    for value in (0.99, st.MAX_REPEAT_PENALTY + 0.01):
+        with pytest.raises(st.SettingsError):
+            st.validate("repeat_penalty", value)
+        with pytest.raises(ValueError):
+            GenerationConfig(repeat_penalty=value)
 
 
-@pytest.mark.parametrize("name,value", [("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("context", "0")])
+@pytest.mark.parametrize("name,value", [("temperature", "nan"), ("top_p", "0"), ("top_p", "1.5"), ("repeat_penalty", "0.5"),
+                                        ("context", "0")])
 def test_rejections_name_the_setting_and_the_value(name, value):
     with pytest.raises(st.SettingsError, match=rf"^{name} .*'{value}'"):
         st.validate(name, value)
+
+
+def test_repeat_penalty_rejection_is_one_sentence_with_its_range():
+    for value in ("0.5", "11", "lots"):
+        with pytest.raises(st.SettingsError) as err:
+            st.validate("repeat_penalty", value)
+        assert str(err.value) == f"repeat_penalty must be from 1 to 10, not '{value}'."
 
 
 def test_engine_config_names_the_bad_value():

@@ -178,19 +178,28 @@ async def test_slash_commands_change_settings(pair, home):
     app = real_app(pair)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        for command in ("/temp 0.5", "/top_p 0.9", "/max 7", "/budget 8", "/seed 3", "/think on", "/system Be brief.", "/mode dflash"):
+        for command in ("/temp 0.5", "/top_p 0.9", "/repeat 1.2", "/max 7", "/budget 8", "/seed 3", "/think on",
+                        "/system Be brief.", "/mode dflash"):
             await submit(pilot, command)
         s = app.settings
-        assert (s.temperature, s.top_p, s.max_new_tokens, s.budget, s.seed, s.thinking, s.system, s.mode) == (
-            0.5, 0.9, 7, 8, 3, True, "Be brief.", "dflash")
+        assert (s.temperature, s.top_p, s.repeat_penalty, s.max_new_tokens, s.budget, s.seed, s.thinking, s.system,
+                s.mode) == (0.5, 0.9, 1.2, 7, 8, 3, True, "Be brief.", "dflash")
         await submit(pilot, "/temp hot")
+        await submit(pilot, "/repeat 0.5")
         notes = [str(n.render()) for n in app.query(".note")]
         assert any("temperature must be" in n for n in notes) and app.settings.temperature == 0.5
+        assert "repeat_penalty must be from 1 to 10, not '0.5'." in notes and app.settings.repeat_penalty == 1.2
+        await submit(pilot, "/repeat-penalty 1.4")
+        await submit(pilot, "/settings")
+        assert "repeat_penalty 1.4" in str(app.query(".note").last().render())
+        await submit(pilot, "/repeat_penalty 1.1")
+        assert app.settings.repeat_penalty == 1.1
         await submit(pilot, "/help")
-        assert any("/export [PATH]" in str(n.render()) for n in app.query(".note"))
+        help_note = str(app.query(".note").last().render())
+        assert "/export [PATH]" in help_note and "/repeat X" in help_note
         await submit(pilot, "/save")
         saved = json.loads((home / "config" / "settings.json").read_text())
-        assert saved["budget"] == 8 and saved["mode"] == "dflash"
+        assert saved["budget"] == 8 and saved["mode"] == "dflash" and saved["repeat_penalty"] == 1.1
         await submit(pilot, "/mode ar")
         await submit(pilot, "/think off")
         await reply(pilot, "hello")
@@ -200,6 +209,8 @@ async def test_slash_commands_change_settings(pair, home):
         titles = {c.title: c for c in app.get_system_commands(app.screen)}
         titles["Mode: ddtree"].callback()
         assert app.settings.mode == "ddtree"
+        titles["Set repeat penalty…"].callback()
+        assert app.query_one("#input").text == "/repeat "
 
 
 async def test_conversation_survives_restart_and_exports(pair, tmp_path):

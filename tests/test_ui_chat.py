@@ -206,15 +206,17 @@ async def test_conversation_keeps_its_settings_and_exports_them(home, tmp_path):
     app = fake_app(settings=Settings(thinking=False))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        for command in ("/system Answer like a pirate.", "/temp 0.7", "/top_p 0.9", "/max 33", "/budget 4", "/seed 11",
-                        "/mode dflash"):
+        for command in ("/system Answer like a pirate.", "/temp 0.7", "/top_p 0.9", "/repeat 1.3", "/max 33", "/budget 4",
+                        "/seed 11", "/mode dflash"):
             await submit(pilot, command)
         await reply(pilot, "hello")
+        assert (app.engine.configs[-1].top_p, app.engine.configs[-1].repeat_penalty) == (0.9, 1.3)
         cid = app.session.conversation_id
-        wanted = dict(system="Answer like a pirate.", temperature=0.7, top_p=0.9, max_new_tokens=33, budget=4, seed=11,
-                      mode="dflash")
+        wanted = dict(system="Answer like a pirate.", temperature=0.7, top_p=0.9, repeat_penalty=1.3, max_new_tokens=33,
+                      budget=4, seed=11, mode="dflash")
         await pilot.press("ctrl+n")
-        assert app.settings.system == "" and app.settings.temperature == 0.0, "a new chat starts from the defaults"
+        assert (app.settings.system, app.settings.temperature, app.settings.repeat_penalty) == ("", 0.0, 1.0), \
+            "a new chat starts from the defaults"
         await pilot.press("ctrl+o")
         await wait_until(pilot, lambda: type(app.screen).__name__ == "ConversationsScreen")
         await pilot.press("enter")
@@ -228,6 +230,7 @@ async def test_conversation_keeps_its_settings_and_exports_them(home, tmp_path):
     assert {k: stored[k] for k in wanted} == dict(wanted, seed=12)
     data = json.loads(out.read_text())
     assert data["settings"]["system"] == "Answer like a pirate." and data["settings"]["seed"] == 12
+    assert data["settings"]["repeat_penalty"] == 1.3
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
     assert data["messages"][1]["stats"]["rounds"] > 0 and data["messages"][1]["stats"]["mode"] == "dflash"
 
@@ -238,15 +241,16 @@ async def test_continue_flags_open_a_conversation_in_the_chat():
     history = History.open()
     old = history.new_conversation("older", {"seed": 5})
     history.add_message(old, "user", "first question")
-    cid = history.new_conversation("latest one", {"system": "Answer like a pirate.", "seed": 9})
+    cid = history.new_conversation("latest one", {"system": "Answer like a pirate.", "seed": 9, "repeat_penalty": 1.5})
     history.add_message(cid, "user", "what is a list?")
     history.add_message(cid, "assistant", "a sequence, arr")
-    for resume, want, seed in (("latest", cid, 9), (old, old, 5)):
-        app = fake_app(settings=Settings(thinking=False), resume=resume)
+    # the older one was saved before repeat_penalty existed: it gets the defaults' value
+    for resume, want, seed, penalty in (("latest", cid, 9, 1.5), (old, old, 5, 1.2)):
+        app = fake_app(settings=Settings(thinking=False, repeat_penalty=1.2), resume=resume)
         async with app.run_test(size=SIZE) as pilot:
             await loaded(pilot)
             await wait_until(pilot, lambda: app.session.conversation_id == want)
-            assert app.settings.seed == seed
+            assert (app.settings.seed, app.settings.repeat_penalty) == (seed, penalty)
     app = fake_app(settings=Settings(thinking=False), resume=12345)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)

@@ -10,7 +10,8 @@ from ddtree_chat.history import Conversation, Message
 from ddtree_chat.ui import export
 from ddtree_chat.ui.copying import code_blocks
 
-CONV = Conversation(7, "Lists", 1.0, 2.0, 4, {"system": "Be brief.", "mode": "ddtree", "budget": "auto", "seed": 3})
+CONV = Conversation(7, "Lists", 1.0, 2.0, 4, {"system": "Be brief.", "mode": "ddtree", "budget": "auto", "seed": 3,
+                                              "repeat_penalty": 1.1})
 MESSAGES = [
     Message("user", "reverse a list"),
     Message("assistant", "def rev(xs):\n    return xs[::-1]", meta={"rounds": 4, "tokens": 12}),  # bare code: shown fenced
@@ -22,6 +23,7 @@ MESSAGES = [
 def test_markdown_keeps_code_blocks_and_settings():
     text = export.to_markdown(CONV, MESSAGES)
     assert text.startswith("# Lists\n") and "seed 3" in text and "## System\n\nBe brief." in text
+    assert "repeat_penalty 1.1" in text
     assert "```python\ndef rev(xs):\n    return xs[::-1]\n```" in text
     assert code_blocks(text) == ["def rev(xs):\n    return xs[::-1]", "xs.reverse()", "xs[:] = xs["]
     assert text.rstrip().endswith("*(stopped)*"), "the open fence was closed, so the note is Markdown again"
@@ -30,6 +32,7 @@ def test_markdown_keeps_code_blocks_and_settings():
 def test_json_has_messages_settings_and_stats():
     data = json.loads(export.to_json(CONV, MESSAGES))
     assert data["title"] == "Lists" and data["settings"]["system"] == "Be brief." and data["settings"]["seed"] == 3
+    assert data["settings"]["repeat_penalty"] == 1.1
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"] * 2
     assert data["messages"][1]["stats"] == {"rounds": 4, "tokens": 12} and "stats" not in data["messages"][0]
 

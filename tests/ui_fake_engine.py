@@ -40,6 +40,7 @@ class FakeConfig:
     budget: int = 16
     temperature: float = 0.0
     top_p: float = 1.0
+    repeat_penalty: float = 1.0
     seed: int = 0
     max_new_tokens: int = 512
 

@@ -303,8 +303,8 @@ class DDTreeChatApp(App):
     async def _generate(self, prompt: list[int], seed: int | None = None) -> None:
         s = self.settings.replace(seed=seed) if seed is not None else self.settings
         log_widget = self.query_one("#log", VerticalScroll)
-        config = self._config_cls()(mode=s.mode, budget=s.budget, temperature=s.temperature, top_p=s.top_p, seed=s.seed,
-                                    max_new_tokens=s.max_new_tokens)
+        config = self._config_cls()(mode=s.mode, budget=s.budget, temperature=s.temperature, top_p=s.top_p,
+                                    repeat_penalty=s.repeat_penalty, seed=s.seed, max_new_tokens=s.max_new_tokens)
         self._reply = AssistantMessage(in_think=s.thinking)
         self._reply_settings = s
         await log_widget.mount(self._reply)

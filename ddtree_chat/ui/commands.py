@@ -10,7 +10,7 @@ from __future__ import annotations
 from textual.app import SystemCommand
 
 from ddtree_chat.modes import BUDGETS, MAX_BUDGET, MODES
-from ddtree_chat.settings import SettingsError
+from ddtree_chat.settings import MAX_REPEAT_PENALTY, REPEAT_WINDOW, SettingsError
 
 # (command, argument, what it does) — /help prints this table
 COMMANDS = [
@@ -18,6 +18,7 @@ COMMANDS = [
     ("/system", "TEXT", "set the system prompt (no TEXT: show it; /system clear: remove it)"),
     ("/temp", "X", "sampling temperature (0 = greedy)"),
     ("/top_p", "X", "nucleus sampling threshold, 0 < X ≤ 1"),
+    ("/repeat", "X", f"make tokens among the last {REPEAT_WINDOW} less likely, 1 ≤ X ≤ {MAX_REPEAT_PENALTY:g} (1 = off)"),
     ("/max", "N", "max new tokens per reply"),
     ("/mode", "ddtree|dflash|ar", "decoding mode"),
     ("/budget", "N|auto", f"DDTree node budget ({BUDGETS.start}-{MAX_BUDGET}, or auto)"),
@@ -33,9 +34,10 @@ COMMANDS = [
     ("/save", "", "save the current settings as defaults"),
     ("/settings", "", "show the current settings"),
 ]
-ALIASES = {"/temperature": "/temp", "/max_new_tokens": "/max", "/thinking": "/think", "/top-p": "/top_p", "/quit": "/quit"}
-SETTING_OF = {"/temp": "temperature", "/top_p": "top_p", "/max": "max_new_tokens", "/mode": "mode", "/budget": "budget",
-              "/seed": "seed", "/think": "thinking"}
+ALIASES = {"/temperature": "/temp", "/max_new_tokens": "/max", "/thinking": "/think", "/top-p": "/top_p",
+           "/repeat_penalty": "/repeat", "/repeat-penalty": "/repeat", "/quit": "/quit"}
+SETTING_OF = {"/temp": "temperature", "/top_p": "top_p", "/repeat": "repeat_penalty", "/max": "max_new_tokens",
+              "/mode": "mode", "/budget": "budget", "/seed": "seed", "/think": "thinking"}
 
 KEYS = [
     ("enter", "send"), ("ctrl+j", "newline in the input (also shift+enter where the terminal reports it)"),
@@ -116,8 +118,9 @@ def run_command(app, text: str) -> None:
 def describe(settings) -> str:
     return (
         f"mode {settings.mode or 'auto'} · budget {settings.budget} · temperature {settings.temperature:g} · "
-        f"top_p {settings.top_p:g} · max {settings.max_new_tokens} · seed {settings.seed} · "
-        f"thinking {'on' if settings.thinking else 'off'} · system prompt {'set' if settings.system else 'none'}"
+        f"top_p {settings.top_p:g} · repeat_penalty {settings.repeat_penalty:g} · max {settings.max_new_tokens} · "
+        f"seed {settings.seed} · thinking {'on' if settings.thinking else 'off'} · "
+        f"system prompt {'set' if settings.system else 'none'}"
     )
 
 
@@ -132,8 +135,8 @@ def palette_commands(app):
     yield SystemCommand("Thinking: on", "let the model think before answering", setter("thinking", True))
     yield SystemCommand("Thinking: off", "answer directly", setter("thinking", False))
     for label, cmd in (("Set system prompt…", "/system "), ("Set temperature…", "/temp "), ("Set top-p…", "/top_p "),
-                       ("Set max new tokens…", "/max "), ("Set tree budget…", "/budget "), ("Set seed…", "/seed "),
-                       ("Export conversation to…", "/export ")):
+                       ("Set repeat penalty…", "/repeat "), ("Set max new tokens…", "/max "),
+                       ("Set tree budget…", "/budget "), ("Set seed…", "/seed "), ("Export conversation to…", "/export ")):
         yield SystemCommand(label, f"type {cmd.strip()} VALUE in the input", lambda cmd=cmd: app.prefill(cmd))
     yield SystemCommand("Retry", "write the last reply again", app.retry)
     yield SystemCommand("Edit last message", "put it back in the input; Enter resends it", app.edit)

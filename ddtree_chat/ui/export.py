@@ -14,7 +14,7 @@ from ddtree_chat.history import Conversation, Message
 from ddtree_chat.ui.chat_view import answer_markdown
 
 NAMES = {"system": "System", "user": "You", "assistant": "Assistant"}
-SETTING_KEYS = ("system", "mode", "budget", "temperature", "top_p", "max_new_tokens", "seed", "thinking")
+SETTING_KEYS = ("system", "mode", "budget", "temperature", "top_p", "repeat_penalty", "max_new_tokens", "seed", "thinking")
 
 
 class ExportError(Exception):
