@@ -15,7 +15,7 @@ import traceback
 
 from . import __version__, knobs, logs
 from . import settings as settings_mod
-from .modes import BUDGETS, MAX_BUDGET, MODES
+from .modes import BUDGETS, MAX_BUDGET, MAX_REPEAT_PENALTY, MODES, REPEAT_WINDOW
 
 KEYS_HELP = """\
 keys (interactive): Enter send, ctrl+j newline, Esc stop the reply, Up/Down earlier messages,
@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sampling temperature, 0-5 (0 = greedy; default 0)")
     ap.add_argument("--top-p", type=_setting("top_p"), metavar="P", help="nucleus sampling mass, (0, 1] (default 1.0)")
     ap.add_argument("--repeat-penalty", type=_setting("repeat_penalty"), metavar="X",
-                    help=f"make tokens among the last {settings_mod.REPEAT_WINDOW} less likely, "
-                         f"1-{settings_mod.MAX_REPEAT_PENALTY:g} (default 1.0: off); lossless in every mode")
+                    help=f"make tokens among the last {REPEAT_WINDOW} less likely, "
+                         f"1-{MAX_REPEAT_PENALTY:g} (default 1.0: off); lossless in every mode")
     ap.add_argument("--seed", type=_setting("seed"), metavar="S", help="sampling seed (default 0)")
     ap.add_argument("--max-new-tokens", type=_setting("max_new_tokens"), metavar="N",
                     help="most tokens to generate per reply (default 512)")

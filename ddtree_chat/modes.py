@@ -24,3 +24,5 @@ MAX_BUDGET = 1023  # tree nodes past the root a round may draft (the rope table 
 # The fixed budgets --budget and /budget accept (besides "auto"). NOTE: not 0: a ddtree round that drafts nothing
 # verifies a root token no draft wrote (plain decoding is --mode ar).
 BUDGETS = range(1, MAX_BUDGET + 1)
+REPEAT_WINDOW = 64  # tokens the repeat penalty looks back over (the sequence's last ones, prompt included)
+MAX_REPEAT_PENALTY = 10.0

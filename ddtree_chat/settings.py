@@ -17,13 +17,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ddtree_chat import knobs, paths
-from ddtree_chat.modes import BUDGETS, MODES
+from ddtree_chat.modes import BUDGETS, MAX_REPEAT_PENALTY, MODES
 
 MAX_CONTEXT = 1 << 20  # far above any model's positions; only catches typos
 DEVICES = ("cpu", "cuda")
-# the engine's repeat-penalty window and ceiling (engine/generation.py), here free of torch; test_settings checks both
-REPEAT_WINDOW = 64
-MAX_REPEAT_PENALTY = 10.0
 SETTINGS_FILE = "settings.json"
 ENV_MODEL, ENV_DRAFT = knobs.CHAT_MODEL.name, knobs.CHAT_DRAFT.name
 

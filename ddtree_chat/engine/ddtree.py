@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from . import ops
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
-from ..modes import MAX_BUDGET, Mode
-from .generation import REPEAT_WINDOW, RoundShape
+from ..modes import MAX_BUDGET, REPEAT_WINDOW, Mode
+from .generation import RoundShape
 from .kv_cache import DraftCache, KVCache
 from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
 from .model import KimiModel

@@ -6,13 +6,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..modes import BUDGETS, MAX_BUDGET, MODES, Mode
+from ..modes import BUDGETS, MAX_BUDGET, MAX_REPEAT_PENALTY, MODES, Mode
 
 # the tree sizes --budget auto chooses among; NOTE: none above 64: larger trees paid in no measurement
 # (BENCHMARKS.md) and their kernels are over a third of a first start's compile time, the longest ones
 AUTO_BUDGETS = (2, 4, 8, 16, 32, 64)
-REPEAT_WINDOW = 64  # tokens the repeat penalty looks back over (the last ones of the sequence, prompt included)
-MAX_REPEAT_PENALTY = 10.0
 
 
 @dataclass(frozen=True)
@@ -21,7 +19,7 @@ class GenerationConfig:
     budget: int | str = "auto"  # drafted tree nodes per round (root excluded), or "auto"; ddtree only
     temperature: float = 0.0
     top_p: float = 1.0
-    # > 1 makes each token already among the last REPEAT_WINDOW of the sequence less likely (1: off); every mode
+    # > 1 makes each token already among the last modes.REPEAT_WINDOW of the sequence less likely (1: off); every mode
     # applies it to a node from that node's own prefix, so speculative output still equals plain decoding's
     repeat_penalty: float = 1.0
     seed: int = 0

@@ -10,11 +10,11 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..modes import Mode
+from ..modes import REPEAT_WINDOW, Mode
 from .budget import PLAIN, AutoBudget
 from .ddtree import Decoder
 from .events import DoneEvent, RoundEvent, empty_tree
-from .generation import REPEAT_WINDOW, GenerationConfig, Stats
+from .generation import GenerationConfig, Stats
 from .parallel import TPGroup
 from .tree import DraftTree, repeat_penalize, target_choice
 

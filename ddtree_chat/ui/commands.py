@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ddtree_chat.modes import BUDGETS, MAX_BUDGET, MODES
-from ddtree_chat.settings import MAX_REPEAT_PENALTY, REPEAT_WINDOW, SettingsError
+from ddtree_chat.modes import BUDGETS, MAX_BUDGET, MAX_REPEAT_PENALTY, MODES, REPEAT_WINDOW
+from ddtree_chat.settings import SettingsError
 
 # (command, argument, what it does) — /help prints this table
 COMMANDS = [
