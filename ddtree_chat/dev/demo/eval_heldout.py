@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--mode", default="ddtree", choices=["ddtree", "dflash", "ar"])
     ap.add_argument("--max-new", type=int, default=384)
+    ap.add_argument("--repeat-penalty", type=float, default=1.0, help="the chat's --repeat-penalty (1: off)")
     ap.add_argument("-n", type=int, default=len(HELDOUT), help="the first n requests only")
     ap.add_argument("--show", type=int, default=3, help="replies printed verbatim")
     ap.add_argument("--json", type=Path, default=None)
@@ -40,7 +41,8 @@ def main(argv=None) -> int:
     replies, tokens, t0 = [], 0, time.time()
     for ids in heldout_prompts(eng.tokenizer)[: a.n]:
         done = None
-        for ev in eng.generate(ids, GenerationConfig(mode=a.mode, temperature=0.0, max_new_tokens=a.max_new)):
+        cfg = GenerationConfig(mode=a.mode, temperature=0.0, max_new_tokens=a.max_new, repeat_penalty=a.repeat_penalty)
+        for ev in eng.generate(ids, cfg):
             done = ev
         replies.append(done["text"])
         tokens += len(done["token_ids"])
@@ -49,9 +51,9 @@ def main(argv=None) -> int:
     for h, r in list(zip(items, replies))[: a.show]:
         print(f"--- {h.prompt}\n{r}\n")
     print(f"{target}: {res['defines']}/{res['n']} define the requested function, {res['passes']}/{res['n']} pass "
-          f"its tests, {res['fenced']}/{res['n']} fenced, {res['def_line']}/{res['n']} with a def line ({tokens} tokens in {dt:.1f}s, {a.mode}, T=0)")
+          f"its tests, {res['fenced']}/{res['n']} fenced, {res['def_line']}/{res['n']} with a def line ({tokens} tokens in {dt:.1f}s, {a.mode}, T=0, repeat penalty {a.repeat_penalty:g})")
     if a.json:
-        a.json.write_text(json.dumps({"target": str(target), "draft": str(draft), "mode": a.mode,
+        a.json.write_text(json.dumps({"target": str(target), "draft": str(draft), "mode": a.mode, "repeat_penalty": a.repeat_penalty,
                                       "torch": torch.__version__, "eval": res,
                                       "replies": dict(zip((h.name for h in items), replies))}, indent=1))
     return 0
