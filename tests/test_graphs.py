@@ -371,12 +371,14 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
     """The static rounds (recorded on CUDA) with a repeat penalty: every mode gives the eager ar reply's ids,
-    which the penalty changed; such rounds do not run ahead (the next one's penalty needs these tokens)."""
+    which the penalty changed, with rounds launched ahead (their penalty reads the tokens committed on the device)."""
     eager = Engine.load(*synthetic_pair, device=device, graphs=False)
     static = Engine.load(*synthetic_pair, device=device)
     if device == "cpu":
         static.use_graphs(capture=False)
         static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
+    launch, ahead = static.decoder._launch, []
+    static.decoder._launch = lambda *a, fresh, **kw: ahead.append(not fresh) or launch(*a, fresh=fresh, **kw)
     changed = False
     for text in PROMPTS:
         prompt = eager.tokenizer.encode(text)
@@ -385,7 +387,7 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
         for kw in ({"mode": "ar"}, {"mode": "dflash"}, {"mode": "ddtree", "budget": 16},
                    {"mode": "ddtree", "budget": "auto"}):
             assert run(static, prompt, max_new_tokens=32, repeat_penalty=1.5, **kw)["token_ids"] == want, kw
-    assert changed
+    assert changed and sum(ahead) > 20
 
 
 @pytest.mark.gpu

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
-from ddtree_chat.engine.tree import DraftTree, repeat_penalize
+from ddtree_chat.engine.repeat import RecentTokens, repeat_penalize
+from ddtree_chat.engine.tree import DraftTree
 
 from drafters import TargetDrafter
 
@@ -40,6 +41,34 @@ def test_each_node_is_penalised_from_its_own_sequence(seed, window, h):
     got = repeat_penalize(logits, history, tree, 1.7, window)
     want = _naive(logits, history.tolist(), tokens.tolist(), parents, 1.7, window)
     assert torch.equal(got, want)
+
+
+def test_recent_tokens_hold_the_committed_window_by_position():
+    """Written from the host, then rounds committed on the device: the history is always the last window tokens."""
+    recent, seq = RecentTokens(8, torch.device("cpu")), list(range(100, 105))
+    recent.write(seq)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(12):
+        n = 6
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+        depth = [0] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+        tree = DraftTree(torch.randint(0, 50, (n,), generator=g), torch.tensor(parents), torch.tensor(depth), torch.zeros(n))
+        path, j = [], n - 1  # a path from the root down to the last node
+        while j >= 0:
+            path.insert(0, j)
+            j = parents[j]
+        accepted = torch.zeros(n, dtype=torch.bool)
+        accepted[path] = True
+        recent.commit(torch.tensor([len(seq)]), tree, accepted)
+        seq += tree.tokens[path].tolist()
+        history, skip = recent.history(torch.tensor([len(seq)]))
+        assert int(skip) == 0 and history.tolist() == seq[-8:]
+    short = RecentTokens(8, torch.device("cpu"))
+    short.write([7, 8, 9])
+    history, skip = short.history(torch.tensor([3]))
+    assert int(skip) == 5 and history[5:].tolist() == [7, 8, 9]
 
 
 @pytest.fixture(scope="module")

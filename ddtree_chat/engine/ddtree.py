@@ -25,7 +25,8 @@ from .generation import RoundShape
 from .kv_cache import DraftCache, KVCache
 from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
 from .model import KimiModel
-from .tree import DraftTree, build_tree, repeat_penalize, target_choice
+from .repeat import RecentTokens, repeat_penalize
+from .tree import DraftTree, build_tree, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 KEPT_ROWS = 512  # the auto budget's plain steps' target features kept for the drafter's catch-up (a ring)
@@ -74,6 +75,7 @@ class Decoder:
                 model.fuse_projections()
                 model.reserve_rope(max_len + MAX_TREE_POSITIONS, dtype)
         self.tokens: list[int] = []  # committed (in the cache)
+        self.recent = RecentTokens(REPEAT_WINDOW, self.device)  # their last ones on the device (repeat penalty)
         self.pending: int | None = None
         self.graphs = StaticRound(self, capture=False)  # the round's programs (the engine may record them)
         self._ahead = None  # a graphs.Flight launched before the previous round's result was read
@@ -230,8 +232,7 @@ class Decoder:
         stop or the limit is simply never read (it wrote scratch only). A drafting round after `ar` rounds
         first catches the drafter's context up (_catch_up). keep: this reply's `ar` rounds (the auto budget's
         plain steps) keep their target features, so that catch-up needs no target forward. repeat_penalty > 1:
-        each node's logits penalised from its own sequence (repeat_penalize); such rounds do not run ahead
-        (the next one's penalty needs this one's tokens)."""
+        each node's logits penalised from its own sequence (engine/repeat.py)."""
         sr = self.graphs
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
             mode, budget, choose, then = Mode.AR, 0, None, None
@@ -242,8 +243,7 @@ class Decoder:
             caught = self._catch_up()
             catch_clock.mark()
         flight, self._ahead = self._ahead, None
-        ahead = self.runs_ahead() and repeat_penalty == 1
-        if flight is not None and (flight.key != key or choose is not None or not ahead):
+        if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead()):
             flight = None  # launched for another kind of round: never read
         if flight is None:
             flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True, keep=keep,
@@ -251,10 +251,11 @@ class Decoder:
         # NOTE: asked after the launch: a choosing round has made its choice by now
         nxt = (budget if choose is None else None) if then is None else then()
         nxt_mode = Mode.AR if nxt == 0 else mode  # NOTE: after a drafting round, the auto budget's plain steps
-        if (nxt is not None and ahead and sr.fits(nxt_mode, nxt)
+        if (nxt is not None and self.runs_ahead() and sr.fits(nxt_mode, nxt)
                 and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
             # NOTE: at T > 0 its sample is drawn now, after this round's: the seed's draws keep their order
-            self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, gen, None, fresh=False, keep=keep)
+            self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, gen, None, fresh=False, keep=keep,
+                                       repeat_penalty=repeat_penalty)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
         t_draft, t_target = flight.clock.split()
@@ -318,8 +319,7 @@ class Decoder:
     def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool, keep: bool = False,
                 repeat_penalty: float = 1.0):
         """Enqueue one round's programs (fresh: from the host's state; else from the device state the
-        previous round's accept left) and start the copy of its result. A repeat penalty reads the host's
-        committed tokens, so only a fresh launch may have one."""
+        previous round's accept left) and start the copy of its result."""
         sr, choosing = self.graphs, choose is not None
         n, sizes = sr.plan(mode, budget, choosing)
         b = self.block
@@ -331,8 +331,11 @@ class Decoder:
                 held = self.dcache.length + b  # the entries this round may see, at most
         keep = keep and mode == Mode.AR and self.dcache is not None
         self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep))
+        penalty = repeat_penalty != 1
         if fresh:
             sr.begin(*self.committed_state(self.pending))
+            if penalty:
+                self.recent.write(self.tokens)
         clock = sr.clock()
         if n > 1:
             sr.run(sr.draft_key(mode, budget, choosing, held))
@@ -340,12 +343,16 @@ class Decoder:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
         logits, _ = sr.run(sr.verify_key(mode, n, keep))
-        if repeat_penalty != 1:
-            history = torch.tensor(self.tokens[-REPEAT_WINDOW:], dtype=torch.long, device=logits.device)
-            logits = repeat_penalize(logits[:n], history, sr.tree(n), repeat_penalty, REPEAT_WINDOW)
-        if temperature > 0 or repeat_penalty != 1:  # NOTE: else the verify's own argmax stands
+        if penalty:  # NOTE: from the device's committed length and tokens: a round launched ahead has no host state
+            length = sr.state[0:1].clone()  # the accept moves it on
+            history, skip = self.recent.history(length)
+            logits = repeat_penalize(logits[:n], history, sr.tree(n), repeat_penalty, REPEAT_WINDOW, skip)
+        if temperature > 0 or penalty:  # NOTE: else the verify's own argmax stands
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
-        return sr.fetch(RoundShape(mode, budget), n, sr.run(sr.accept_key(mode, n, keep)), clock)
+        packed = sr.run(sr.accept_key(mode, n, keep))
+        if penalty:
+            self.recent.commit(length, sr.tree(n), packed[5 * n : 6 * n] > 0)  # pack_round's accepted flags
+        return sr.fetch(RoundShape(mode, budget), n, packed, clock)
 
     @staticmethod
     def _outcome(packed: torch.Tensor, n: int, stop_ids: frozenset[int], room: int):

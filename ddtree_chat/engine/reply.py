@@ -16,7 +16,8 @@ from .ddtree import Decoder
 from .events import DoneEvent, RoundEvent, empty_tree
 from .generation import GenerationConfig, Stats
 from .parallel import TPGroup
-from .tree import DraftTree, repeat_penalize, target_choice
+from .repeat import repeat_penalize
+from .tree import DraftTree, target_choice
 
 
 class ReplyLoop:

@@ -171,26 +171,6 @@ def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
     return ids.gather(-1, draw(kept, generator)[:, None]).squeeze(-1)
 
 
-def repeat_penalize(logits: torch.Tensor, history: torch.Tensor, tree: DraftTree, penalty: float, window: int) -> torch.Tensor:
-    """The repeat penalty (llama.cpp's): node i's logit of each token among the last `window` tokens of its own
-    sequence (history, then its path root..i) divided by `penalty` where positive, else multiplied by it. So a
-    node's logits are what a plain step at its position gets: speculative output stays plain decoding's.
-    logits [N, V]; history [H <= window]: the tokens before the root, oldest first -> [N, V]."""
-    n, v = logits.shape
-    h = history.shape[0]
-    depth = tree.depth
-    # each node's window: its path's last `window` tokens, then the history's last window - (depth + 1)
-    from_h = (h - (window - depth - 1)).clamp(max=h)  # [N] the first history index it keeps
-    keep = torch.cat([torch.arange(h, device=logits.device)[None, :] >= from_h[:, None],
-                      tree.mask() & (depth[None, :] > depth[:, None] - window)], 1)  # [N, H + N]
-    idx = torch.cat([history[None, :].expand(n, h), tree.tokens[None, :].expand(n, n)], 1)
-    vals = logits.gather(1, idx)
-    out = torch.cat([logits, logits.new_zeros(n, 1)], 1)  # NOTE: a token left out writes column V, dropped below
-    # a token in the window twice writes the same value twice: the order of the writes cannot matter
-    out.scatter_(1, torch.where(keep, idx, v), torch.where(vals > 0, vals / penalty, vals * penalty))
-    return out[:, :v]
-
-
 def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """weights [N, k] >= 0 (unnormalised) -> [N] column indices drawn in proportion to them: the argmax of
     w / E, E ~ Exp(1) (the exponential race), which, unlike multinomial's input checks, never makes the host
