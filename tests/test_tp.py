@@ -41,6 +41,9 @@ def test_tp2_matches_tp1(synthetic_pair, single, expert_parallel):
         for mode, budget in (("ddtree", 16), ("dflash", 7), ("ar", 0)):
             assert _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24) == \
                 _ids(single, prompt, mode=mode, budget=budget, max_new_tokens=24)
+        # every rank penalises from its own copy of the committed tokens, in step
+        assert _ids(engine, prompt, mode="ddtree", budget=16, max_new_tokens=24, repeat_penalty=1.5) == \
+            _ids(single, prompt, mode="ar", max_new_tokens=24, repeat_penalty=1.5)
         gen = engine.generate(prompt, GenerationConfig(mode="ddtree", max_new_tokens=50, stop_token_ids=()))
         next(gen), next(gen)
         gen.close()  # stopping mid-reply keeps every rank in step
