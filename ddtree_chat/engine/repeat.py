@@ -41,9 +41,10 @@ class RecentTokens:
 
     def write(self, tokens: list[int]) -> None:
         """The host's committed tokens (a fresh round's state)."""
-        last = tokens[-self.window:]
-        pos = torch.arange(len(tokens) - len(last), len(tokens), device=self.ring.device)
-        self.ring[pos % self.window] = torch.tensor(last, dtype=torch.long, device=self.ring.device)
+        dev, last = self.ring.device, torch.tensor(tokens[-self.window:], dtype=torch.long)
+        pos = torch.arange(len(tokens) - len(last), len(tokens), device=dev)
+        # NOTE: from pinned memory, so the copy does not make the host wait for the GPU's queue
+        self.ring[pos % self.window] = last.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else last
 
     def history(self, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """length [1] (device): (the tokens at positions length - window .. length - 1 [window], how many of the
