@@ -14,6 +14,7 @@ import torch
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
 from ddtree_chat.engine.graphs import AcceptKey
+from ddtree_chat.engine.repeat import repeat_penalize
 from ddtree_chat.engine.tree import target_choice
 from ddtree_chat.modes import Mode
 
@@ -599,6 +600,11 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
         logits = torch.randn(17, eng.tcfg.vocab_size, device="cuda")
         for top_p in (0.95, 1.0):  # a sampled round's choice, drawn between verify and accept
             sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, gen))
+        # the repeat penalty's work around a round: the host's tokens written (a fresh round), the penalty, the commit
+        dec.recent.write(dec.tokens)
+        history, skip = dec.recent.history(sr.state[0:1])
+        penalised = repeat_penalize(logits, history, sr.tree(17), 1.3, dec.recent.window, skip)
+        dec.recent.commit(sr.state[0:1], sr.tree(17), penalised[:, 0] > 0)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
