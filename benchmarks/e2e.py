@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", type=_budget, nargs="+", default=[8, 16, 32, 64, "auto"])
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--repeat-penalty", type=float, default=1.0, help="the chat's --repeat-penalty (1: off)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     ap.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: the engine's choice)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     for i, p in enumerate(prompts):
         for mode, b in runs:
             cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new, temperature=a.temperature,
-                                   top_p=a.top_p, seed=i)
+                                   top_p=a.top_p, repeat_penalty=a.repeat_penalty, seed=i)
             r = res[f"{mode}-{b}"]
             forget_prompt(eng, p["prompt_ids"])
             if eng.device.type == "cuda":
@@ -152,7 +153,8 @@ def main(argv=None) -> int:
     if a.idle and eng.device.type == "cuda":
         for mode, b in runs:
             res[f"{mode}-{b}"]["gpu_idle"], res[f"{mode}-{b}"]["decode_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
-                                                      GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new))
+                                                      GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new,
+                                                                       repeat_penalty=a.repeat_penalty))
     ar_tps = res["ar-0"]["tokens"] / res["ar-0"]["seconds"]
     ar_decode = (res["ar-0"]["tokens"] - len(prompts)) / res["ar-0"]["decode_s"]
     idle = any("gpu_idle" in r for r in res.values())
@@ -181,12 +183,14 @@ def main(argv=None) -> int:
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     info = eng.info
     print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T={a.temperature:g}, top-p {a.top_p:g}, "
+          f"repeat penalty {a.repeat_penalty:g}, "
           f"{where}, {eng.decoder.dtype}, "
           f"CUDA graphs: {info['cuda_graphs']} recorded in {info['graph_capture_s']:.2f} s (load {t_load:.1f} s)")
     print("\n".join(lines))
     if a.json:
         a.json.write_text(json.dumps({"prompts": len(prompts), "max_new": a.max_new, "device": where,
                                       "temperature": a.temperature, "top_p": a.top_p,
+                                      "repeat_penalty": a.repeat_penalty,
                                       "results": res}, indent=1, default=str))
     return 0 if all(r["mismatch"] == 0 for r in res.values()) else 1
 
