@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce exact exactab pdl cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
+#                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed)
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
@@ -129,6 +130,8 @@ for s in "$@"; do
                  --idle --json "$OUT/e2e.json" ;;
         e2esampled) step e2esampled 240 python benchmarks/e2e.py --device cuda --temperature 0.7 --top-p 0.95 --prompts 12 \
                         --max-new 128 --budgets 8 auto --json "$OUT/e2e_sampled.json" ;;
+        e2epenalty) step e2epenalty 240 python benchmarks/e2e.py --device cuda --repeat-penalty 1.1 --prompts 12 \
+                        --max-new 128 --budgets 16 auto --json "$OUT/e2e_penalty.json" ;;
         programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
                       --json "$OUT/programs.json" ;;
         k26) step k26 150 python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 \
