@@ -724,6 +724,14 @@ def test_a_wider_target_reaches_its_config_and_its_drafter(monkeypatch):
         train.main(["--out", "/nonexistent/never-made", "--target-arch", "layers=six"])
 
 
+def test_repeated_share_counts_a_replys_looping_ngrams():
+    from ddtree_chat.dev.demo.eval_heldout import repeated_share
+
+    assert repeated_share("def f(x): return x + 1") == 0.0
+    assert repeated_share("a b c d a b c d a b c d") == 5 / 9  # 9 four-grams, 4 distinct
+    assert repeated_share("too short") == 0.0
+
+
 def test_heldout_probe_prompts_and_scores_as_eval_heldout(tmp_path, monkeypatch):
     """The training run's held-out probe sends eval_heldout.py's prompt ids and, for the same answers, reports
     its counts: a scripted target answers each request (reference code, a def line that does not parse, another

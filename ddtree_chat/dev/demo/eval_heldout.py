@@ -19,6 +19,13 @@ from .copy_probe import heldout_prompts
 from .prompts import HELDOUT, evaluate
 
 
+def repeated_share(text: str, n: int = 4) -> float:
+    """The share of a reply's word n-grams that occurred earlier in it (0: no loop; a reply stuck in one: near 1)."""
+    words = text.split()
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, default=None)
@@ -48,10 +55,13 @@ def main(argv=None) -> int:
         tokens += len(done["token_ids"])
     dt = time.time() - t0
     res = evaluate(replies, items)
+    res["repeated_4grams"] = sum(map(repeated_share, replies)) / len(replies)
     for h, r in list(zip(items, replies))[: a.show]:
         print(f"--- {h.prompt}\n{r}\n")
     print(f"{target}: {res['defines']}/{res['n']} define the requested function, {res['passes']}/{res['n']} pass "
-          f"its tests, {res['fenced']}/{res['n']} fenced, {res['def_line']}/{res['n']} with a def line ({tokens} tokens in {dt:.1f}s, {a.mode}, T=0, repeat penalty {a.repeat_penalty:g})")
+          f"its tests, {res['fenced']}/{res['n']} fenced, {res['def_line']}/{res['n']} with a def line, "
+          f"repeated 4-grams {res['repeated_4grams']:.2f} ({tokens} tokens in {dt:.1f}s, {a.mode}, T=0, "
+          f"repeat penalty {a.repeat_penalty:g})")
     if a.json:
         a.json.write_text(json.dumps({"target": str(target), "draft": str(draft), "mode": a.mode, "repeat_penalty": a.repeat_penalty,
                                       "torch": torch.__version__, "eval": res,
