@@ -11,7 +11,7 @@
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;
 #                                               alone: each GPU test file (test_kernels_gpu as two halves) in a process and home of its own, the
-#                                               files side by side, then the TP file alone; reversed: all
+#                                               files side by side (ALONE_FILES: only those), then the TP file alone; reversed: all
 #                                               of them, last file first; tp: tensor parallelism on one GPU; tprank: rank 0
 #                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; allreduce: one-shot vs NCCL by size (several GPUs); smoke: the one-shot CLI in every mode, fresh
 #                                               homes, text compared; ncu: Nsight Compute counters of the MoE and
@@ -72,7 +72,8 @@ for s in "$@"; do
                    or rms_norm or latent" ;;
         gputests) step gputests 420 python -m pytest -q --durations=10 tests/test_kernels_gpu.py tests/test_graphs.py ;;
         alone) units=()  # a file, or FILE#k/n: the k-th of n interleaved shards of its GPU tests
-                  for f in $(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu); do
+                  # NOTE: ALONE_FILES="tests/a.py ..." narrows it to the files a change touches (the TP file still runs last)
+                  for f in ${ALONE_FILES:-$(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu)}; do
                       if [[ " $ALONE_SPLIT " == *" $f "* ]]; then units+=("$f#0/2" "$f#1/2"); else units+=("$f"); fi
                   done
                   homes=()

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IDS = [f"tests/test_kernels_gpu.py::test_k[{i}]" for i in range(7)]
 
 
-def _alone(tmp_path: Path, collect: bool = True) -> list[list[str]]:
+def _alone(tmp_path: Path, collect: bool = True, files: str | None = None) -> list[list[str]]:
     stub = tmp_path / "bin"
     stub.mkdir()
     calls = tmp_path / "calls.txt"
@@ -29,6 +29,9 @@ def _alone(tmp_path: Path, collect: bool = True) -> list[list[str]]:
     out.mkdir()
     env = dict(os.environ, OUT=str(out), PATH=f"{stub}:{os.environ['PATH']}", CACHE_ROOT=str(tmp_path / "cache"))
     env.pop("ALONE_SPLIT", None)
+    env.pop("ALONE_FILES", None)
+    if files is not None:
+        env["ALONE_FILES"] = files
     subprocess.run(["bash", "benchmarks/gpu_session.sh", "alone"], cwd=ROOT, env=env, check=True, timeout=120)
     return [line.split() for line in calls.read_text().splitlines()]
 
@@ -53,3 +56,12 @@ def test_a_failed_collection_runs_the_file_whole_once_never_a_bare_pytest(tmp_pa
     kernels = [c for c in calls if any("test_kernels_gpu" in a for a in c)]
     assert kernels == [["-m", "pytest", "-q", "-m", "gpu", "--timeout", "300", "tests/test_kernels_gpu.py"]]
     assert all(c[-1].startswith("tests/") for c in calls)
+
+
+def test_alone_files_narrows_the_run_to_those_files_then_tp(tmp_path):
+    """ALONE_FILES: only the files named (the kernel file still in halves), then the TP file."""
+    calls = _alone(tmp_path, files="tests/test_graphs.py tests/test_kernels_gpu.py")
+    assert calls[-1][-1] == "tests/test_tp_gpu.py"
+    named = {a.split("::")[0] for c in calls[:-1] for a in c if a.startswith("tests/")}
+    assert named == {"tests/test_graphs.py", "tests/test_kernels_gpu.py"}
+    assert sum(any("test_kernels_gpu" in a for a in c) for c in calls) == 2
