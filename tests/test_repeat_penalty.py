@@ -11,6 +11,16 @@ from ddtree_chat.engine.tree import DraftTree
 from drafters import TargetDrafter
 
 
+def _random_tree(n: int, vocab: int, g: torch.Generator) -> tuple[DraftTree, list[int]]:
+    """A random tree of n nodes (parents before children, as rounds number them) and its parent list."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    tokens = torch.randint(0, vocab, (n,), generator=g)
+    return DraftTree(tokens, torch.tensor(parents), torch.tensor(depth), torch.zeros(n)), parents
+
+
 def _naive(logits, history, tokens, parents, penalty, window):
     """Node by node: its sequence is the history, then the tokens from the root down to it."""
     out = logits.clone()
@@ -30,16 +40,11 @@ def _naive(logits, history, tokens, parents, penalty, window):
 def test_each_node_is_penalised_from_its_own_sequence(seed, window, h):
     g = torch.Generator().manual_seed(seed)
     n, v = 12, 20  # few tokens: repeats within paths and between history and paths
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
-    depth = [0] * n
-    for i in range(1, n):
-        depth[i] = depth[parents[i]] + 1
-    tokens = torch.randint(0, v, (n,), generator=g)
+    tree, parents = _random_tree(n, v, g)
     history = torch.randint(0, v, (h,), generator=g)
     logits = torch.randn(n, v, generator=g) * 3
-    tree = DraftTree(tokens, torch.tensor(parents), torch.tensor(depth), torch.zeros(n))
     got = repeat_penalize(logits, history, tree, 1.7, window)
-    want = _naive(logits, history.tolist(), tokens.tolist(), parents, 1.7, window)
+    want = _naive(logits, history.tolist(), tree.tokens.tolist(), parents, 1.7, window)
     assert torch.equal(got, want)
 
 
@@ -50,11 +55,7 @@ def test_recent_tokens_hold_the_committed_window_by_position():
     g = torch.Generator().manual_seed(0)
     for _ in range(12):
         n = 6
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
-        depth = [0] * n
-        for i in range(1, n):
-            depth[i] = depth[parents[i]] + 1
-        tree = DraftTree(torch.randint(0, 50, (n,), generator=g), torch.tensor(parents), torch.tensor(depth), torch.zeros(n))
+        tree, parents = _random_tree(n, 50, g)
         path, j = [], n - 1  # a path from the root down to the last node
         while j >= 0:
             path.insert(0, j)
