@@ -204,6 +204,8 @@ def test_target_logits_of_a_tree_equal_the_ar_steps(target, threads):
 
 @torch.no_grad()
 def test_plain_torch_ops_are_not_row_invariant(target, monkeypatch):
-    """The property is the CPU forms' work: with them off, the same check fails (so the test above can)."""
+    """The property is the CPU forms' work: with them off, the same check fails (so the test above can). Whether
+    it does is the BLAS build's and the CPU's choice of kernels: one that is row-invariant at these shapes skips."""
     monkeypatch.setenv("DDTREE_CPU_EXACT", "0")
-    assert not all(logits for logits, _ in _chain_rows(*target).values())
+    if all(logits for logits, _ in _chain_rows(*target).values()):
+        pytest.skip("this CPU's plain products are row-invariant at these shapes: nothing to contrast")

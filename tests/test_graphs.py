@@ -13,8 +13,7 @@ import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
-from ddtree_chat.engine.graphs import AcceptKey
-from ddtree_chat.engine.repeat import repeat_penalize
+from ddtree_chat.engine.graphs import AcceptKey, graph_key
 from ddtree_chat.engine.tree import target_choice
 from ddtree_chat.modes import Mode
 
@@ -372,7 +371,8 @@ def test_cuda_graph_rounds_equal_ar(synthetic_pair):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
     """The static rounds (recorded on CUDA) with a repeat penalty: every mode gives the eager ar reply's ids,
-    which the penalty changed, with rounds launched ahead (their penalty reads the tokens committed on the device)."""
+    which the penalty changed, with rounds launched ahead (their penalty reads the tokens committed on the device)
+    and the penalty changed between replies; the penalty runs inside the verify and accept programs."""
     eager = Engine.load(*synthetic_pair, device=device, graphs=False)
     static = Engine.load(*synthetic_pair, device=device)
     if device == "cpu":
@@ -381,14 +381,17 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
     launch, ahead = static.decoder._launch, []
     static.decoder._launch = lambda *a, fresh, **kw: ahead.append(not fresh) or launch(*a, fresh=fresh, **kw)
     changed = False
-    for text in PROMPTS:
-        prompt = eager.tokenizer.encode(text)
-        want = run(eager, prompt, mode="ar", max_new_tokens=32, repeat_penalty=1.5)["token_ids"]
+    for i, text in enumerate(PROMPTS):
+        prompt, penalty = eager.tokenizer.encode(text), (1.5, 1.2)[i % 2]
+        want = run(eager, prompt, mode="ar", max_new_tokens=32, repeat_penalty=penalty)["token_ids"]
         changed |= want != run(eager, prompt, mode="ar", max_new_tokens=32)["token_ids"]
         for kw in ({"mode": "ar"}, {"mode": "dflash"}, {"mode": "ddtree", "budget": 16},
                    {"mode": "ddtree", "budget": "auto"}):
-            assert run(static, prompt, max_new_tokens=32, repeat_penalty=1.5, **kw)["token_ids"] == want, kw
+            assert run(static, prompt, max_new_tokens=32, repeat_penalty=penalty, **kw)["token_ids"] == want, kw
     assert changed and sum(ahead) > 20
+    sr = static.decoder.graphs
+    programs = {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if getattr(k, "penalty", False)}
+    assert programs == {"verify", "accept"}
 
 
 @pytest.mark.gpu
@@ -423,13 +426,15 @@ def test_what_a_warm_up_run_writes_is_put_back(pair):
     dec, sr = static.decoder, static.decoder.graphs
     dec.prefill(static.tokenizer.encode(LONG)[:40], drafting=True)
     sr.begin(*dec.committed_state(7))
+    dec.recent.ring.fill_(1)  # NOTE: unlike the tokens a penalised accept commits (the restored tree's zeros)
     bufs = lambda: [t.clone() for t in (*sr._written, sr.prompt, sr.last, dec.cache.ckv, dec.cache.kpe, dec.dcache.k,
-                                        dec.dcache.v)]  # noqa: E731
+                                        dec.dcache.v, dec.recent.ring)]  # noqa: E731
     for key in (sr.draft_key("ddtree", 11), ("verify", 12, True), ("accept", 12, True, False), ("prefill", 16, True),
-                ("verify", 1, False), ("accept", 1, False, True)):
+                ("verify", 1, False), ("accept", 1, False, True), ("verify", 12, True, True),
+                ("accept", 12, True, False, False, True)):  # NOTE: the last two: the repeat penalty's window too
         before = bufs()
         saved = sr._save_for_warm_up(0 if key[0] == "draft" else key[1])
-        sr.outputs[key] = sr._program(key)()
+        sr.outputs[graph_key(key)] = sr._program(key)()
         sr._restore(saved)
         assert all(torch.equal(a, b) for a, b in zip(before, bufs())), key
 
@@ -591,20 +596,19 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        dec.recent.write(dec.tokens)  # a fresh penalised round's window, from the host's tokens
+        sr.use_penalty(1.3)
         for key in (sr.draft_key("ddtree", 16, True), sr.verify_key("ddtree", 17), sr.accept_key("ddtree", 17),
                     sr.draft_key("dflash", 7), sr.verify_key("dflash", 8), sr.accept_key("dflash", 8),
                     sr.verify_key("ddtree", 1), sr.accept_key("ddtree", 1), sr.verify_key("ar", 1),
-                    sr.accept_key("ar", 1)):
+                    sr.accept_key("ar", 1), sr.draft_key("ddtree", 16), sr.verify_key("ddtree", 17, penalty=True),
+                    sr.accept_key("ddtree", 17, penalty=True), sr.verify_key("ar", 1, penalty=True),
+                    sr.accept_key("ar", 1, penalty=True)):
             sr.run(key)
         gen = torch.Generator(device="cuda").manual_seed(0)
         logits = torch.randn(17, eng.tcfg.vocab_size, device="cuda")
         for top_p in (0.95, 1.0):  # a sampled round's choice, drawn between verify and accept
             sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, gen))
-        # the repeat penalty's work around a round: the host's tokens written (a fresh round), the penalty, the commit
-        dec.recent.write(dec.tokens)
-        history, skip = dec.recent.history(sr.state[0:1])
-        penalised = repeat_penalize(logits, history, sr.tree(17), 1.3, dec.recent.window, skip)
-        dec.recent.commit(sr.state[0:1], sr.tree(17), penalised[:, 0] > 0)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -72,6 +72,26 @@ def test_recent_tokens_hold_the_committed_window_by_position():
     assert int(skip) == 5 and history[5:].tolist() == [7, 8, 9]
 
 
+def test_a_path_longer_than_the_window_writes_each_slot_once():
+    """A 20-node accepted chain into an 8-token window: only its last 8 nodes are written, each slot once (two
+    writes to one slot have no defined winner on a GPU; on the CPU the later one wins, so the slots are checked)."""
+    class Spy(torch.Tensor):
+        def scatter_(self, dim, index, src):
+            Spy.index = index.clone()
+            return super().scatter_(dim, index, src)
+
+    recent = RecentTokens(8, torch.device("cpu"))
+    recent.write([1, 2, 3])
+    recent.ring = recent.ring.as_subclass(Spy)
+    n = 20
+    chain = DraftTree(torch.arange(100, 100 + n), torch.arange(-1, n - 1), torch.arange(n), torch.zeros(n))
+    recent.commit(torch.tensor([3]), chain, torch.ones(n, dtype=torch.bool))
+    written = Spy.index[Spy.index < 8]
+    assert written.numel() == 8 and written.unique().numel() == 8
+    history, skip = recent.history(torch.tensor([3 + n]))
+    assert int(skip) == 0 and history.tolist() == list(range(100 + n - 8, 100 + n))
+
+
 @pytest.fixture(scope="module")
 def eng(synthetic_pair):
     return Engine.load(*synthetic_pair, device="cpu")

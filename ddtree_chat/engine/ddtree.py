@@ -25,7 +25,7 @@ from .generation import RoundShape
 from .kv_cache import DraftCache, KVCache
 from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
 from .model import KimiModel
-from .repeat import RecentTokens, repeat_penalize
+from .repeat import RecentTokens
 from .tree import DraftTree, build_tree, target_choice
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
@@ -330,8 +330,10 @@ class Decoder:
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
         keep = keep and mode == Mode.AR and self.dcache is not None
-        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep))
-        penalty = repeat_penalty != 1
+        penalty = repeat_penalty != 1  # NOTE: inside the verify and accept programs, from the device's window
+        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep, penalty))
+        if penalty:
+            sr.use_penalty(repeat_penalty)
         if fresh:
             sr.begin(*self.committed_state(self.pending))
             if penalty:
@@ -342,16 +344,10 @@ class Decoder:
         if choosing and n > 1:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
-        logits, _ = sr.run(sr.verify_key(mode, n, keep))
-        if penalty:  # NOTE: from the device's committed length and tokens: a round launched ahead has no host state
-            length = sr.state[0:1].clone()  # the accept moves it on
-            history, skip = self.recent.history(length)
-            logits = repeat_penalize(logits[:n], history, sr.tree(n), repeat_penalty, REPEAT_WINDOW, skip)
-        if temperature > 0 or penalty:  # NOTE: else the verify's own argmax stands
+        logits, _ = sr.run(sr.verify_key(mode, n, keep, penalty))
+        if temperature > 0:  # NOTE: else the verify's own argmax stands
             sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
-        packed = sr.run(sr.accept_key(mode, n, keep))
-        if penalty:
-            self.recent.commit(length, sr.tree(n), packed[5 * n : 6 * n] > 0)  # pack_round's accepted flags
+        packed = sr.run(sr.accept_key(mode, n, keep, penalty))
         return sr.fetch(RoundShape(mode, budget), n, packed, clock)
 
     @staticmethod

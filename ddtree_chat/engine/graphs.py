@@ -25,11 +25,12 @@ from typing import NamedTuple, Union
 import torch
 
 from .. import knobs
-from ..modes import MAX_BUDGET, Mode
+from ..modes import MAX_BUDGET, REPEAT_WINDOW, Mode
 from .generation import AUTO_BUDGETS, RoundShape
 from .model import causal_mask
 from .ops.registry import prefer_library
 from .progress import Stage
+from .repeat import repeat_penalize
 from .tree import DraftTree, pack_round, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class VerifyKey(NamedTuple):
     program: str  # "verify"
     nodes: int  # tree nodes, root included
     features: bool  # keeps the target features the drafter's context is made of
+    penalty: bool = False  # applies the repeat penalty (self.penalty) to each node's logits before its choice
 
 
 class AcceptKey(NamedTuple):
@@ -68,6 +70,7 @@ class AcceptKey(NamedTuple):
     drafting: bool  # extends the drafter's context
     chain: bool  # node i at depth i (ar, dflash): the accepted path is in place already
     keep: bool = False  # a plain step that keeps its root's target features (Decoder.kept) for a later catch-up
+    penalty: bool = False  # commits the accepted tokens to the repeat penalty's window (Decoder.recent)
 
 
 GraphKey = Union[PrefillKey, DraftKey, VerifyKey, AcceptKey]
@@ -152,6 +155,8 @@ class StaticRound:
         self.last = torch.zeros(1, **long)  # ... and the row whose logits it returns
         self._causal: dict[int, torch.Tensor] = {}
         self.logprobs = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.penalty = torch.ones(1, dtype=torch.float32, device=dev)  # the repeat penalty the recorded verifies read
+        self._penalty_value = 1.0
         self.cum_mass = torch.zeros(n, dtype=torch.float32, device=dev)  # the auto budget's gain curve
         self.block = dec.block
         cap = dec.dcache.capacity if dec.dcache is not None else 0
@@ -165,7 +170,7 @@ class StaticRound:
         self.prompt_logits: torch.Tensor | None = None  # [1, V]: made by the first prefill run, outside any capture
         # the buffers a program writes besides the caches (restored after a recording's warm-up run)
         self._written = (self._state_block, self.tokens, self.parents, self.depth, self.choice, self.logprobs,
-                         self.cum_mass)
+                         self.cum_mass, dec.recent.ring)
 
     # -- which rounds, which programs ----------------------------------------------------------------
     def fits(self, mode: Mode, budget: int) -> bool:
@@ -204,25 +209,25 @@ class StaticRound:
     def drafting(self, mode: Mode) -> bool:
         return mode != Mode.AR and self.dec.drafter is not None
 
-    def verify_key(self, mode: Mode, n: int, keep: bool = False) -> VerifyKey:
+    def verify_key(self, mode: Mode, n: int, keep: bool = False, penalty: bool = False) -> VerifyKey:
         """Only a drafting round's verify, or a plain step that keeps them, has the target features the
         drafter's context is made of."""
-        return VerifyKey("verify", n, self.drafting(mode) or keep)
+        return VerifyKey("verify", n, self.drafting(mode) or keep, penalty)
 
-    def accept_key(self, mode: Mode, n: int, keep: bool = False) -> AcceptKey:
+    def accept_key(self, mode: Mode, n: int, keep: bool = False, penalty: bool = False) -> AcceptKey:
         """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it; the
         auto budget's plain steps keep their features: `keep`); an `ar` or `dflash` round's nodes are a chain,
         so its accepted path is already in place."""
         drafting = self.drafting(mode)
-        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting)
+        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting, penalty)
 
     def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None,
-                   keep: bool = False):
+                   keep: bool = False, penalty: bool = False):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
-            yield self.verify_key(mode, n, keep)
-            yield self.accept_key(mode, n, keep)
+            yield self.verify_key(mode, n, keep, penalty)
+            yield self.accept_key(mode, n, keep, penalty)
 
     def prefill_sizes(self, drafting: bool) -> list[int]:
         """Chunk sizes that fit the target cache (and, drafting, the drafter's window) whole."""
@@ -236,9 +241,10 @@ class StaticRound:
         if key.program == "draft":
             return lambda: self.draft(key.mode, key.budget, key.span, key.choosing)
         if key.program == "verify":
-            return lambda: self.verify(key.nodes, key.features)
-        feats = lambda: self.outputs[VerifyKey("verify", key.nodes, True)][1] if key.drafting or key.keep else None  # noqa: E731
-        return lambda: self.accept(key.nodes, feats(), key.chain, key.keep)
+            return lambda: self.verify(key.nodes, key.features, key.penalty)
+        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty)][1]  # noqa: E731
+                         if key.drafting or key.keep else None)
+        return lambda: self.accept(key.nodes, feats(), key.chain, key.keep, key.penalty)
 
     def prepare(self, keys) -> None:
         """Record the programs of these keys that are recordable and not recorded yet (a recording leaves
@@ -390,6 +396,13 @@ class StaticRound:
         self._host[0], self._host[1], self._host[2] = length, draft_entries, root
         self.state.copy_(self._host, non_blocking=True)
 
+    def use_penalty(self, penalty: float) -> None:
+        """The repeat penalty the verifies with `penalty` read from the device (written when it changes: a fill
+        is a launch, never a host sync)."""
+        if penalty != self._penalty_value:
+            self.penalty.fill_(penalty)
+            self._penalty_value = penalty
+
     def clock(self) -> _Clock:
         return _Clock(self.dec.device)
 
@@ -494,7 +507,9 @@ class StaticRound:
         if choosing:
             self.cum_mass[:n].copy_(path_scores(tree).exp().cumsum(0))
 
-    def verify(self, n: int, features: bool = True):
+    def verify(self, n: int, features: bool = True, penalty: bool = False):
+        """penalty: each node's logits penalised from its own sequence, the committed tokens read from the device
+        (engine/repeat.py), so a round launched ahead needs nothing from the host."""
         dec = self.dec
         length = self.state[0:1]
         if n == 1:  # NOTE: a drafting round's draft wrote the root with its tree; a single node is drafted by none
@@ -502,14 +517,19 @@ class StaticRound:
         tree = self.tree(n)
         view = SlotView(dec.cache, length, length + self.arange[:n])
         logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view, features)
+        if penalty:
+            history, skip = dec.recent.history(length)
+            logits = repeat_penalize(logits, history, tree, self.penalty, REPEAT_WINDOW, skip)
         torch.argmax(logits, -1, out=self.choice[:n])  # NOTE: T > 0 overwrites it with samples
         return logits, feats
 
-    def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False, keep: bool = False) -> torch.Tensor:
+    def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False, keep: bool = False,
+               penalty: bool = False) -> torch.Tensor:
         """feats None: the drafter's context is not extended (and its device count not advanced). chain:
         node i is at depth i (ar, dflash), so the accepted path's rows are in place already (the moves
         would only write scratch rows past it). keep (a plain step, n = 1): the root's features go to the
-        decoder's ring of kept features (Decoder.kept) instead of the drafter's context."""
+        decoder's ring of kept features (Decoder.kept) instead of the drafter's context. penalty: the accepted
+        tokens go to the repeat penalty's window (Decoder.recent)."""
         dec = self.dec
         tree = self.tree(n)
         choice = self.choice[:n]
@@ -525,4 +545,6 @@ class StaticRound:
         if drafting:
             k, v = dec.drafter.context_kv_stacked(feats[path].to(dec.draft_dtype), slots[1])
             dec.dcache.write_slots(k, v, slots[2])
+        if penalty:  # NOTE: slots[1, 0] is the committed length before the walk moved it
+            dec.recent.commit(slots[1, 0:1], tree, ok != 0)
         return pack_round(tree, choice, ok, bonus)

@@ -11,10 +11,11 @@ import torch
 from .tree import DraftTree
 
 
-def repeat_penalize(logits: torch.Tensor, history: torch.Tensor, tree: DraftTree, penalty: float, window: int,
-                    skip: torch.Tensor | int = 0) -> torch.Tensor:
+def repeat_penalize(logits: torch.Tensor, history: torch.Tensor, tree: DraftTree, penalty: float | torch.Tensor,
+                    window: int, skip: torch.Tensor | int = 0) -> torch.Tensor:
     """logits [N, V]: node i's next-token logits; history [H <= window]: the tokens before the root, oldest first,
-    the first `skip` of them none (a sequence shorter than the window) -> [N, V]."""
+    the first `skip` of them none (a sequence shorter than the window); penalty: a number, or [1] on the device
+    (a recorded program reads it there) -> [N, V]."""
     n, v = logits.shape
     h = history.shape[0]
     depth = tree.depth
@@ -52,6 +53,7 @@ class RecentTokens:
         return self.ring[(length - self.window + self._slots) % self.window], (self.window - length).clamp(min=0)
 
     def commit(self, length: torch.Tensor, tree: DraftTree, accepted: torch.Tensor) -> None:
-        """A round's accepted nodes, committed at length + depth (length [1]: the round's committed length;
-        NOTE: a path is shorter than the window, so no two of them share a slot)."""
-        self.ring.scatter_(0, torch.where(accepted, (length + tree.depth) % self.window, self.window), tree.tokens)
+        """A round's accepted nodes, committed at length + depth (length [1]: the round's committed length); of a
+        path longer than the window only its last `window` nodes, so no two writes share a slot."""
+        last = accepted & (tree.depth + self.window >= accepted.sum())  # NOTE: the path's depths are 0 .. count - 1
+        self.ring.scatter_(0, torch.where(last, (length + tree.depth) % self.window, self.window), tree.tokens)

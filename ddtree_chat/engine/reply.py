@@ -17,7 +17,7 @@ from .events import DoneEvent, RoundEvent, empty_tree
 from .generation import GenerationConfig, Stats
 from .parallel import TPGroup
 from .repeat import repeat_penalize
-from .tree import DraftTree, target_choice
+from .tree import root_only, target_choice
 
 
 class ReplyLoop:
@@ -32,11 +32,8 @@ class ReplyLoop:
         tree, the ones before as history (the rounds' rule, Decoder.round)."""
         if penalty == 1:
             return logits
-        dev = logits.device
-        one = DraftTree(torch.tensor(ids[-1:], device=dev), torch.tensor([-1], device=dev),
-                        torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, device=dev), max_depth=0)
-        history = torch.tensor(ids[-REPEAT_WINDOW:-1], dtype=torch.long, device=dev)
-        return repeat_penalize(logits, history, one, penalty, REPEAT_WINDOW)
+        history = torch.tensor(ids[-REPEAT_WINDOW:-1], dtype=torch.long, device=logits.device)
+        return repeat_penalize(logits, history, root_only(ids[-1], logits.device), penalty, REPEAT_WINDOW)
 
     def run(self, ids: list[int], cfg: GenerationConfig, stop: threading.Event | None) -> Iterator[RoundEvent | DoneEvent]:
         """Yield the prefill's RoundEvent, one per round, then a DoneEvent. A consumer that closes the
