@@ -115,9 +115,11 @@ def main(argv=None) -> int:
         prompts = [x for x in json.loads(a.prompts_json.read_text()) if len(x["user"]) <= 600][: a.prompts]
     runs = [("ar", 0), ("dflash", eng.dcfg.block_size - 1)] + [("ddtree", b) for b in a.budgets]
     print(f"loaded in {t_load:.1f} s", file=sys.stderr, flush=True)  # NOTE: progress, for runs under a time limit
-    for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve
-        t0 = time.perf_counter()
-        for _ in eng.generate(prompts[0]["prompt_ids"], GenerationConfig(mode=mode, budget=b, max_new_tokens=16)):
+    for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve, the programs
+        t0 = time.perf_counter()  # NOTE: of this run's settings (a penalised round's are recorded on first use)
+        cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=16, temperature=a.temperature, top_p=a.top_p,
+                               repeat_penalty=a.repeat_penalty)
+        for _ in eng.generate(prompts[0]["prompt_ids"], cfg):
             pass
         print(f"warm-up {mode} {b}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     res = {f"{m}-{b}": {"tokens": 0, "forwards": 0, "seconds": 0.0, "decode_s": 0.0, "draft_s": 0.0, "target_s": 0.0,

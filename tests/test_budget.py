@@ -156,6 +156,19 @@ def test_the_first_round_teaches_no_costs():
     assert auto.draft_costs == {8: 0.5} and abs(auto.cost_scale - 1.2) < 1e-9
 
 
+def test_a_round_that_recorded_programs_teaches_no_costs():
+    """A round's wall time holds the recording of programs it used first: neither a tree's nor a plain step's."""
+    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
+    auto.costs, auto.drafted = {8: 1.0}, 8
+    auto.observe(_tree(True).prefix(8), accepted=3, draft_s=0.5, target_s=2.0)  # the first round: never learned
+    auto.observe(_tree(True).prefix(8), accepted=3, draft_s=0.5, target_s=2.0, wall_s=9.0, recorded=True)
+    auto.drafted = PLAIN
+    auto.observe(_tree(True).prefix(0), accepted=1, draft_s=0.0, target_s=0.5, wall_s=9.0, recorded=True)
+    assert auto.trees == [0.0] * 4 and auto.plain_s == 0.0 and auto.cost_scale == 1.0 and auto.rounds == 3
+    auto.observe(_tree(True).prefix(0), accepted=1, draft_s=0.0, target_s=0.5, wall_s=0.6)
+    assert auto.plain_s == 0.6
+
+
 def _simulate(auto, rounds: int, accepted: int) -> list[int]:
     """The reply loop's calls on a direct (CPU) path where a tree round takes 1.8 s and gives `accepted`
     tokens, a plain round 0.5 s, and the drafter's catch-up 0.05 s a token; the sizes each round drafted."""

@@ -380,6 +380,8 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
         static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
     launch, ahead = static.decoder._launch, []
     static.decoder._launch = lambda *a, fresh, **kw: ahead.append(not fresh) or launch(*a, fresh=fresh, **kw)
+    rounds, recorded = static.decoder.round, []  # whether each round recorded programs (the auto budget skips those)
+    static.decoder.round = lambda *a, **kw: (r := rounds(*a, **kw), recorded.append(r.recorded))[0]
     changed = False
     for i, text in enumerate(PROMPTS):
         prompt, penalty = eager.tokenizer.encode(text), (1.5, 1.2)[i % 2]
@@ -389,6 +391,7 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
                    {"mode": "ddtree", "budget": "auto"}):
             assert run(static, prompt, max_new_tokens=32, repeat_penalty=penalty, **kw)["token_ids"] == want, kw
     assert changed and sum(ahead) > 20
+    assert any(recorded) == (device == "cuda") and not all(recorded)  # NOTE: penalised programs: recorded on first use
     sr = static.decoder.graphs
     programs = {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if getattr(k, "penalty", False)}
     assert programs == {"verify", "accept"}

@@ -216,21 +216,23 @@ class AutoBudget:
         return self.caught[1] / self.caught[0] if self.caught[0] else 0.0
 
     def observe(self, tree: DraftTree, accepted: int, draft_s: float, target_s: float, caught_up: int = 0,
-                catch_up_s: float = 0.0, wall_s: float | None = None) -> None:
+                catch_up_s: float = 0.0, wall_s: float | None = None, recorded: bool = False) -> None:
         """Learn from a finished round (a plain one too: it drafted PLAIN): calibration of the gain (against
         what choose() predicted for the size it picked), and the real costs, the catch-up of `caught_up`
         tokens before it included. wall_s: the whole round's host seconds, catch-up included (default: its
         draft + target). The engine's first round teaches no costs: its times hold one-off work (the size it
-        drafted kept a 2x drafting cost, never drafted again to correct it)."""
+        drafted kept a 2x drafting cost, never drafted again to correct it); nor does a round that `recorded`
+        programs (its wall time holds the recording: a reply's first penalised rounds chose plain steps for good)."""
         predicted = self.predicted
         self.rounds += 1
-        if self.rounds > 1 and caught_up:  # NOTE: weighted by tokens: a long catch-up costs less per token
+        costs = self.rounds > 1 and not recorded
+        if costs and caught_up:  # NOTE: weighted by tokens: a long catch-up costs less per token
             self.caught = [0.8 * self.caught[0] + caught_up, 0.8 * self.caught[1] + catch_up_s]
         # NOTE: plain and tree rounds compare by wall time: a plain step pays the round's host work for one token
         s = draft_s + target_s if wall_s is None else max(wall_s - catch_up_s, 1e-9)
-        if self.rounds > 1 and self.drafted == PLAIN:
+        if costs and self.drafted == PLAIN:
             self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s
-        elif self.rounds > 1:
+        elif costs:
             self._observe_costs(tree.size - 1, draft_s, target_s)
             self.trees = [TREE_DECAY * t + x for t, x in zip(self.trees, (accepted, s, accepted * accepted, 1))]
             if self.last == PLAIN and accepted / s > SOONER * self.plain_rate():

@@ -44,6 +44,7 @@ class RoundResult:
     t_target: float
     caught_up: int = 0  # committed tokens whose drafter context rows the round recomputed first
     t_catch_up: float = 0.0  # their seconds (not in t_draft)
+    recorded: bool = False  # it recorded programs (a shape's first use): its wall time holds the recording
 
 
 class Decoder:
@@ -234,6 +235,7 @@ class Decoder:
         plain steps) keep their target features, so that catch-up needs no target forward. repeat_penalty > 1:
         each node's logits penalised from its own sequence (engine/repeat.py)."""
         sr = self.graphs
+        capture_s = sr.capture_s  # recording seconds so far: a round that records adds to them
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
             mode, budget, choose, then = Mode.AR, 0, None, None
         key = RoundShape(mode, budget)
@@ -274,7 +276,8 @@ class Decoder:
         if m < len(path):  # cut at a stop or the limit: the device state ran ahead of the host's
             self._ahead = None
         t_catch_up = catch_clock.seconds() if catch_clock is not None else 0.0
-        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target, caught, t_catch_up)
+        return RoundResult(sr.tree(n), host_tree, path, emitted, t_draft, t_target, caught, t_catch_up,
+                           sr.capture_s != capture_s)
 
     def _catch_up(self) -> int:
         """Before a drafting round after `ar` rounds (`--budget auto`'s plain steps): the features those kept

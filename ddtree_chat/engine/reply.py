@@ -89,7 +89,7 @@ class ReplyLoop:
                           cfg.max_new_tokens - len(out), choose, then, keep=auto, repeat_penalty=cfg.repeat_penalty)
             if learns:
                 self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up,
-                                  time.perf_counter() - t0)
+                                  time.perf_counter() - t0, r.recorded)
             out.extend(r.emitted)
             stats.target_forwards += 1
             stats.generated += len(r.emitted)
