@@ -380,8 +380,8 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
         static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
     launch, ahead = static.decoder._launch, []
     static.decoder._launch = lambda *a, fresh, **kw: ahead.append(not fresh) or launch(*a, fresh=fresh, **kw)
-    rounds, recorded = static.decoder.round, []  # whether each round recorded programs (the auto budget skips those)
-    static.decoder.round = lambda *a, **kw: (r := rounds(*a, **kw), recorded.append(r.recorded))[0]
+    sr, rounds, penalised = static.decoder.graphs, static.decoder.round, []  # penalised programs after each round
+    static.decoder.round = lambda *a, **kw: (rounds(*a, **kw), penalised.append(sum(map(_penalised, sr.graphs))))[0]
     changed = False
     for i, text in enumerate(PROMPTS):
         prompt, penalty = eager.tokenizer.encode(text), (1.5, 1.2)[i % 2]
@@ -391,10 +391,13 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
                    {"mode": "ddtree", "budget": "auto"}):
             assert run(static, prompt, max_new_tokens=32, repeat_penalty=penalty, **kw)["token_ids"] == want, kw
     assert changed and sum(ahead) > 20
-    assert any(recorded) == (device == "cuda") and not all(recorded)  # NOTE: penalised programs: recorded on first use
-    sr = static.decoder.graphs
-    programs = {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if getattr(k, "penalty", False)}
-    assert programs == {"verify", "accept"}
+    # NOTE: recorded before the first penalised reply's prefill, all of them: none by a round
+    assert len(set(penalised)) == 1 and (penalised[0] > 0) == (device == "cuda")
+    assert {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if _penalised(k)} == {"verify", "accept"}
+
+
+def _penalised(key) -> bool:
+    return getattr(key, "penalty", False)
 
 
 @pytest.mark.gpu

@@ -201,6 +201,14 @@ class Decoder:
             self.graphs.stop_recording()
             self._ahead = None
 
+    def record_penalised(self) -> float:
+        """Before a reply with a repeat penalty: record its rounds' penalised programs not recorded yet; the
+        seconds spent (0 once they are, or when rounds run directly)."""
+        before = self.graphs.capture_s
+        if self.graphs.capture:
+            self._record(self.graphs.penalty_keys())
+        return self.graphs.capture_s - before
+
     # -- one speculative round --------------------------------------------------------------------
     def block_logits(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:
         """block [B] (root, then mask tokens) at positions [B] over the drafter context `ctx` (per layer

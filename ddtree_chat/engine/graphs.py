@@ -166,6 +166,7 @@ class StaticRound:
         self.graphs: dict[tuple, tuple] = {}  # key -> (CUDAGraph, static outputs)
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
         self.capture_s = 0.0
+        self.warmed: list[tuple[str, int, bool]] = []  # the rounds warm() recorded
         self._pinned: dict[int, list[torch.Tensor]] = {}
         self.prompt_logits: torch.Tensor | None = None  # [1, V]: made by the first prefill run, outside any capture
         # the buffers a program writes besides the caches (restored after a recording's warm-up run)
@@ -273,12 +274,10 @@ class StaticRound:
         the seconds spent. progress(done, total, Stage.COMPILING) per kernel a first start compiles, then
         progress(done, total, Stage.RECORDING) after each round's programs and each prefill variant's."""
         before = self.capture_s
+        self.warmed = modes  # NOTE: penalty_keys() names their programs again, penalised
         variants = [False] + ([True] if self.dec.dcache is not None else [])
         # one group of programs per round, then one per prefill variant: recorded, and reported, group by group
-        groups = [list(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing))
-                  for mode, budget, choosing in modes if self.fits(mode, budget)]  # NOTE: lists: read twice
-        if self.dec.dcache is not None and any(m is Mode.DDTREE and c for m, _, c in modes):
-            groups.append(list(self.round_keys(Mode.AR, 0, [1], False, keep=True)))  # the auto budget's plain steps
+        groups = self._round_groups(modes, penalty=False)
         groups += [[PrefillKey("prefill", n, d) for n in self.prefill_sizes(d)] for d in variants]
         self._precompile([k for g in groups for k in g], progress)
         for i, keys in enumerate(groups):
@@ -286,6 +285,20 @@ class StaticRound:
             if progress:
                 progress(i + 1, len(groups), Stage.RECORDING)
         return self.capture_s - before
+
+    def _round_groups(self, modes: list[tuple[str, int, bool]], penalty: bool) -> list[list]:
+        """The programs of each of these (mode, budget, choosing) rounds, a list per round (read twice), and of
+        the auto budget's plain steps when a choosing tree round is among them."""
+        groups = [list(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing, penalty=penalty))
+                  for mode, budget, choosing in modes if self.fits(mode, budget)]
+        if self.dec.dcache is not None and any(m is Mode.DDTREE and c for m, _, c in modes):
+            groups.append(list(self.round_keys(Mode.AR, 0, [1], False, keep=True, penalty=penalty)))
+        return groups
+
+    def penalty_keys(self) -> list:
+        """The warmed rounds' programs under a repeat penalty: a reply with one records them all before its
+        prefill (on first use they fell inside replies, one recording a new shape, and the auto budget's timing)."""
+        return [k for g in self._round_groups(self.warmed, penalty=True) for k in g]
 
     def _precompile(self, keys, progress=None) -> None:
         """Before recording (the first start): run each program once with its new Triton kernels recorded

@@ -48,8 +48,9 @@ class ReplyLoop:
         detok = self.tokenizer.stream_decoder()
         out: list[int] = []
         t_start = time.perf_counter()
+        t_record = dec.record_penalised() if cfg.repeat_penalty != 1 else 0.0  # one-time, as the next line's
         logits = dec.prefill(ids, drafting=mode is not Mode.AR)
-        t_costs = self._ensure_auto() if auto else 0.0  # a one-time measurement is not the prompt's time
+        t_costs = t_record + (self._ensure_auto() if auto else 0.0)  # a one-time measurement is not the prompt's time
         if auto:
             self.auto.start_reply(cfg.temperature)
         first = int(target_choice(self._penalized(logits[None], ids, cfg.repeat_penalty), cfg.temperature, cfg.top_p, gen)[0])
