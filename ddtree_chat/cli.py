@@ -192,6 +192,9 @@ def main(argv=None) -> int:
         from .ui.app import run_app
 
         return run_app(args)
+    if not text.strip():  # NOTE: an empty turn would be answered for --max-new-tokens of nothing in particular
+        _fail("nothing to answer: the prompt is empty (use --prompt TEXT, or pipe text in).", args.json)
+        return 2
     from .engine.errors import EngineError
     from .oneshot import run_oneshot
 

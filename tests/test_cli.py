@@ -82,6 +82,7 @@ def test_same_ids_across_modes(model_args, tmp_path):
     (["--prompt", "hi", "--repeat-penalty", "11", "--json"], "--repeat-penalty: repeat_penalty must be from 1 to 10, not '11'"),
     (["--prompt", "hi", "--conversation", "99"], "no conversation 99"),
     ([], "nothing to answer"),  # stdin is /dev/null: neither a terminal nor a pipe
+    (["--prompt", "  "], "nothing to answer: the prompt is empty"),
 ])
 def test_errors_are_one_line_and_nonzero(model_args, tmp_path, args, needle):
     full = args if not args or args[0] == "--model" else model_args + args
