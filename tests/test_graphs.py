@@ -110,16 +110,20 @@ def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
         del dec._launch
 
 
-@pytest.mark.parametrize("mode,budget", [("ar", 0), ("ddtree", 16)])
-def test_sampled_rounds_run_ahead_with_the_seeds_draws_in_order(pair, mode, budget):
+@pytest.mark.parametrize("mode,budget,penalty", [("ar", 0, 1.0), ("ddtree", 16, 1.0), ("ar", 0, 1.3),
+                                                  ("ddtree", 16, 1.3)])
+def test_sampled_rounds_run_ahead_with_the_seeds_draws_in_order(pair, mode, budget, penalty):
     """At T > 0 too the next round is launched on the device state before this one's result is read: its
-    sample is drawn after this round's, so a seed gives the ids it gives rounds launched one by one."""
+    sample is drawn after this round's, so a seed gives the ids it gives rounds launched one by one (under a
+    repeat penalty as well: a round launched ahead reads the window the round before it committed on the device;
+    past the window's 64 tokens a stale window shows)."""
     _, static = pair
     dec = static.decoder
     launches = []
     launch = dec._launch
     dec._launch = lambda *a, fresh, **kw: launches.append(fresh) or launch(*a, fresh=fresh, **kw)
-    cfg = dict(mode=mode, budget=budget, max_new_tokens=40, temperature=0.8, top_p=0.95, seed=5)
+    n = 40 if penalty == 1 else 100
+    cfg = dict(mode=mode, budget=budget, max_new_tokens=n, temperature=0.8, top_p=0.95, seed=5, repeat_penalty=penalty)
     try:
         for text in PROMPTS:
             prompt = static.tokenizer.encode(text)
@@ -127,7 +131,7 @@ def test_sampled_rounds_run_ahead_with_the_seeds_draws_in_order(pair, mode, budg
             want = run(static, prompt, **cfg)
             dec.run_ahead, launches[:] = True, []
             got = run(static, prompt, **cfg)
-            assert got["token_ids"] == want["token_ids"] and len(got["token_ids"]) == 40
+            assert got["token_ids"] == want["token_ids"] and len(got["token_ids"]) == n
             assert launches.count(True) == 1 and launches.count(False) == got["rounds"]  # all but the first ran ahead
     finally:
         del dec._launch
