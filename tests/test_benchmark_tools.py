@@ -336,3 +336,21 @@ def test_a_replays_idle_time_is_summed_by_the_item_that_follows_it():
     got = k26_forward.replay_gaps(items)
     assert got["span_us"] == 45 and got["work_us"] == 10 + 8 + 5 + 11 + 4
     assert got["gap_by_next"] == [("a", 1, 5), ("b", 2, 3), ("c", 1, 0.0)]
+
+
+def test_cpu_products_counts_a_forwards_products_and_the_experts_tokens_pick():
+    import cpu_products
+    from types import SimpleNamespace
+
+    import torch
+
+    model = torch.nn.ModuleDict({"embed_tokens": torch.nn.Embedding(50, 8), "a": torch.nn.Linear(8, 4, bias=False),
+                                 "b": torch.nn.Linear(8, 4, bias=False), "lm_head": torch.nn.Linear(8, 50, bias=False),
+                                 "norm": torch.nn.LayerNorm(8)})
+    assert cpu_products.dense_shapes(model) == {(4, 8): 2, (50, 8): 1}  # no lookup, no 1-D weight
+    cfg = SimpleNamespace(n_routed_experts=16, num_experts_per_tok=4, hidden_size=8, moe_intermediate_size=4)
+    calls = []
+    unit = lambda n, k, rows: calls.append(rows) or 1.0  # noqa: E731 - one unit per product
+    assert cpu_products.expert_us(cfg, 5, 1, unit) == 5 * 4 * 3 and set(calls) == {1}  # 4 experts, 1 row each
+    many = cpu_products.expert_us(cfg, 5, 64, unit)
+    assert 5 * 15.9 * 3 < many <= 5 * 16 * 3 and calls[-1] == 16  # every expert, 64 x 4 / 16 rows each
