@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce exact exactab pdl cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab pdl cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed)
 #                                               programs k26 layer kernels
@@ -13,7 +13,8 @@
 #                                               alone: each GPU test file (test_kernels_gpu as two halves) in a process and home of its own, the
 #                                               files side by side (ALONE_FILES: only those), then the TP file alone; reversed: all
 #                                               of them, last file first; tp: tensor parallelism on one GPU; tprank: rank 0
-#                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; allreduce: one-shot vs NCCL by size (several GPUs); smoke: the one-shot CLI in every mode, fresh
+#                                               of K2.6 at TP=8, collectives as timed stand-ins; loadspeed: a TP=8 rank's load vs the disk; allreduce: one-shot vs NCCL by size (several GPUs); multigpu: TP with each rank on its own GPU
+#                                               (tests/test_multigpu.py; its tests skip below the GPUs they need, and `alone` leaves the file out); smoke: the one-shot CLI in every mode, fresh
 #                                               homes, text compared; ncu: Nsight Compute counters of the MoE and
 #                                               MLA kernels, ncu.csv)
 #
@@ -73,7 +74,7 @@ for s in "$@"; do
         gputests) step gputests 420 python -m pytest -q --durations=10 tests/test_kernels_gpu.py tests/test_graphs.py ;;
         alone) units=()  # a file, or FILE#k/n: the k-th of n interleaved shards of its GPU tests
                   # NOTE: ALONE_FILES="tests/a.py ..." narrows it to the files a change touches (the TP file still runs last)
-                  for f in ${ALONE_FILES:-$(grep -l "mark.gpu" tests/test_*.py | grep -v test_tp_gpu)}; do
+                  for f in ${ALONE_FILES:-$(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_tp_gpu -e test_multigpu)}; do
                       if [[ " $ALONE_SPLIT " == *" $f "* ]]; then units+=("$f#0/2" "$f#1/2"); else units+=("$f"); fi
                   done
                   homes=()
@@ -101,6 +102,7 @@ for s in "$@"; do
         loadspeed) step loadspeed 400 python benchmarks/load_speed.py --dir /tmp/k26-shards --layers 3 --tp-world 8 \
                        --json "$OUT/load_speed.json" ;;
         allreduce) step allreduce 300 python benchmarks/allreduce.py --json "$OUT/allreduce.json" ;;
+        multigpu) step multigpu 420 python -m pytest -q -m gpu --timeout 300 --durations=5 tests/test_multigpu.py ;;
         tp) step tp 420 python -m pytest -q --durations=10 -x tests/test_tp_gpu.py ;;
         exact) step exact 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactab) for x in 0 1; do  # the K2.6-shaped forward with and without the row-invariant kernels, one call,

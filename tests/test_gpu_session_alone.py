@@ -1,5 +1,6 @@
 """benchmarks/gpu_session.sh's `alone` step: every GPU test file in a process of its own, the longest file
-(test_kernels_gpu) as two interleaved halves whose tests together are the file's, the TP file last and alone
+(test_kernels_gpu) as two interleaved halves whose tests together are the file's, the TP file last and alone, the
+multi-GPU file left to its own step
 (python stubbed: it records the pytest calls, and lists fake test ids when asked to collect)."""
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def test_alone_splits_the_kernel_tests_in_two_halves_and_runs_tp_last(tmp_path):
     assert sorted(halves[0] + halves[1]) == sorted(IDS) and not set(halves[0]) & set(halves[1])
     assert all(len(h) in (3, 4) for h in halves)
     whole = sorted(c[-1] for c in calls[:-1] if c not in kernels)
-    assert whole == sorted(f for f in files if f not in ("tests/test_kernels_gpu.py", "tests/test_tp_gpu.py"))
+    # NOTE: the multi-GPU file is its own step (`multigpu`): its ranks would contend with the files beside them
+    assert whole == sorted(f for f in files if f not in ("tests/test_kernels_gpu.py", "tests/test_tp_gpu.py",
+                                                        "tests/test_multigpu.py"))
     assert all(c[:5] == ["-m", "pytest", "-q", "-m", "gpu"] for c in calls)
 
 
