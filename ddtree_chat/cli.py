@@ -62,9 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     ap.add_argument("--model", metavar="DIR", help="target checkpoint directory (default: the built-in demo model)")
     ap.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (default: the demo drafter with the demo model)")
-    ap.add_argument("--prompt", metavar="TEXT",
-                    help="one-shot: reply to TEXT and exit; text piped to stdin follows it ('-': stdin only)")
-    ap.add_argument("--json", action="store_true", help="one-shot: print one JSON event per line")
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--prompt", metavar="TEXT",
+                      help="one-shot: reply to TEXT and exit; text piped to stdin follows it ('-': stdin only)")
+    what.add_argument("--list", action="store_true", help="list the saved conversations (newest first) and exit")
+    what.add_argument("--search", metavar="TEXT",
+                      help="list the saved conversations whose title or messages hold every word of TEXT, and exit "
+                           "(exit status 1 when none does)")
+    what.add_argument("--export", type=int, metavar="ID",
+                      help="print conversation ID as Markdown (JSON with --json) and exit, e.g. > chat.md")
+    ap.add_argument("--json", action="store_true",
+                    help="one-shot: print one JSON event per line; --list/--search: one conversation per line; "
+                         "--export: the conversation as JSON")
     ap.add_argument("--show-thinking", action="store_true", help="one-shot: print the model's thinking to stderr")
     ap.add_argument("-c", "--continue", dest="continue_", action="store_true",
                     help="continue the most recent conversation (one-shot or chat)")
@@ -152,6 +161,21 @@ def prompt_text(args) -> str | None:
     return f"{args.prompt}\n\n{piped}" if piped.strip() else args.prompt
 
 
+def _archive(args) -> int:
+    from .archive import ArchiveError, export_conversation, list_conversations
+
+    try:
+        if args.export is not None:
+            return export_conversation(args.export, args.json)
+        return list_conversations(args.search, args.json)
+    except ArchiveError as e:
+        _fail(str(e), args.json)
+        return 1
+    except BrokenPipeError:  # e.g. piped into `head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -165,6 +189,8 @@ def main(argv=None) -> int:
         except BrokenPipeError:  # e.g. piped into `head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    if args.list or args.search is not None or args.export is not None:  # NOTE: the store alone, no model
+        return _archive(args)
     bad_knobs = knobs.invalid()
     if bad_knobs:  # NOTE: a mistyped DDTREE_* value would otherwise be ignored without a word
         _fail("; ".join(bad_knobs), args.json)

@@ -101,7 +101,7 @@ def test_help_version_and_flags():
     r = run_cli("--help")
     for flag in ("--model", "--draft", "--prompt", "--json", "--mode", "--budget", "--temperature", "--top-p",
                  "--repeat-penalty", "--seed", "--max-new-tokens", "--tp", "--device", "--system", "--raw", "--show-thinking", "--continue",
-                 "--conversation", "--no-save", "--print-completion", "DDTREE_CHAT_MODEL", "Esc"):
+                 "--conversation", "--no-save", "--print-completion", "--list", "--search", "--export", "DDTREE_CHAT_MODEL", "Esc"):
         assert flag in r.stdout
     from ddtree_chat import __version__
 
@@ -261,3 +261,39 @@ def test_knob_choices():
     assert bad == ["DDTREE_TP_COLLECTIVES='mpi' is not one of auto, nccl", "DDTREE_EXACT='yes' is not one of 0, 1"]
     assert all(k.default in k.choices for k in knobs.KNOBS if k.choices and k.default is not None)
 
+
+
+def test_list_search_and_export_read_the_saved_conversations_without_a_model(tmp_path, monkeypatch):
+    """--list / --search / --export: the store alone (no model is loaded: no --model here), tables or JSON lines,
+    grep's exit status for a search, one line for a missing id, and no database made by a look at an empty home."""
+    r = run_cli("--list", home=tmp_path)
+    assert r.returncode == 0 and r.stdout == "" and "no saved conversations yet" in r.stderr
+    assert not any(tmp_path.rglob("*.sqlite3"))
+    monkeypatch.setenv("DDTREE_CHAT_HOME", str(tmp_path))
+    from ddtree_chat.history import History
+
+    history = History.open()
+    first = history.new_conversation("palindromes", {"mode": None, "temperature": 0.0})
+    history.add_message(first, "user", "Write is_palindrome(s)")
+    history.add_message(first, "assistant", "def is_palindrome(s):\n    return s == s[::-1]")
+    second = history.new_conversation("capitals")
+    history.add_message(second, "user", "What is the capital of France?")
+    history.close()
+    r = run_cli("--list", home=tmp_path)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[0].split() == ["id", "updated", "messages", "title"]
+    assert [line.split()[0] for line in lines[1:]] == [str(second), str(first)]  # newest first
+    rows = [json.loads(line) for line in run_cli("--list", "--json", home=tmp_path).stdout.splitlines()]
+    assert [(c["id"], c["title"], c["messages"]) for c in rows] == [(second, "capitals", 1), (first, "palindromes", 2)]
+    r = run_cli("--search", "France", home=tmp_path)
+    assert r.returncode == 0 and "capitals" in r.stdout and "palindromes" not in r.stdout and "France" in r.stdout
+    r = run_cli("--search", "zebra", home=tmp_path)
+    assert r.returncode == 1 and r.stdout == "" and "no saved conversation matches 'zebra'" in r.stderr
+    md = run_cli("--export", str(first), home=tmp_path).stdout
+    assert md.startswith("# palindromes") and "```python\ndef is_palindrome(s):" in md and "None" not in md
+    data = json.loads(run_cli("--export", str(first), "--json", home=tmp_path).stdout)
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant"] and data["title"] == "palindromes"
+    r = run_cli("--export", "99", home=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip() == "ddtree-chat: there is no conversation 99 (ddtree-chat --list shows the ids)."
+    r = run_cli("--list", "--prompt", "hi", home=tmp_path)
+    assert r.returncode == 2 and "not allowed with" in r.stderr and len(r.stderr.strip().splitlines()) == 1

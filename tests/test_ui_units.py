@@ -131,7 +131,7 @@ def test_busy_ui_thread_gets_fewer_updates():
 
 
 def test_bare_code_replies_render_as_a_code_block():
-    from ddtree_chat.ui.chat_view import answer_markdown, looks_like_code
+    from ddtree_chat.ui.answer_text import answer_markdown, looks_like_code
 
     code = "def add(a, b):\n    return a + b"
     assert looks_like_code(code) and answer_markdown(code) == f"```python\n{code}\n```"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,20 +9,11 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static, TextArea
 
+from ddtree_chat.ui.answer_text import answer_markdown, looks_like_code
 from ddtree_chat.ui.recall import Recall
 from ddtree_chat.ui.thinking import ThinkSplitter, split_text
 
 NEWLINE_KEYS = {"ctrl+j", "shift+enter", "alt+enter", "ctrl+enter"}
-# A reply that opens like Python source (the demo coder answers with bare code) is shown as a code block.
-_CODE_START = re.compile(r"\s*(def |async def |class |import |from \S+ import |@\w)")
-
-
-def looks_like_code(answer: str) -> bool:
-    return "```" not in answer and bool(_CODE_START.match(answer))
-
-
-def answer_markdown(answer: str) -> str:
-    return f"```python\n{answer}\n```" if looks_like_code(answer) else answer
 
 
 class UserMessage(Static):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ddtree_chat.history import Conversation, Message
-from ddtree_chat.ui.chat_view import answer_markdown
+from ddtree_chat.ui.answer_text import answer_markdown
 
 NAMES = {"system": "System", "user": "You", "assistant": "Assistant"}
 SETTING_KEYS = ("system", "mode", "budget", "temperature", "top_p", "repeat_penalty", "max_new_tokens", "seed", "thinking")
@@ -29,7 +29,7 @@ def _balanced(text: str) -> str:
 
 def to_markdown(conv: Conversation, messages: list[Message]) -> str:
     out = [f"# {conv.title}", ""]
-    settings = {k: conv.settings[k] for k in SETTING_KEYS if k in conv.settings and k != "system"}
+    settings = {k: conv.settings[k] for k in SETTING_KEYS if conv.settings.get(k) is not None and k != "system"}
     if settings:
         out += ["*" + " · ".join(f"{k} {v}" for k, v in settings.items()) + "*", ""]
     if conv.settings.get("system"):
