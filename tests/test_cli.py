@@ -297,3 +297,8 @@ def test_list_search_and_export_read_the_saved_conversations_without_a_model(tmp
     assert r.returncode == 1 and r.stderr.strip() == "ddtree-chat: there is no conversation 99 (ddtree-chat --list shows the ids)."
     r = run_cli("--list", "--prompt", "hi", home=tmp_path)
     assert r.returncode == 2 and "not allowed with" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    code = (f"import sys; from ddtree_chat.cli import main; assert main(['--export', '{first}']) == 0; "
+            "assert not any(m == 'textual' or m.startswith('textual.') for m in sys.modules), 'textual'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL, env=dict(os.environ, DDTREE_CHAT_HOME=str(tmp_path)))
+    assert r.returncode == 0, r.stderr[-500:]
