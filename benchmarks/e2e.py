@@ -13,7 +13,8 @@ prompt, so each mode prefills the whole prompt) and decode tokens/s (after the f
 speedup vs ar for each, and the round time split into drafter / target. On CUDA rounds run as CUDA
 graphs unless --eager; --idle then profiles one reply per mode and reports the share of its wall time in
 which no kernel ran, for the whole reply and for its decode window alone (the first token's event to the
-end; the eager prefill excluded)."""
+end; the eager prefill excluded). With --repeat-penalty X every mode runs penalised, and one more row runs ar
+without it, so the penalty's own cost is a ratio of the same run."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 import torch
+
+PLAIN = "plain"  # the extra run under --repeat-penalty: ar without the penalty
 
 
 def _budget(text: str):
@@ -114,11 +117,16 @@ def main(argv=None) -> int:
     else:  # ids from the retrained pair's own tokenizer (the shipped file's are the shipped tokenizer's)
         prompts = [x for x in json.loads(a.prompts_json.read_text()) if len(x["user"]) <= 600][: a.prompts]
     runs = [("ar", 0), ("dflash", eng.dcfg.block_size - 1)] + [("ddtree", b) for b in a.budgets]
+    if a.repeat_penalty != 1:  # NOTE: plain ar beside the penalised modes: the penalty's own cost, side by side
+        runs.append(("ar", PLAIN))
+
+    def settings(b) -> dict:  # a run's budget and penalty (PLAIN: ar without the penalty)
+        return {"budget": 0, "repeat_penalty": 1.0} if b == PLAIN else {"budget": b, "repeat_penalty": a.repeat_penalty}
+
     print(f"loaded in {t_load:.1f} s", file=sys.stderr, flush=True)  # NOTE: progress, for runs under a time limit
     for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve, the programs
         t0 = time.perf_counter()  # NOTE: of this run's settings (a penalised round's are recorded on first use)
-        cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=16, temperature=a.temperature, top_p=a.top_p,
-                               repeat_penalty=a.repeat_penalty)
+        cfg = GenerationConfig(mode=mode, max_new_tokens=16, temperature=a.temperature, top_p=a.top_p, **settings(b))
         for _ in eng.generate(prompts[0]["prompt_ids"], cfg):
             pass
         print(f"warm-up {mode} {b}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -127,8 +135,8 @@ def main(argv=None) -> int:
     ar_ids = []
     for i, p in enumerate(prompts):
         for mode, b in runs:
-            cfg = GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new, temperature=a.temperature,
-                                   top_p=a.top_p, repeat_penalty=a.repeat_penalty, seed=i)
+            cfg = GenerationConfig(mode=mode, max_new_tokens=a.max_new, temperature=a.temperature, top_p=a.top_p,
+                                   seed=i, **settings(b))
             r = res[f"{mode}-{b}"]
             forget_prompt(eng, p["prompt_ids"])
             if eng.device.type == "cuda":
@@ -147,16 +155,16 @@ def main(argv=None) -> int:
             r["forwards"] += ev["target_forwards"]
             r["draft_s"] += ev["draft_s"]
             r["target_s"] += ev["target_s"]
-            if mode == "ar":
+            if (mode, b) == ("ar", 0):
                 ar_ids.append(ev["token_ids"])
-            elif ev["token_ids"] != ar_ids[i] and a.temperature <= 0:
+            elif ev["token_ids"] != ar_ids[i] and a.temperature <= 0 and b != PLAIN:
                 r["mismatch"] += 1
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     if a.idle and eng.device.type == "cuda":
         for mode, b in runs:
             res[f"{mode}-{b}"]["gpu_idle"], res[f"{mode}-{b}"]["decode_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
-                                                      GenerationConfig(mode=mode, budget=b, max_new_tokens=a.max_new,
-                                                                       repeat_penalty=a.repeat_penalty))
+                                                      GenerationConfig(mode=mode, max_new_tokens=a.max_new,
+                                                                       **settings(b)))
     ar_tps = res["ar-0"]["tokens"] / res["ar-0"]["seconds"]
     ar_decode = (res["ar-0"]["tokens"] - len(prompts)) / res["ar-0"]["decode_s"]
     idle = any("gpu_idle" in r for r in res.values())
@@ -173,13 +181,13 @@ def main(argv=None) -> int:
         r["decode_speedup"] = r["decode_tokens_per_second"] / ar_decode
         # NOTE: per prompt, the reply's start to its first token (prefill, eager: the host's speed shows here)
         r["first_token_ms"] = 1e3 * (r["seconds"] - r["decode_s"]) / len(prompts)
-        shown = b if mode != "ar" else "-"
+        shown = b if mode != "ar" else "no penalty" if b == PLAIN else "-"
         if b == "auto" and r["budgets"]:
             shown = "auto (" + ", ".join(f"{k}:{v}" for k, v in sorted(r["budgets"].items())) + ")"
         lines.append(f"| {mode} | {shown} | {r['mean_accepted_length']:.2f} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f}x | {r['decode_tokens_per_second']:.1f} | {r['decode_speedup']:.2f}x | "
                      f"{r['first_token_ms']:.1f} | {r['draft_s']:.2f} / {r['target_s']:.2f} | "
-                     f"{same if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
+                     f"{'n/a (no penalty)' if b == PLAIN else same if r['mismatch'] == 0 else 'NO (%d)' % r['mismatch']} |"
                      + (f" {100 * r['gpu_idle']:.0f}% / {100 * r['decode_idle']:.0f}% |" if idle else ""))
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"

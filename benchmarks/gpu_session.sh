@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab pdl cudamla exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
-#                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed)
+#                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
 #                                               subset; gputests: every GPU test of the kernels and graphs, ~300 s;

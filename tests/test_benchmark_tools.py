@@ -354,3 +354,18 @@ def test_cpu_products_counts_a_forwards_products_and_the_experts_tokens_pick():
     assert cpu_products.expert_us(cfg, 5, 1, unit) == 5 * 4 * 3 and set(calls) == {1}  # 4 experts, 1 row each
     many = cpu_products.expert_us(cfg, 5, 64, unit)
     assert 5 * 15.9 * 3 < many <= 5 * 16 * 3 and calls[-1] == 16  # every expert, 64 x 4 / 16 rows each
+
+
+def test_e2e_under_a_repeat_penalty_adds_plain_ar_beside_the_penalised_modes(synthetic_pair, tmp_path, capsys):
+    """--repeat-penalty: every mode penalised and checked against the penalised ar, plus one ar row without the
+    penalty (its ids differ by design, so it is not checked), all in one run."""
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"user": "a", "prompt_ids": [5, 6, 7, 5, 6]}, {"user": "b", "prompt_ids": [9, 9]}]))
+    out = tmp_path / "e2e.json"
+    rc = e2e.main(["--target", str(synthetic_pair[0]), "--draft", str(synthetic_pair[1]), "--device", "cpu",
+                   "--prompts-json", str(prompts), "--max-new", "24", "--budgets", "8", "--repeat-penalty", "1.5",
+                   "--json", str(out)])
+    res = json.loads(out.read_text())["results"]
+    assert rc == 0 and set(res) == {"ar-0", "dflash-7", "ddtree-8", "ar-plain"}
+    assert all(res[k]["mismatch"] == 0 for k in res) and res["ar-plain"]["tokens"] == res["ar-0"]["tokens"]
+    assert "| ar | no penalty |" in capsys.readouterr().out
