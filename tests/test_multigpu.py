@@ -2,16 +2,12 @@
 reach each other's memory): what test_tp_gpu.py proves with every rank on one GPU, on real ones. Each test skips
 below the GPUs it needs (`bash benchmarks/gpu_session.sh multigpu` runs them on a multi-GPU machine)."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
-from ddtree_chat.engine import Engine, GenerationConfig, synthetic
+from ddtree_chat.engine import Engine, synthetic
 from ddtree_chat.engine.parallel.oneshot_collectives import peer_access
+from tp_checks import assert_a_dead_rank_ends_the_process_with_one_line, assert_modes_keep_ar, ids
 
 pytestmark = pytest.mark.gpu
 PROMPTS = ("tensor parallel", "def add(a, b):")
@@ -38,10 +34,6 @@ def _pair(tmp_path, monkeypatch, name: str, preset: dict):
     return synthetic.make_synthetic_pair(tmp_path, preset=name, seed=0)
 
 
-def _ids(engine, prompt, **kw):
-    return list(engine.generate(prompt, GenerationConfig(stop_token_ids=(), **kw)))[-1]["token_ids"]
-
-
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tp_on_several_gpus_equals_one_gpu(tmp_path, monkeypatch, own_gpus, world):
     """float32: each rank on its own GPU, rounds recorded as graphs with the collectives inside, gives one GPU's
@@ -56,9 +48,9 @@ def test_tp_on_several_gpus_equals_one_gpu(tmp_path, monkeypatch, own_gpus, worl
         for text in PROMPTS:
             prompt = single.tokenizer.encode(text)
             assert torch.allclose(engine.logits(prompt), single.logits(prompt), atol=1e-4, rtol=1e-4)
-            want = _ids(single, prompt, mode="ar", max_new_tokens=24)
+            want = ids(single, prompt, mode="ar", max_new_tokens=24)
             for mode, budget in (("ar", 0), ("ddtree", 16), ("dflash", 7), ("ddtree", "auto")):
-                assert _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24) == want, (mode, budget)
+                assert ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24) == want, (mode, budget)
     finally:
         engine.close()
 
@@ -73,11 +65,7 @@ def test_tp_on_several_gpus_is_exact_in_bf16(tmp_path, monkeypatch, own_gpus, wo
     engine = Engine.load(*pair, device="cuda", tp=world, dtype="bfloat16", expert_parallel=expert_parallel)
     try:
         assert engine.info["cuda_graphs"] > 0
-        for text in PROMPTS:
-            prompt = engine.tokenizer.encode(text)
-            want = _ids(engine, prompt, mode="ar", max_new_tokens=48)
-            for mode, budget in (("ddtree", 16), ("ddtree", 64), ("dflash", 7)):
-                assert _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=48) == want, (mode, budget)
+        assert_modes_keep_ar(engine, PROMPTS, (("ddtree", 16), ("ddtree", 64), ("dflash", 7)), 48)
     finally:
         engine.close()
 
@@ -85,25 +73,4 @@ def test_tp_on_several_gpus_is_exact_in_bf16(tmp_path, monkeypatch, own_gpus, wo
 def test_a_dead_rank_on_its_own_gpu_ends_the_process_with_one_line(tmp_path, monkeypatch, own_gpus):
     """NCCL waits forever on a dead peer: rank 0's watchdog must end the process with one line naming the rank."""
     _gpus(2)
-    target, draft = _pair(tmp_path, monkeypatch, "tp8", TP8)
-    script = textwrap.dedent(f"""
-        import os, signal, sys
-        from ddtree_chat.engine import Engine, GenerationConfig
-        from ddtree_chat.engine.errors import EngineError
-        engine = Engine.load({str(target)!r}, {str(draft)!r}, device="cuda", tp=2)
-        gen = engine.generate(engine.tokenizer.encode("x"), GenerationConfig(max_new_tokens=100000, stop_token_ids=()))
-        next(gen)
-        os.kill(engine.workers.procs[0].pid, signal.SIGKILL)
-        try:
-            for _ in gen:
-                pass
-        except EngineError as e:
-            print(f"ddtree-chat: {{e}}", file=sys.stderr)  # as the CLI reports it
-            sys.exit(1)
-        print("NOT REACHED")
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "DDTREE_TP_ONE_GPU"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
-    assert out.returncode != 0 and "NOT REACHED" not in out.stdout
-    said = [line for line in out.stderr.splitlines() if line.startswith("ddtree-chat:")]
-    assert said and all("rank 1" in line for line in said) and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert_a_dead_rank_ends_the_process_with_one_line(*_pair(tmp_path, monkeypatch, "tp8", TP8), {})

@@ -4,7 +4,6 @@ here (ranks time-slice the GPU); correctness is the point: the one-shot sums are
 TP=2 equals TP=1, speculative ids equal plain decoding (bf16 too), graphs equal direct runs, a dead rank
 ends the process with one line."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,8 +11,9 @@ import textwrap
 import pytest
 import torch
 
-from ddtree_chat.engine import Engine, GenerationConfig
+from ddtree_chat.engine import Engine
 from ddtree_chat.engine.ops.triton_exchange import exchange_ref
+from tp_checks import assert_a_dead_rank_ends_the_process_with_one_line, assert_modes_keep_ar, ids
 
 pytestmark = pytest.mark.gpu
 PROMPTS = ("tensor parallel", "def add(a, b):")
@@ -84,10 +84,6 @@ def test_oneshot_collectives_sum_in_rank_order_on_every_rank(world):
     assert got == {r: "ok" for r in range(world)}
 
 
-def _ids(engine, prompt, **kw):
-    return list(engine.generate(prompt, GenerationConfig(stop_token_ids=(), **kw)))[-1]["token_ids"]
-
-
 @pytest.fixture
 def one_gpu(monkeypatch):
     monkeypatch.setenv("DDTREE_TP_ONE_GPU", "1")  # NOTE: spawned workers inherit it
@@ -106,14 +102,14 @@ def test_tp2_on_one_gpu_equals_tp1_in_graphs_and_directly(synthetic_pair, one_gp
                 if graphs:
                     assert torch.allclose(engine.logits(prompt), single.logits(prompt), atol=1e-4, rtol=1e-4)
                 for mode, budget in (("ar", 0), ("ddtree", 16), ("dflash", 7), ("ddtree", "auto")):
-                    runs[graphs, text, mode, budget] = _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24)
+                    runs[graphs, text, mode, budget] = ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=24)
         finally:
             engine.close()
     for text in PROMPTS:
-        want = _ids(single, single.tokenizer.encode(text), mode="ar", max_new_tokens=24)
-        for (graphs, t, mode, budget), ids in runs.items():
+        want = ids(single, single.tokenizer.encode(text), mode="ar", max_new_tokens=24)
+        for (graphs, t, mode, budget), got in runs.items():
             if t == text:
-                assert ids == want, (graphs, mode, budget)
+                assert got == want, (graphs, mode, budget)
 
 
 def test_tp2_on_one_gpu_is_exact_in_bf16(tmp_path, one_gpu):
@@ -124,37 +120,13 @@ def test_tp2_on_one_gpu_is_exact_in_bf16(tmp_path, one_gpu):
     engine = Engine.load(*make_synthetic_pair(tmp_path, preset="small", seed=0), device="cuda", tp=2, dtype="bfloat16")
     try:
         assert engine.info["cuda_graphs"] > 0
-        for text in PROMPTS:
-            prompt = engine.tokenizer.encode(text)
-            want = _ids(engine, prompt, mode="ar", max_new_tokens=48)
-            for mode, budget in (("ddtree", 16), ("ddtree", 64), ("dflash", 7)):
-                assert _ids(engine, prompt, mode=mode, budget=budget, max_new_tokens=48) == want, (mode, budget)
+        assert_modes_keep_ar(engine, PROMPTS, (("ddtree", 16), ("ddtree", 64), ("dflash", 7)), 48)
     finally:
         engine.close()
 
 
 def test_a_dead_rank_on_one_gpu_ends_the_process_with_one_line(synthetic_pair):
-    script = textwrap.dedent(f"""
-        import os, signal, sys
-        from ddtree_chat.engine import Engine, GenerationConfig
-        from ddtree_chat.engine.errors import EngineError
-        engine = Engine.load({str(synthetic_pair[0])!r}, {str(synthetic_pair[1])!r}, device="cuda", tp=2)
-        gen = engine.generate(engine.tokenizer.encode("x"), GenerationConfig(max_new_tokens=100000, stop_token_ids=()))
-        next(gen)
-        os.kill(engine.workers.procs[0].pid, signal.SIGKILL)
-        try:  # NOTE: the host group's broadcast fails at once, or rank 0's watchdog ends the process first
-            for _ in gen:
-                pass
-        except EngineError as e:
-            print(f"ddtree-chat: {{e}}", file=sys.stderr)  # as the CLI reports it
-            sys.exit(1)
-        print("NOT REACHED")
-    """)
-    env = dict(os.environ, DDTREE_TP_ONE_GPU="1")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
-    assert out.returncode != 0 and "NOT REACHED" not in out.stdout
-    said = [line for line in out.stderr.splitlines() if line.startswith("ddtree-chat:")]
-    assert said and all("rank 1" in line for line in said) and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert_a_dead_rank_ends_the_process_with_one_line(*synthetic_pair, {"DDTREE_TP_ONE_GPU": "1"})
 
 
 def test_nccl_collectives_of_one_rank_record_in_a_graph():
