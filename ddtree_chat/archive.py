@@ -36,7 +36,7 @@ def _row(c: Conversation) -> dict:
 
 
 def _table(found: list[Conversation]) -> str:
-    width = max(len(str(c.id)) for c in [*found, Conversation(10, '', 0, 0, 0)])  # NOTE: at least the header's
+    width = max(len("id"), *(len(str(c.id)) for c in found))
     lines = [f"{'id':>{width}}  updated           messages  title"]
     for c in found:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
@@ -51,7 +51,10 @@ def list_conversations(search: str | None, as_json: bool) -> int:
     status 1 when a search finds none, as grep's."""
     history = _open()
     try:
-        found = [] if history is None else history.search(search) if search is not None else history.conversations()
+        if history is None:
+            found = []
+        else:
+            found = history.conversations() if search is None else history.search(search)
     finally:
         if history is not None:
             history.close()
