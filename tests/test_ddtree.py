@@ -1,7 +1,6 @@
 """DDTree / DFlash are lossless against AR, trees are the true top-budget prefixes, commits are exact."""
 
 import math
-from unittest import mock
 
 import pytest
 import torch
@@ -229,6 +228,29 @@ def _target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> tor
     return q / q.sum()
 
 
+@pytest.mark.parametrize("temperature, top_p", [(0.8, 1.0), (0.5, 0.9)])
+def test_sampled_replies_are_plain_decodings_tokens_in_every_mode(eng, temperature, top_p):
+    """At T > 0 every mode emits the tokens ar samples for the same seed (draws keyed by position, and a node's
+    logits are the AR step's), not only the same distribution; drafts the target often agrees with (greedy
+    drafts with noise), and a penalty too."""
+    eng.decoder.block_logits = TargetDrafter(eng, noise=0.3, seed=1)
+    try:
+        accepted = 0
+        for text in PROMPTS[:2]:
+            prompt = eng.tokenizer.encode(text)
+            for seed, penalty in ((0, 1.0), (5, 1.3)):
+                kw = dict(temperature=temperature, top_p=top_p, seed=seed, repeat_penalty=penalty, max_new_tokens=40)
+                want = ids_of(eng, prompt, mode="ar", **kw)["token_ids"]
+                assert ids_of(eng, prompt, mode="ar", **dict(kw, seed=seed + 1))["token_ids"] != want  # seeded
+                for mode, budget in (("ddtree", 16), ("ddtree", 3), ("dflash", 0), ("ddtree", "auto")):
+                    done = ids_of(eng, prompt, mode=mode, budget=budget, **kw)
+                    assert done["token_ids"] == want, (text, seed, mode, budget)
+                    accepted += done["rounds"] < len(want) - 1
+        assert accepted > 10  # trees were accepted beyond their roots, not ar in disguise
+    finally:
+        del eng.decoder.block_logits
+
+
 def test_sampled_distribution_matches_target(eng):
     """Joint law of the first three tokens (the third comes through an accepted tree node) vs the
     target's own tempered/top-p law, chi-square with fixed seeds (false-failure rate ~1e-3)."""
@@ -332,9 +354,9 @@ def test_a_budget_outside_what_a_round_can_hold_is_refused(budget):
 
 @pytest.mark.parametrize("vocab, scale", [(8192, 1.0), (8192, 4.0), (8192, 12.0), (50, 3.0), (2000, 0.5)])
 def test_nucleus_from_the_top_k_equals_the_full_sort(vocab, scale):
-    """tree.nucleus looks among the top 64 or 1024 tokens first: the kept tokens and their probabilities are
+    """sampling.nucleus looks among the top 64 or 1024 tokens first: the kept tokens and their probabilities are
     those of the full sort's nucleus, for flat rows (the fallback) and peaked ones alike, any vocabulary."""
-    from ddtree_chat.engine.tree import nucleus
+    from ddtree_chat.engine.sampling import nucleus
 
     probs = torch.softmax(torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * scale, -1)
     for top_p in (0.5, 0.9, 0.95):
@@ -346,16 +368,45 @@ def test_nucleus_from_the_top_k_equals_the_full_sort(vocab, scale):
 
 
 def test_draw_picks_columns_in_proportion_to_their_weights():
-    """tree.draw (the exponential race a sampled round uses instead of multinomial): a zero weight is never
-    drawn, the others as often as their share says (chi-square, 2 degrees of freedom, p = 1e-3)."""
-    from ddtree_chat.engine.tree import draw
+    """sampling.draw (the exponential race, its noise hashed from seed, position and token): a zero weight is never
+    drawn, the others as often as their share says over positions (chi-square, 2 degrees of freedom, p = 1e-3)."""
+    from ddtree_chat.engine.sampling import draw
 
     w = torch.tensor([0.0, 1.0, 2.0, 5.0]).repeat(40_000, 1)
-    got = torch.bincount(draw(w, torch.Generator().manual_seed(1)), minlength=4).double()
-    want = w[0] / w[0].sum() * w.shape[0]
-    assert got[0] == 0
-    assert float(((got[1:] - want[1:]) ** 2 / want[1:]).sum()) < 13.8, got
-    # a noise of exactly 0 (seen from GPUs) still never draws a weight of 0
-    zero = torch.Generator().manual_seed(0)
-    with mock.patch.object(torch.Tensor, "exponential_", lambda t, generator=None: t.zero_()):
-        assert draw(torch.tensor([[0.0, 0.5, 0.0]]), zero).tolist() == [1]
+    for seed in (0, 2**40 + 3):
+        got = torch.bincount(draw(w, torch.tensor(seed), torch.arange(w.shape[0])), minlength=4).double()
+        want = w[0] / w[0].sum() * w.shape[0]
+        assert got[0] == 0
+        assert float(((got[1:] - want[1:]) ** 2 / want[1:]).sum()) < 13.8, (seed, got)
+
+
+def test_a_draw_depends_on_its_seed_position_and_token_alone():
+    """The noise of a row is the same alone or inside any launch, whatever order its candidates come in; another
+    seed or position draws anew (so a tree node and the AR step at its position choose alike)."""
+    from ddtree_chat.engine.sampling import race_noise
+
+    seed, pos = torch.tensor(11), torch.arange(100, 109)
+    ids = torch.randint(0, 163840, (9, 64), generator=torch.Generator().manual_seed(0))
+    noise = race_noise(seed, pos, ids)
+    for i in range(9):
+        assert torch.equal(race_noise(seed, pos[i : i + 1], ids[i : i + 1])[0], noise[i])
+        perm = torch.randperm(64, generator=torch.Generator().manual_seed(i))
+        assert torch.equal(race_noise(seed, pos[i : i + 1], ids[i : i + 1, perm])[0], noise[i, perm])
+    assert (race_noise(torch.tensor(12), pos, ids) != noise).double().mean() > 0.99
+    assert (race_noise(seed, pos + 1, ids) != noise).double().mean() > 0.99
+    assert bool((noise > 0).all()) and abs(float(noise.mean()) - 1.0) < 0.05  # Exp(1): mean 1
+
+
+def test_the_nucleus_keeps_or_drops_ties_at_its_edge_whatever_their_order():
+    """Equal probabilities at the top-p edge: all kept or all dropped, so the kept tokens do not depend on which
+    of them a sort or a top-k put first (a tree row and an AR row may order ties differently)."""
+    from ddtree_chat.engine.sampling import nucleus
+
+    row = torch.tensor([0.4, 0.2, 0.2, 0.1, 0.1])
+    perm = torch.tensor([3, 1, 4, 0, 2])
+    probs = torch.stack([row, row[perm]])  # the same distribution, its tokens in another order
+    for top_p, want in ((0.5, {0, 1, 2}), (0.3, {0}), (0.85, {0, 1, 2, 3, 4}), (0.7, {0, 1, 2})):
+        kept, ids = nucleus(probs, top_p)
+        for r in range(2):
+            got = {int(t) for t, k in zip(ids[r], kept[r]) if k > 0}
+            assert {int(perm[t]) for t in got} == want if r else got == want, (top_p, r, got)

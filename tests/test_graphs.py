@@ -14,7 +14,7 @@ import torch
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
 from ddtree_chat.engine.graphs import AcceptKey, graph_key
-from ddtree_chat.engine.tree import target_choice
+from ddtree_chat.engine.sampling import target_choice
 from ddtree_chat.modes import Mode
 
 from drafters import TargetDrafter
@@ -400,6 +400,24 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
     assert {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if _penalised(k)} == {"verify", "accept"}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sampled_static_rounds_emit_the_eager_ar_tokens(synthetic_pair, device):
+    """T > 0 through the static rounds (recorded on CUDA, run ahead): every mode emits the tokens the eager ar
+    reply samples for the seed (each draw keyed by its token's position, read from the device), a penalty too."""
+    eager = Engine.load(*synthetic_pair, device=device, graphs=False)
+    static = Engine.load(*synthetic_pair, device=device)
+    if device == "cpu":
+        static.use_graphs(capture=False)
+        static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
+    for text in PROMPTS:
+        prompt = eager.tokenizer.encode(text)
+        for kw in ({"temperature": 0.8, "seed": 3}, {"temperature": 0.6, "top_p": 0.9, "seed": 4, "repeat_penalty": 1.3}):
+            want = run(eager, prompt, mode="ar", max_new_tokens=32, **kw)["token_ids"]
+            for mode, budget in (("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", "auto")):
+                assert run(static, prompt, mode=mode, budget=budget, max_new_tokens=32, **kw)["token_ids"] == want, \
+                    (text, kw, mode, budget)
+
+
 def _penalised(key) -> bool:
     return getattr(key, "penalty", False)
 
@@ -615,10 +633,10 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
                     sr.accept_key("ddtree", 17, penalty=True), sr.verify_key("ar", 1, penalty=True),
                     sr.accept_key("ar", 1, penalty=True)):
             sr.run(key)
-        gen = torch.Generator(device="cuda").manual_seed(0)
+        seed, where = torch.tensor(0, device="cuda"), sr.state[0:1] + sr.tree(17).depth + 1
         logits = torch.randn(17, eng.tcfg.vocab_size, device="cuda")
         for top_p in (0.95, 1.0):  # a sampled round's choice, drawn between verify and accept
-            sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, gen))
+            sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, seed, where))
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -26,7 +26,8 @@ from .kv_cache import DraftCache, KVCache
 from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
 from .model import KimiModel
 from .repeat import RecentTokens
-from .tree import DraftTree, build_tree, target_choice
+from .sampling import target_choice
+from .tree import DraftTree, build_tree
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
 KEPT_ROWS = 512  # the auto budget's plain steps' target features kept for the drafter's catch-up (a ring)
@@ -228,7 +229,7 @@ class Decoder:
         return build_tree(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
 
     @torch.no_grad()
-    def round(self, mode: Mode, budget: int, temperature: float, top_p: float, gen: torch.Generator | None,
+    def round(self, mode: Mode, budget: int, temperature: float, top_p: float, seed: torch.Tensor | None,
               stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
               then: Callable[[], int | None] | None = None, keep: bool = False,
               repeat_penalty: float = 1.0) -> RoundResult:
@@ -241,7 +242,8 @@ class Decoder:
         stop or the limit is simply never read (it wrote scratch only). A drafting round after `ar` rounds
         first catches the drafter's context up (_catch_up). keep: this reply's `ar` rounds (the auto budget's
         plain steps) keep their target features, so that catch-up needs no target forward. repeat_penalty > 1:
-        each node's logits penalised from its own sequence (engine/repeat.py)."""
+        each node's logits penalised from its own sequence (engine/repeat.py). seed: the sampling seed at T > 0
+        ([] int64 on the device; each draw keyed by its token's position, engine/sampling.py)."""
         sr = self.graphs
         capture_s = sr.capture_s  # recording seconds so far: a round that records adds to them
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
@@ -256,7 +258,7 @@ class Decoder:
         if flight is not None and (flight.key != key or choose is not None or not self.runs_ahead()):
             flight = None  # launched for another kind of round: never read
         if flight is None:
-            flight = self._launch(mode, budget, temperature, top_p, gen, choose, fresh=True, keep=keep,
+            flight = self._launch(mode, budget, temperature, top_p, seed, choose, fresh=True, keep=keep,
                                   repeat_penalty=repeat_penalty)
         # NOTE: asked after the launch: a choosing round has made its choice by now
         nxt = (budget if choose is None else None) if then is None else then()
@@ -264,7 +266,7 @@ class Decoder:
         if (nxt is not None and self.runs_ahead() and sr.fits(nxt_mode, nxt)
                 and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
             # NOTE: at T > 0 its sample is drawn now, after this round's: the seed's draws keep their order
-            self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, gen, None, fresh=False, keep=keep,
+            self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, seed, None, fresh=False, keep=keep,
                                        repeat_penalty=repeat_penalty)
         n = flight.n
         host_tree, path, emitted = self._outcome(flight.wait(), n, stop_ids, room)  # NOTE: the round's one sync
@@ -327,7 +329,7 @@ class Decoder:
         fits = self.cache.length + min(n, b) + n_next <= self.max_len
         return fits and (self.dcache is None or self.dcache.length + 2 * b <= self.dcache.capacity)
 
-    def _launch(self, mode, budget, temperature, top_p, gen, choose, fresh: bool, keep: bool = False,
+    def _launch(self, mode, budget, temperature, top_p, seed, choose, fresh: bool, keep: bool = False,
                 repeat_penalty: float = 1.0):
         """Enqueue one round's programs (fresh: from the host's state; else from the device state the
         previous round's accept left) and start the copy of its result."""
@@ -356,8 +358,9 @@ class Decoder:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
         logits, _ = sr.run(sr.verify_key(mode, n, keep, penalty))
-        if temperature > 0:  # NOTE: else the verify's own argmax stands
-            sr.choice[:n].copy_(target_choice(logits, temperature, top_p, gen))
+        if temperature > 0:  # NOTE: else the verify's own argmax stands; node i's token goes to length + depth + 1
+            where = sr.state[0:1] + sr.tree(n).depth + 1  # NOTE: read on the device before the accept moves it on
+            sr.choice[:n].copy_(target_choice(logits, temperature, top_p, seed, where))
         packed = sr.run(sr.accept_key(mode, n, keep, penalty))
         return sr.fetch(RoundShape(mode, budget), n, packed, clock)
 

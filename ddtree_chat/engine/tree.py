@@ -155,47 +155,6 @@ def path_scores(tree: DraftTree) -> torch.Tensor:
     return out
 
 
-NUCLEUS_CANDIDATES = (64, 1024)  # top-p looks among this many likeliest tokens first, then a sort of all V
-
-
-def target_choice(logits: torch.Tensor, temperature: float, top_p: float,
-                  generator: torch.Generator | None) -> torch.Tensor:
-    """logits [N, V] float32 -> the target's token at each node: argmax at T=0, else a seeded sample
-    from the tempered, top-p filtered distribution."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p >= 1.0:
-        return draw(probs, generator)
-    kept, ids = nucleus(probs, top_p)
-    return ids.gather(-1, draw(kept, generator)[:, None]).squeeze(-1)
-
-
-def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """weights [N, k] >= 0 (unnormalised) -> [N] column indices drawn in proportion to them: the argmax of
-    w / E, E ~ Exp(1) (the exponential race), which, unlike multinomial's input checks, never makes the host
-    wait for the GPU. generator: on the weights' device."""
-    e = torch.empty_like(weights).exponential_(generator=generator)
-    # NOTE: a GPU's exponential_ has returned 0: 0 / 0 would be a NaN, which argmax takes, a token of weight 0
-    return (weights / e.clamp_(min=torch.finfo(e.dtype).tiny)).argmax(-1)
-
-
-def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """probs [N, V] -> (kept [N, k], ids [N, k]): the likeliest tokens in descending order, each one's
-    probability where it is in the smallest prefix whose mass reaches top_p, else 0."""
-    # NOTE: the nucleus lies within the top k once their mass exceeds top_p: sorting k of V tokens, not V
-    # (a full sort cost a CPU 0.5 ms a row at V = 8192, a 9-node tree 4.5 ms: half a plain step); on a GPU
-    # that check would make the host wait (a round could not run ahead), and sorting V costs little there
-    for k in NUCLEUS_CANDIDATES if probs.device.type == "cpu" else ():
-        if k < probs.shape[-1]:
-            sp, si = probs.topk(k, -1)
-            if bool((sp.sum(-1) > top_p).all()):
-                break
-    else:
-        sp, si = probs.sort(-1, descending=True)
-    return sp.masked_fill(sp.cumsum(-1) - sp > top_p, 0.0), si
-
-
 def pack_round_ref(tree: DraftTree, choice: torch.Tensor, ok: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
     """[6N + 1] float64: tokens, parents, depth, draft log-probs, target choices, accepted flags, bonus."""
     parts = (tree.tokens, tree.parents, tree.depth, tree.logprobs, choice, ok, bonus.view(1))
