@@ -337,15 +337,19 @@ def test_target_logits_of_a_tree_equal_the_ar_steps(k26):
             assert torch.equal(cache.kpe[:, start:start + chain], ar_rows[1][:, :chain]), f"{t}-node verify: rope rows"
 
 
-def _decode(dec, prompt, mode, budget, n, drafter=None):
-    """Greedy ids of n tokens after prompt through Decoder rounds (as Engine._generate runs them)."""
+def _decode(dec, prompt, mode, budget, n, drafter=None, temperature=0.0, top_p=1.0, seed=0):
+    """The ids of n tokens after prompt through Decoder rounds (as Engine._generate runs them): greedy, or sampled
+    at `temperature` with `seed` (each draw keyed by its token's position)."""
+    from ddtree_chat.engine.sampling import target_choice
+
     if drafter is not None:
         dec.block_logits, dec.run_ahead = drafter, False
     logits = dec.prefill(prompt, drafting=mode != "ar")
-    out = [int(logits.argmax())]
+    seed = torch.tensor(seed, device=dec.device)
+    out = [int(target_choice(logits[None], temperature, top_p, seed, torch.tensor([len(prompt)], device=dec.device)))]
     dec.pending = out[0]
     while len(out) < n:
-        r = dec.round(mode, budget, 0.0, 1.0, None, frozenset(), n - len(out))
+        r = dec.round(mode, budget, temperature, top_p, seed, frozenset(), n - len(out))
         out.extend(r.emitted)
     dec.__dict__.pop("block_logits", None)
     dec.run_ahead = None
@@ -392,6 +396,22 @@ def test_speculative_ids_equal_ar_with_deep_trees(k26_decoder):
         want = _decode(dec, prompt, "ar", 0, 96)
         for mode, budget, noise in (("dflash", 7, 5), ("ddtree", 16, 4), ("ddtree", 64, 3)):
             got = _decode(dec, prompt, mode, budget, 96, _continuation_drafter(dec, prompt + want, noise))
+            assert got == want, f"prompt {p}, {mode} {budget}: first difference at {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.8, 1.0), (0.7, 0.95)])
+def test_sampled_ids_equal_ar_with_deep_trees(k26_decoder, temperature, top_p):
+    """At T > 0 (K2.6's dimensions, bf16): a tree node's logits are the AR step's bit for bit and its draw is keyed
+    by position, so dflash and ddtree 16/64 sample the ar ids for the seed, drafts following them (paths cut)."""
+    dec = k26_decoder
+    g = torch.Generator().manual_seed(3)
+    for p in range(3):
+        prompt = torch.randint(0, dec.tcfg.vocab_size, (40 + 97 * p,), generator=g).tolist()
+        kw = dict(temperature=temperature, top_p=top_p, seed=p)
+        want = _decode(dec, prompt, "ar", 0, 96, **kw)
+        assert want != _decode(dec, prompt, "ar", 0, 96, temperature=temperature, top_p=top_p, seed=p + 7)
+        for mode, budget, noise in (("dflash", 7, 5), ("ddtree", 16, 4), ("ddtree", 64, 3)):
+            got = _decode(dec, prompt, mode, budget, 96, _continuation_drafter(dec, prompt + want, noise), **kw)
             assert got == want, f"prompt {p}, {mode} {budget}: first difference at {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
 
 
