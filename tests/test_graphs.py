@@ -112,9 +112,9 @@ def test_running_a_round_ahead_changes_nothing(pair, mode, budget):
 
 @pytest.mark.parametrize("mode,budget,penalty", [("ar", 0, 1.0), ("ddtree", 16, 1.0), ("ar", 0, 1.3),
                                                   ("ddtree", 16, 1.3)])
-def test_sampled_rounds_run_ahead_with_the_seeds_draws_in_order(pair, mode, budget, penalty):
-    """At T > 0 too the next round is launched on the device state before this one's result is read: its
-    sample is drawn after this round's, so a seed gives the ids it gives rounds launched one by one (under a
+def test_sampled_rounds_run_ahead_with_the_seeds_draws(pair, mode, budget, penalty):
+    """At T > 0 too the next round is launched on the device state before this one's result is read: its draws
+    are keyed by the positions it reads there, so a seed gives the ids it gives rounds launched one by one (under a
     repeat penalty as well: a round launched ahead reads the window the round before it committed on the device;
     past the window's 64 tokens a stale window shows)."""
     _, static = pair

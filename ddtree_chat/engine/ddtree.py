@@ -265,7 +265,7 @@ class Decoder:
         nxt_mode = Mode.AR if nxt == 0 else mode  # NOTE: after a drafting round, the auto budget's plain steps
         if (nxt is not None and self.runs_ahead() and sr.fits(nxt_mode, nxt)
                 and self._room_ahead(flight.n, sr.plan(nxt_mode, nxt, False)[0])):
-            # NOTE: at T > 0 its sample is drawn now, after this round's: the seed's draws keep their order
+            # NOTE: at T > 0 its draws are keyed by the positions it reads on the device (engine/sampling.py)
             self._ahead = self._launch(nxt_mode, nxt, temperature, top_p, seed, None, fresh=False, keep=keep,
                                        repeat_penalty=repeat_penalty)
         n = flight.n
