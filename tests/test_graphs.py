@@ -621,6 +621,7 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
     run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=8)  # autotuning and lazy builds happen here
     sr, dec = eng.decoder.graphs, eng.decoder
     sr.begin(dec.cache.length, dec.dcache.length, dec.pending)
+    seed = torch.tensor(0, device="cuda")  # NOTE: made once per reply, as the reply loop does, before the rounds
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -633,7 +634,7 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
                     sr.accept_key("ddtree", 17, penalty=True), sr.verify_key("ar", 1, penalty=True),
                     sr.accept_key("ar", 1, penalty=True)):
             sr.run(key)
-        seed, where = torch.tensor(0, device="cuda"), sr.state[0:1] + sr.tree(17).depth + 1
+        where = sr.state[0:1] + sr.tree(17).depth + 1  # NOTE: where each node's token goes, on the device
         logits = torch.randn(17, eng.tcfg.vocab_size, device="cuda")
         for top_p in (0.95, 1.0):  # a sampled round's choice, drawn between verify and accept
             sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, seed, where))
