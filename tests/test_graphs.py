@@ -642,6 +642,29 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("device, vocab", [("cpu", 8192), pytest.param("cuda", 163840, marks=pytest.mark.gpu)])
+def test_a_rows_sample_is_the_same_alone_and_in_any_launch(device, vocab):
+    """Softmax, the top-p filter (a sort, or the CPU's top-k shortcut whose k follows the launch's rows), the
+    race: a row's nucleus, bit for bit by token, and its sample do not depend on the rows that share its launch;
+    bf16-valued logits (the demo's and K2.6's vocabularies), so ties are many."""
+    from ddtree_chat.engine.sampling import nucleus
+
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = (torch.randn(65, vocab, device=device, generator=g) * 3).bfloat16().float()
+    seed, pos = torch.tensor(5, device=device), torch.arange(100, 165, device=device)
+    probs = torch.softmax(logits / 0.8, -1)
+    for top_p in (1.0, 0.95, 0.5):
+        full = target_choice(logits, 0.8, top_p, seed, pos)
+        kept, ids = nucleus(probs, top_p)
+        by_token = torch.zeros_like(probs).scatter_(-1, ids, kept)
+        for n in (1, 8, 17):
+            for i0 in (0, 65 - n):
+                rows = slice(i0, i0 + n)
+                assert torch.equal(target_choice(logits[rows], 0.8, top_p, seed, pos[rows]), full[rows]), (top_p, n)
+                k, i = nucleus(probs[rows], top_p)
+                assert torch.equal(torch.zeros_like(probs[rows]).scatter_(-1, i, k), by_token[rows]), (top_p, n)
+
+
 @pytest.mark.gpu
 def test_bf16_rounds_record_with_the_fast_kernels():
     """bf16 (the real-checkpoint path: INT4 MoE CUDA kernel, Triton MLA; the demo's shapes fit both)
