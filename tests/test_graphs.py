@@ -397,6 +397,10 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
     assert changed and sum(ahead) > 20
     # NOTE: recorded before the first penalised reply's prefill, all of them: none by a round
     assert len(set(penalised)) == 1 and (penalised[0] > 0) == (device == "cuda")
+    if device == "cuda":  # and once: a later penalised reply does not name them again
+        sr.prepare = lambda keys: pytest.fail("the penalised programs were named again")
+        assert static.decoder.record_penalised() == 0.0
+        del sr.prepare
     assert {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if _penalised(k)} == {"verify", "accept"}
 
 

@@ -205,10 +205,12 @@ class Decoder:
     def record_penalised(self) -> float:
         """Before a reply with a repeat penalty: record its rounds' penalised programs not recorded yet; the
         seconds spent (0 once they are, or when rounds run directly)."""
-        before = self.graphs.capture_s
-        if self.graphs.capture:
-            self._record(self.graphs.penalty_keys())
-        return self.graphs.capture_s - before
+        sr = self.graphs
+        before = sr.capture_s
+        if sr.capture and not sr.penalised:  # NOTE: once: naming the ~60 keys again cost every first token ~1 ms
+            self._record(sr.penalty_keys())
+            sr.penalised = True
+        return sr.capture_s - before
 
     # -- one speculative round --------------------------------------------------------------------
     def block_logits(self, block: torch.Tensor, pos: torch.Tensor, ctx, mask=None) -> torch.Tensor:

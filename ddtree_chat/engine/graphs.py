@@ -167,6 +167,7 @@ class StaticRound:
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
         self.capture_s = 0.0
         self.warmed: list[tuple[str, int, bool]] = []  # the rounds warm() recorded
+        self.penalised = False  # their penalised programs are recorded too (Decoder.record_penalised)
         self._pinned: dict[int, list[torch.Tensor]] = {}
         self.prompt_logits: torch.Tensor | None = None  # [1, V]: made by the first prefill run, outside any capture
         # the buffers a program writes besides the caches (restored after a recording's warm-up run)
