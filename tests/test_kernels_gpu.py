@@ -460,6 +460,26 @@ def test_topk_logprobs_dispatch_matches_reference(dtype):
             assert torch.equal(ids.sort(-1).values, want_ids.sort(-1).values) or dtype == torch.bfloat16
 
 
+# ------------------------------------------------------------------------------------- running sums
+@gpu
+@pytest.mark.gpu
+def test_row_cumsum_matches_reference_and_ignores_the_row_count():
+    """Sorted probabilities (the top-p filter's input) of the demo's and K2.6's vocabularies and an odd one:
+    within float32 rounding of torch.cumsum, and each row's sums bit for bit the same alone, in 2 rows or in
+    65 (torch.cumsum's are not: its CUDA scan changes with the row count)."""
+    from ddtree_chat.engine.ops import row_cumsum, row_cumsum_ref
+    from ddtree_chat.engine.ops.triton_scan import row_cumsum_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for v in (8192, 163840, 1000):
+        x = torch.softmax(torch.randn(65, v, device="cuda", generator=gen) * 3, -1).sort(-1, descending=True).values
+        full = row_cumsum(x)
+        assert torch.equal(full, row_cumsum_triton(x))  # the dispatch took the kernel
+        assert torch.allclose(full, row_cumsum_ref(x), atol=1e-5, rtol=1e-5), (v, (full - row_cumsum_ref(x)).abs().max())
+        for rows in (slice(0, 1), slice(64, 65), slice(7, 9), slice(0, 17)):
+            assert torch.equal(row_cumsum(x[rows]), full[rows]), (v, rows)
+
+
 # ----------------------------------------------------------------------------------------------- MLA
 def ancestor_mask(t, gen, device):
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .ops import row_cumsum
+
 NUCLEUS_CANDIDATES = (64, 1024)  # top-p looks among this many likeliest tokens first, then a sort of all V
 _M32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B  # the 32-bit hash's multiplier (< 2**31: a product with a 32-bit value stays inside int64)
@@ -66,7 +68,7 @@ def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tens
 
 def _likelier_mass(sp: torch.Tensor) -> torch.Tensor:
     """sp [N, k] descending -> [N, k]: the mass of the tokens strictly likelier than each (a tie's first's)."""
-    before = sp.cumsum(-1) - sp
+    before = row_cumsum(sp) - sp  # NOTE: not torch.cumsum: on CUDA its rounding follows the launch's row count
     first = torch.searchsorted(-sp, -sp)  # NOTE: -sp ascends; the leftmost equal value: the tie's first
     return before.gather(-1, first)
 

@@ -14,6 +14,7 @@ from .norm import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
 from .rope import (RopeOwner, RopeTable, apply_rope_half_ref, apply_rope_interleaved, apply_rope_interleaved_ref,
                    rms_norm_rope_half, rms_norm_rope_half_ref, rope_cos_sin, yarn_inv_freq)
 from .router import route, route_ref, router_logits, router_logits_ref
+from .scan import row_cumsum, row_cumsum_ref
 from .topk import topk_logprobs, topk_logprobs_ref
 from . import gpu as _gpu
 
@@ -30,5 +31,6 @@ __all__ = [
     "apply_rope_interleaved", "apply_rope_interleaved_ref", "apply_rope_half_ref",
     "rms_norm_rope_half", "rms_norm_rope_half_ref", "RopeOwner", "RopeTable", "rope_cos_sin", "yarn_inv_freq",
     "route", "route_ref", "router_logits", "router_logits_ref",
+    "row_cumsum", "row_cumsum_ref",
     "topk_logprobs", "topk_logprobs_ref",
 ]

@@ -88,7 +88,7 @@ def register_all() -> list[str]:
     _enable("add_rms_norm", cuda_small.rms_norm_residual_fast, supports=cuda_small.add_norm_supported, errors=built)
     try:
         from . import (triton_draft_attention, triton_exact_linear, triton_latent, triton_linear, triton_mla,
-                       triton_mla_exact, triton_norm, triton_rope, triton_topk, triton_tree)
+                       triton_mla_exact, triton_norm, triton_rope, triton_scan, triton_topk, triton_tree)
     except Exception as e:  # no Triton (or a broken install): the reference attention stays
         log.info("Triton kernels (MLA and drafter attention, small-M products, rope, latent write, tree) unavailable: %s", e)
         return enabled_ops
@@ -143,4 +143,5 @@ def register_all() -> list[str]:
     triton_op("walk_commit", triton_tree.walk_commit_triton, supports=triton_tree.commit_state_ok, declines=False)
     triton_op("pack_round", triton_tree.pack_round_triton, supports=triton_tree.pack_parts_ok, declines=False)
     triton_op("topk_logprobs", triton_topk.topk_logprobs_triton)
+    triton_op("row_cumsum", triton_scan.row_cumsum_triton, (torch.float32,))
     return enabled_ops
