@@ -345,8 +345,9 @@ def _decode(dec, prompt, mode, budget, n, drafter=None, temperature=0.0, top_p=1
     if drafter is not None:
         dec.block_logits, dec.run_ahead = drafter, False
     logits = dec.prefill(prompt, drafting=mode != "ar")
-    seed = torch.tensor(seed, device=dec.device)
-    out = [int(target_choice(logits[None], temperature, top_p, seed, torch.tensor([len(prompt)], device=dec.device)))]
+    first = target_choice(logits[None], temperature, top_p, torch.tensor(seed, device=dec.device),
+                          torch.tensor([len(prompt)], device=dec.device))
+    out = [int(first)]
     dec.pending = out[0]
     while len(out) < n:
         r = dec.round(mode, budget, temperature, top_p, seed, frozenset(), n - len(out))

@@ -13,7 +13,7 @@ import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
-from ddtree_chat.engine.graphs import AcceptKey, graph_key
+from ddtree_chat.engine.graphs import AcceptKey, Variant, graph_key
 from ddtree_chat.engine.sampling import target_choice
 from ddtree_chat.modes import Mode
 
@@ -399,7 +399,7 @@ def test_repeat_penalised_rounds_equal_the_penalised_ar(synthetic_pair, device):
     assert len(set(penalised)) == 1 and (penalised[0] > 0) == (device == "cuda")
     if device == "cuda":  # and once: a later penalised reply does not name them again
         sr.prepare = lambda keys: pytest.fail("the penalised programs were named again")
-        assert static.decoder.record_penalised() == 0.0
+        assert static.decoder.record_variant(Variant(penalty=True)) == 0.0
         del sr.prepare
     assert {k.program for k in (sr.graphs if device == "cuda" else sr.outputs) if _penalised(k)} == {"verify", "accept"}
 
@@ -413,13 +413,19 @@ def test_sampled_static_rounds_emit_the_eager_ar_tokens(synthetic_pair, device):
     if device == "cpu":
         static.use_graphs(capture=False)
         static.decoder.graphs.pads_prefill, static.decoder.run_ahead = True, True
+    sr, rounds, grew = static.decoder.graphs, static.decoder.round, []  # whether each round recorded a program
+    static.decoder.round = lambda *a, **kw: (n := len(sr.graphs), rounds(*a, **kw), grew.append(len(sr.graphs) > n))[1]
     for text in PROMPTS:
         prompt = eager.tokenizer.encode(text)
-        for kw in ({"temperature": 0.8, "seed": 3}, {"temperature": 0.6, "top_p": 0.9, "seed": 4, "repeat_penalty": 1.3}):
+        for kw in ({"temperature": 0.8, "seed": 3}, {"temperature": 0.6, "top_p": 0.9, "seed": 4, "repeat_penalty": 1.3},
+                   {"temperature": 0.7, "top_p": 0.8, "seed": 5}):
             want = run(eager, prompt, mode="ar", max_new_tokens=32, **kw)["token_ids"]
             for mode, budget in (("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", "auto")):
                 assert run(static, prompt, mode=mode, budget=budget, max_new_tokens=32, **kw)["token_ids"] == want, \
                     (text, kw, mode, budget)
+    # NOTE: the draw runs inside the verify programs, recorded before each variant's first reply: none by a round
+    assert {"all", "top_p"} <= {k.sampled for k in (sr.graphs if device == "cuda" else sr.outputs) if k.program == "verify"}
+    assert grew and not any(grew)
 
 
 def _penalised(key) -> bool:
@@ -625,23 +631,21 @@ def test_round_programs_never_synchronise_with_the_host(synthetic_pair):
     run(eng, prompt, mode="ddtree", budget=16, max_new_tokens=8)  # autotuning and lazy builds happen here
     sr, dec = eng.decoder.graphs, eng.decoder
     sr.begin(dec.cache.length, dec.dcache.length, dec.pending)
-    seed = torch.tensor(0, device="cuda")  # NOTE: made once per reply, as the reply loop does, before the rounds
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         dec.recent.write(dec.tokens)  # a fresh penalised round's window, from the host's tokens
-        sr.use_penalty(1.3)
+        sr.use(penalty=1.3, temperature=0.8, top_p=0.95, seed=7)
+        penalised, nucleus, drawn = Variant(penalty=True), Variant(sampled="top_p"), Variant(True, "all")
         for key in (sr.draft_key("ddtree", 16, True), sr.verify_key("ddtree", 17), sr.accept_key("ddtree", 17),
                     sr.draft_key("dflash", 7), sr.verify_key("dflash", 8), sr.accept_key("dflash", 8),
                     sr.verify_key("ddtree", 1), sr.accept_key("ddtree", 1), sr.verify_key("ar", 1),
-                    sr.accept_key("ar", 1), sr.draft_key("ddtree", 16), sr.verify_key("ddtree", 17, penalty=True),
-                    sr.accept_key("ddtree", 17, penalty=True), sr.verify_key("ar", 1, penalty=True),
-                    sr.accept_key("ar", 1, penalty=True)):
+                    sr.accept_key("ar", 1), sr.draft_key("ddtree", 16), sr.verify_key("ddtree", 17, variant=penalised),
+                    sr.accept_key("ddtree", 17, variant=penalised), sr.verify_key("ar", 1, variant=penalised),
+                    sr.accept_key("ar", 1, variant=penalised), sr.draft_key("ddtree", 16),
+                    sr.verify_key("ddtree", 17, variant=nucleus), sr.accept_key("ddtree", 17, variant=nucleus),
+                    sr.verify_key("ar", 1, variant=drawn), sr.accept_key("ar", 1, variant=drawn)):
             sr.run(key)
-        where = sr.state[0:1] + sr.tree(17).depth + 1  # NOTE: where each node's token goes, on the device
-        logits = torch.randn(17, eng.tcfg.vocab_size, device="cuda")
-        for top_p in (0.95, 1.0):  # a sampled round's choice, drawn between verify and accept
-            sr.choice[:17].copy_(target_choice(logits, 0.8, top_p, seed, where))
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

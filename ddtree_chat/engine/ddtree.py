@@ -17,16 +17,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import ops, sampling
 from .config import DraftConfig, TargetConfig
 from .errors import ContextLengthError
 from ..modes import MAX_BUDGET, REPEAT_WINDOW, Mode
 from .generation import RoundShape
 from .kv_cache import DraftCache, KVCache
-from .graphs import PREFILL_SIZES, PrefillKey, StaticRound
+from .graphs import PREFILL_SIZES, PrefillKey, StaticRound, Variant
 from .model import KimiModel
 from .repeat import RecentTokens
-from .sampling import target_choice
 from .tree import DraftTree, build_tree
 
 MAX_TREE_POSITIONS = MAX_BUDGET + 1  # positions a round may use past max_len's committed context (a tree, a block)
@@ -202,14 +201,14 @@ class Decoder:
             self.graphs.stop_recording()
             self._ahead = None
 
-    def record_penalised(self) -> float:
-        """Before a reply with a repeat penalty: record its rounds' penalised programs not recorded yet; the
-        seconds spent (0 once they are, or when rounds run directly)."""
+    def record_variant(self, variant: Variant) -> float:
+        """Before a reply whose settings change its programs (a repeat penalty, sampling): record its rounds'
+        programs in that variant; the seconds spent (0 once they are, or when rounds run directly)."""
         sr = self.graphs
         before = sr.capture_s
-        if sr.capture and not sr.penalised:  # NOTE: once: naming the ~60 keys again cost every first token ~1 ms
-            self._record(sr.penalty_keys())
-            sr.penalised = True
+        if sr.capture and variant not in sr.variants:  # NOTE: once: naming the ~60 keys again cost every first token ~1 ms
+            self._record(sr.variant_keys(variant))
+            sr.variants.add(variant)
         return sr.capture_s - before
 
     # -- one speculative round --------------------------------------------------------------------
@@ -231,7 +230,7 @@ class Decoder:
         return build_tree(root, *ops.topk_logprobs(logits[:depth], min(budget, logits.shape[-1])), budget, out)
 
     @torch.no_grad()
-    def round(self, mode: Mode, budget: int, temperature: float, top_p: float, seed: torch.Tensor | None,
+    def round(self, mode: Mode, budget: int, temperature: float, top_p: float, seed: int,
               stop_ids: frozenset[int], room: int, choose: Callable[..., int] | None = None,
               then: Callable[[], int | None] | None = None, keep: bool = False,
               repeat_penalty: float = 1.0) -> RoundResult:
@@ -245,7 +244,7 @@ class Decoder:
         first catches the drafter's context up (_catch_up). keep: this reply's `ar` rounds (the auto budget's
         plain steps) keep their target features, so that catch-up needs no target forward. repeat_penalty > 1:
         each node's logits penalised from its own sequence (engine/repeat.py). seed: the sampling seed at T > 0
-        ([] int64 on the device; each draw keyed by its token's position, engine/sampling.py)."""
+        (>= 0; each draw keyed by its token's position, engine/sampling.py)."""
         sr = self.graphs
         capture_s = sr.capture_s  # recording seconds so far: a round that records adds to them
         if not sr.fits(mode, budget):  # NOTE: a drafter window narrower than its block: plain steps
@@ -345,13 +344,15 @@ class Decoder:
             else:
                 held = self.dcache.length + b  # the entries this round may see, at most
         keep = keep and mode == Mode.AR and self.dcache is not None
-        penalty = repeat_penalty != 1  # NOTE: inside the verify and accept programs, from the device's window
-        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep, penalty))
-        if penalty:
-            sr.use_penalty(repeat_penalty)
+        # NOTE: the penalty and the draw run inside the verify and accept programs, from values on the device
+        variant = Variant(repeat_penalty != 1, sampling.kind(temperature, top_p))
+        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep, variant))
+        sr.use(penalty=repeat_penalty)
+        if variant.sampled:
+            sr.use(temperature=temperature, top_p=top_p, seed=seed)
         if fresh:
             sr.begin(*self.committed_state(self.pending))
-            if penalty:
+            if variant.penalty:
                 self.recent.write(self.tokens)
         clock = sr.clock()
         if n > 1:
@@ -359,11 +360,8 @@ class Decoder:
         if choosing and n > 1:
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
-        logits, _ = sr.run(sr.verify_key(mode, n, keep, penalty))
-        if temperature > 0:  # NOTE: else the verify's own argmax stands; node i's token goes to length + depth + 1
-            where = sr.state[0:1] + sr.tree(n).depth + 1  # NOTE: read on the device before the accept moves it on
-            sr.choice[:n].copy_(target_choice(logits, temperature, top_p, seed, where))
-        packed = sr.run(sr.accept_key(mode, n, keep, penalty))
+        sr.run(sr.verify_key(mode, n, keep, variant))
+        packed = sr.run(sr.accept_key(mode, n, keep, variant))
         return sr.fetch(RoundShape(mode, budget), n, packed, clock)
 
     @staticmethod

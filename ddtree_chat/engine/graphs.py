@@ -31,6 +31,7 @@ from .model import causal_mask
 from .ops.registry import prefer_library
 from .progress import Stage
 from .repeat import repeat_penalize
+from .sampling import sample
 from .tree import DraftTree, pack_round, path_scores, walk_commit
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class VerifyKey(NamedTuple):
     nodes: int  # tree nodes, root included
     features: bool  # keeps the target features the drafter's context is made of
     penalty: bool = False  # applies the repeat penalty (self.penalty) to each node's logits before its choice
+    sampled: str = ""  # the choice: "" the argmax, else a draw (sampling.kind) with this reply's values on the device
 
 
 class AcceptKey(NamedTuple):
@@ -71,6 +73,13 @@ class AcceptKey(NamedTuple):
     chain: bool  # node i at depth i (ar, dflash): the accepted path is in place already
     keep: bool = False  # a plain step that keeps its root's target features (Decoder.kept) for a later catch-up
     penalty: bool = False  # commits the accepted tokens to the repeat penalty's window (Decoder.recent)
+    sampled: str = ""  # its verify's (whose features it reads)
+
+
+class Variant(NamedTuple):
+    """What a reply's settings change in its rounds' verify and accept programs (each combination is recorded apart)."""
+    penalty: bool = False  # the repeat penalty
+    sampled: str = ""  # sampling.kind(temperature, top_p)
 
 
 GraphKey = Union[PrefillKey, DraftKey, VerifyKey, AcceptKey]
@@ -155,8 +164,10 @@ class StaticRound:
         self.last = torch.zeros(1, **long)  # ... and the row whose logits it returns
         self._causal: dict[int, torch.Tensor] = {}
         self.logprobs = torch.zeros(n, dtype=torch.float32, device=dev)
-        self.penalty = torch.ones(1, dtype=torch.float32, device=dev)  # the repeat penalty the recorded verifies read
-        self._penalty_value = 1.0
+        # the reply's settings the recorded verifies read (written by use())
+        self.penalty, self.temperature, self.top_p = (torch.ones(1, dtype=torch.float32, device=dev) for _ in range(3))
+        self.seed = torch.zeros((), **long)
+        self._values = {"penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "seed": 0}
         self.cum_mass = torch.zeros(n, dtype=torch.float32, device=dev)  # the auto budget's gain curve
         self.block = dec.block
         cap = dec.dcache.capacity if dec.dcache is not None else 0
@@ -167,7 +178,7 @@ class StaticRound:
         self.outputs: dict[tuple, object] = {}  # key -> last outputs (the graph's static ones when captured)
         self.capture_s = 0.0
         self.warmed: list[tuple[str, int, bool]] = []  # the rounds warm() recorded
-        self.penalised = False  # their penalised programs are recorded too (Decoder.record_penalised)
+        self.variants = {Variant()}  # the variants their programs are recorded in (Decoder.record_variant)
         self._pinned: dict[int, list[torch.Tensor]] = {}
         self.prompt_logits: torch.Tensor | None = None  # [1, V]: made by the first prefill run, outside any capture
         # the buffers a program writes besides the caches (restored after a recording's warm-up run)
@@ -211,25 +222,25 @@ class StaticRound:
     def drafting(self, mode: Mode) -> bool:
         return mode != Mode.AR and self.dec.drafter is not None
 
-    def verify_key(self, mode: Mode, n: int, keep: bool = False, penalty: bool = False) -> VerifyKey:
+    def verify_key(self, mode: Mode, n: int, keep: bool = False, variant: Variant = Variant()) -> VerifyKey:
         """Only a drafting round's verify, or a plain step that keeps them, has the target features the
         drafter's context is made of."""
-        return VerifyKey("verify", n, self.drafting(mode) or keep, penalty)
+        return VerifyKey("verify", n, self.drafting(mode) or keep, *variant)
 
-    def accept_key(self, mode: Mode, n: int, keep: bool = False, penalty: bool = False) -> AcceptKey:
+    def accept_key(self, mode: Mode, n: int, keep: bool = False, variant: Variant = Variant()) -> AcceptKey:
         """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it; the
         auto budget's plain steps keep their features: `keep`); an `ar` or `dflash` round's nodes are a chain,
         so its accepted path is already in place."""
         drafting = self.drafting(mode)
-        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting, penalty)
+        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting, *variant)
 
     def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None,
-                   keep: bool = False, penalty: bool = False):
+                   keep: bool = False, variant: Variant = Variant()):
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
-            yield self.verify_key(mode, n, keep, penalty)
-            yield self.accept_key(mode, n, keep, penalty)
+            yield self.verify_key(mode, n, keep, variant)
+            yield self.accept_key(mode, n, keep, variant)
 
     def prefill_sizes(self, drafting: bool) -> list[int]:
         """Chunk sizes that fit the target cache (and, drafting, the drafter's window) whole."""
@@ -243,8 +254,8 @@ class StaticRound:
         if key.program == "draft":
             return lambda: self.draft(key.mode, key.budget, key.span, key.choosing)
         if key.program == "verify":
-            return lambda: self.verify(key.nodes, key.features, key.penalty)
-        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty)][1]  # noqa: E731
+            return lambda: self.verify(key.nodes, key.features, Variant(key.penalty, key.sampled))
+        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty, key.sampled)][1]  # noqa: E731
                          if key.drafting or key.keep else None)
         return lambda: self.accept(key.nodes, feats(), key.chain, key.keep, key.penalty)
 
@@ -275,10 +286,10 @@ class StaticRound:
         the seconds spent. progress(done, total, Stage.COMPILING) per kernel a first start compiles, then
         progress(done, total, Stage.RECORDING) after each round's programs and each prefill variant's."""
         before = self.capture_s
-        self.warmed = modes  # NOTE: penalty_keys() names their programs again, penalised
+        self.warmed = modes  # NOTE: variant_keys() names their programs again, in another variant
         variants = [False] + ([True] if self.dec.dcache is not None else [])
         # one group of programs per round, then one per prefill variant: recorded, and reported, group by group
-        groups = self._round_groups(modes, penalty=False)
+        groups = self._round_groups(modes, Variant())
         groups += [[PrefillKey("prefill", n, d) for n in self.prefill_sizes(d)] for d in variants]
         self._precompile([k for g in groups for k in g], progress)
         for i, keys in enumerate(groups):
@@ -287,19 +298,19 @@ class StaticRound:
                 progress(i + 1, len(groups), Stage.RECORDING)
         return self.capture_s - before
 
-    def _round_groups(self, modes: list[tuple[str, int, bool]], penalty: bool) -> list[list]:
+    def _round_groups(self, modes: list[tuple[str, int, bool]], variant: Variant) -> list[list]:
         """The programs of each of these (mode, budget, choosing) rounds, a list per round (read twice), and of
         the auto budget's plain steps when a choosing tree round is among them."""
-        groups = [list(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing, penalty=penalty))
+        groups = [list(self.round_keys(mode, budget, self.plan(mode, budget, choosing)[1], choosing, variant=variant))
                   for mode, budget, choosing in modes if self.fits(mode, budget)]
         if self.dec.dcache is not None and any(m is Mode.DDTREE and c for m, _, c in modes):
-            groups.append(list(self.round_keys(Mode.AR, 0, [1], False, keep=True, penalty=penalty)))
+            groups.append(list(self.round_keys(Mode.AR, 0, [1], False, keep=True, variant=variant)))
         return groups
 
-    def penalty_keys(self) -> list:
-        """The warmed rounds' programs under a repeat penalty: a reply with one records them all before its
-        prefill (on first use they fell inside replies, one recording a new shape, and the auto budget's timing)."""
-        return [k for g in self._round_groups(self.warmed, penalty=True) for k in g]
+    def variant_keys(self, variant: Variant) -> list:
+        """The warmed rounds' programs in this variant: a reply that uses it records them all before its prefill
+        (on first use they fell inside replies, one recording a new shape, and the auto budget's timing)."""
+        return [k for g in self._round_groups(self.warmed, variant) for k in g]
 
     def _precompile(self, keys, progress=None) -> None:
         """Before recording (the first start): run each program once with its new Triton kernels recorded
@@ -410,12 +421,13 @@ class StaticRound:
         self._host[0], self._host[1], self._host[2] = length, draft_entries, root
         self.state.copy_(self._host, non_blocking=True)
 
-    def use_penalty(self, penalty: float) -> None:
-        """The repeat penalty the verifies with `penalty` read from the device (written when it changes: a fill
-        is a launch, never a host sync)."""
-        if penalty != self._penalty_value:
-            self.penalty.fill_(penalty)
-            self._penalty_value = penalty
+    def use(self, **values: float) -> None:
+        """The reply's settings (penalty, temperature, top_p, seed) the recorded verifies read from the device,
+        each written when it changes: a fill is a launch, never a host sync."""
+        for name, v in values.items():
+            if v != self._values[name]:
+                getattr(self, name).fill_(v)
+                self._values[name] = v
 
     def clock(self) -> _Clock:
         return _Clock(self.dec.device)
@@ -521,9 +533,10 @@ class StaticRound:
         if choosing:
             self.cum_mass[:n].copy_(path_scores(tree).exp().cumsum(0))
 
-    def verify(self, n: int, features: bool = True, penalty: bool = False):
-        """penalty: each node's logits penalised from its own sequence, the committed tokens read from the device
-        (engine/repeat.py), so a round launched ahead needs nothing from the host."""
+    def verify(self, n: int, features: bool = True, variant: Variant = Variant()):
+        """variant.penalty: each node's logits penalised from its own sequence, the committed tokens read from the
+        device (engine/repeat.py), so a round launched ahead needs nothing from the host. variant.sampled: each
+        node's choice drawn (engine/sampling.py), keyed by the position its token goes to: length + depth + 1."""
         dec = self.dec
         length = self.state[0:1]
         if n == 1:  # NOTE: a drafting round's draft wrote the root with its tree; a single node is drafted by none
@@ -531,10 +544,14 @@ class StaticRound:
         tree = self.tree(n)
         view = SlotView(dec.cache, length, length + self.arange[:n])
         logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view, features)
-        if penalty:
+        if variant.penalty:
             history, skip = dec.recent.history(length)
             logits = repeat_penalize(logits, history, tree, self.penalty, REPEAT_WINDOW, skip)
-        torch.argmax(logits, -1, out=self.choice[:n])  # NOTE: T > 0 overwrites it with samples
+        if variant.sampled:
+            top_p = self.top_p if variant.sampled == "top_p" else None
+            self.choice[:n].copy_(sample(logits, self.temperature, top_p, self.seed, length + tree.depth + 1))
+        else:
+            torch.argmax(logits, -1, out=self.choice[:n])
         return logits, feats
 
     def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False, keep: bool = False,

@@ -15,9 +15,10 @@ from .budget import PLAIN, AutoBudget
 from .ddtree import Decoder
 from .events import DoneEvent, RoundEvent, empty_tree
 from .generation import GenerationConfig, Stats
+from .graphs import Variant
 from .parallel import TPGroup
 from .repeat import repeat_penalize
-from .sampling import target_choice
+from .sampling import kind, target_choice
 from .tree import root_only
 
 
@@ -44,18 +45,19 @@ class ReplyLoop:
         auto = mode is Mode.DDTREE and cfg.budget == "auto"
         budget = dec.shape(mode, cfg.budget).budget  # "auto" stays "auto" until the first round picks a size
         stop_ids = frozenset(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.tokenizer.stop_ids)
-        seed = torch.tensor(cfg.seed, dtype=torch.int64, device=self.device)  # NOTE: samples stay on the device
         stats = Stats()
         detok = self.tokenizer.stream_decoder()
         out: list[int] = []
         t_start = time.perf_counter()
-        t_record = dec.record_penalised() if cfg.repeat_penalty != 1 else 0.0  # one-time, as the next line's
+        variant = Variant(cfg.repeat_penalty != 1, kind(cfg.temperature, cfg.top_p))
+        t_record = dec.record_variant(variant)  # one-time, as the next line's
         logits = dec.prefill(ids, drafting=mode is not Mode.AR)
         t_costs = t_record + (self._ensure_auto() if auto else 0.0)  # a one-time measurement is not the prompt's time
         if auto:
             self.auto.start_reply(cfg.temperature)
         first = int(target_choice(self._penalized(logits[None], ids, cfg.repeat_penalty), cfg.temperature, cfg.top_p,
-                                  seed, torch.tensor([len(ids)], device=self.device))[0])  # NOTE: its position
+                                  torch.tensor(cfg.seed, device=self.device),
+                                  torch.tensor([len(ids)], device=self.device))[0])  # NOTE: its position
         prompt_s = time.perf_counter() - t_start - t_costs  # NOTE: after int(): the device finished the prefill
         dec.pending = first
         out.append(first)
@@ -88,7 +90,7 @@ class ReplyLoop:
                 # unlike a tree cut to each remaining room)
                 round_mode, round_budget, choose, then, learns = Mode.AR, 0, None, None, False
             t0 = time.perf_counter()
-            r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, seed, stop_ids,
+            r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, cfg.seed, stop_ids,
                           cfg.max_new_tokens - len(out), choose, then, keep=auto, repeat_penalty=cfg.repeat_penalty)
             if learns:
                 self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up,

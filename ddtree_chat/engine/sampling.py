@@ -47,7 +47,7 @@ def draw(weights: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor,
     return (weights.double() / race_noise(seed, positions, ids)).argmax(-1)
 
 
-def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def nucleus(probs: torch.Tensor, top_p: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
     """probs [N, V] -> (kept [N, k], ids [N, k]): the likeliest tokens in descending order, each one's probability
     where the tokens likelier than it hold at most top_p of the mass, else 0 (ties at the edge all in or all out:
     which of two equal probabilities a sort puts first must not matter)."""
@@ -73,14 +73,31 @@ def _likelier_mass(sp: torch.Tensor) -> torch.Tensor:
     return before.gather(-1, first)
 
 
-def target_choice(logits: torch.Tensor, temperature: float, top_p: float, seed: torch.Tensor | None,
-                  positions: torch.Tensor | None) -> torch.Tensor:
-    """logits [N, V] -> the target's token at each node: the argmax at T = 0, else a sample from the tempered,
-    top-p filtered distribution drawn by (seed [] int64, positions [N]: where each node's token goes)."""
-    if temperature <= 0:
-        return logits.argmax(-1)
+def kind(temperature: float, top_p: float) -> str:
+    """Which choice a round's verify makes: "" the argmax (T = 0), "all" a draw over every token, "top_p" a draw
+    over the nucleus (each a recorded program of its own: the branch cannot read device values)."""
+    return "" if temperature <= 0 else "top_p" if top_p < 1 else "all"
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None, seed: torch.Tensor,
+           positions: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> [N] tokens drawn from the tempered (temperature [1] float32), top-p filtered (top_p [1]
+    float32; None: no filter) distribution, by (seed [] int64, positions [N]: where each node's token goes).
+    Device tensors throughout: a recorded program reads this reply's values (NOTE: a tensor divisor, never a
+    Python float: CUDA divides by a host scalar as a product with its reciprocal, which rounds differently)."""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p >= 1.0:
+    if top_p is None:
         return draw(probs, seed, positions)
     kept, ids = nucleus(probs, top_p)
     return ids.gather(-1, draw(kept, seed, positions, ids)[:, None]).squeeze(-1)
+
+
+def target_choice(logits: torch.Tensor, temperature: float, top_p: float, seed: torch.Tensor | None,
+                  positions: torch.Tensor | None) -> torch.Tensor:
+    """logits [N, V] -> the target's token at each node: the argmax at T = 0, else `sample` with these values (the
+    choice a recorded verify makes, computed outside one: the reply's first token)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    value = lambda v: torch.tensor([v], dtype=torch.float32, device=logits.device)  # noqa: E731
+    return sample(logits, value(temperature), value(top_p) if kind(temperature, top_p) == "top_p" else None, seed,
+                  positions)
