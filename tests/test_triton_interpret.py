@@ -1,5 +1,6 @@
 """The Triton kernels' logic on CPU, in Triton's interpreter (TRITON_INTERPRET=1, numpy semantics; no
-GPU): tree build, ancestor mask, walk, rope, latent cache write, wide RMSNorm, top-k log-softmax; and, where the interpreter runs loops
+GPU): tree build, ancestor mask, walk, rope, latent cache write, wide RMSNorm, top-k log-softmax, the top-p
+filter's running sum; and, where the interpreter runs loops
 over runtime bounds (Triton 3.9, CI's), the small-M product, the drafter attention and the MLA kernel (at fixed tiles:
 its autotuner is the GPU tests' business). Each runs in a subprocess because the interpreter is chosen when kernels
 are defined."""
@@ -444,6 +445,21 @@ k[(1,)](torch.zeros(32, dtype=torch.int32), 32, B=16)
 """
 
 
+SCAN_SCRIPT = r"""
+import json, sys, torch
+from ddtree_chat.engine.ops.triton_scan import row_cumsum_triton
+bad = []
+for rows, v in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(rows * 100000 + v)
+    x = torch.softmax(torch.randn(rows, v, generator=g) * 3, -1).sort(-1, descending=True).values
+    got = row_cumsum_triton(x)
+    alone = [row_cumsum_triton(x[i:i + 1]) for i in range(rows)]
+    if not (torch.allclose(got, x.double().cumsum(-1).float(), atol=2e-6) and all(torch.equal(a, got[i:i + 1]) for i, a in enumerate(alone))):
+        bad.append([rows, v])
+print(json.dumps(bad))
+"""
+
+
 def interpreter_runs_loops() -> bool:
     """Whether this Triton's interpreter runs loops over runtime bounds (3.9's, CI's, does; 3.6's does not)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -629,3 +645,9 @@ def test_topk_logprobs_kernel_in_the_interpreter_equals_the_reference():
     cases = [(2, 8192, 32, "float32"), (3, 8192, 1, "float32"), (3, 100, 7, "float32"), (1, 5000, 256, "float32"),
              (1, 9000, 8, "float32"), (1, 3000, 300, "float32"), (4, 2048, 16, "bfloat16")]
     assert interpret_apart(TOPK_SCRIPT, [cases[::2], cases[1::2]]) == []
+
+
+def test_running_sum_kernel_in_the_interpreter_equals_float64_and_ignores_the_row_count():
+    """One chunk, a chunk and a bit, nine chunks (the sums of the chunks before in one reduction): within float32
+    rounding of a float64 running sum, and each row's sums the same alone as among the others."""
+    assert interpret(SCAN_SCRIPT, [(3, 1000), (2, 2049), (2, 17000)]) == []

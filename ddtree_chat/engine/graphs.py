@@ -255,7 +255,7 @@ class StaticRound:
             return lambda: self.draft(key.mode, key.budget, key.span, key.choosing)
         if key.program == "verify":
             return lambda: self.verify(key.nodes, key.features, Variant(key.penalty, key.sampled))
-        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty, key.sampled)][1]  # noqa: E731
+        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty, key.sampled)]  # noqa: E731
                          if key.drafting or key.keep else None)
         return lambda: self.accept(key.nodes, feats(), key.chain, key.keep, key.penalty)
 
@@ -536,7 +536,9 @@ class StaticRound:
     def verify(self, n: int, features: bool = True, variant: Variant = Variant()):
         """variant.penalty: each node's logits penalised from its own sequence, the committed tokens read from the
         device (engine/repeat.py), so a round launched ahead needs nothing from the host. variant.sampled: each
-        node's choice drawn (engine/sampling.py), keyed by the position its token goes to: length + depth + 1."""
+        node's choice drawn (engine/sampling.py), keyed by the position its token goes to: length + depth + 1.
+        The choices land in self.choice; returns the target features (None without `features`). NOTE: not the
+        logits: a recorded program's outputs stay allocated, and [n, V] per recorded size and variant adds up."""
         dec = self.dec
         length = self.state[0:1]
         if n == 1:  # NOTE: a drafting round's draft wrote the root with its tree; a single node is drafted by none
@@ -552,7 +554,7 @@ class StaticRound:
             self.choice[:n].copy_(sample(logits, self.temperature, top_p, self.seed, length + tree.depth + 1))
         else:
             torch.argmax(logits, -1, out=self.choice[:n])
-        return logits, feats
+        return feats
 
     def accept(self, n: int, feats: torch.Tensor | None, chain: bool = False, keep: bool = False,
                penalty: bool = False) -> torch.Tensor:

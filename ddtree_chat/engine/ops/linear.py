@@ -40,10 +40,10 @@ def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear without bias: x [..., K], w [N, K] -> [..., N]."""
     x2 = x.reshape(-1, x.shape[-1])
-    return MATMUL_NT.run(_linear_ref, x2, (x2, w)).view(*x.shape[:-1], w.shape[0])
+    return MATMUL_NT.run(linear_ref, x2, (x2, w)).view(*x.shape[:-1], w.shape[0])
 
 
-def _linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K], w [N, K]: F.linear, its rows padded on the CPU (cpu_exact)."""
     return cpu_exact.padded_rows(F.linear, x, w) if cpu_exact.enabled(x) else F.linear(x, w)
 

@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from . import cpu_exact
-from .linear import _linear_ref, linear
+from .linear import linear, linear_ref
 from .registry import define
 
 _F32: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}  # id(weight) -> (weight, its version, float32 copy)
@@ -28,12 +28,12 @@ def float32_weight(w: torch.Tensor) -> torch.Tensor:
 
 def router_logits_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [T, H], w [E, H] -> float32 [T, E]: the router's product in float32, whatever the model's dtype."""
-    return _linear_ref(x.float(), w.float())
+    return linear_ref(x.float(), w.float())
 
 
 def _logits_of_copy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """router_logits_ref against w's float32 copy (float32_weight), not a cast per call."""
-    return _linear_ref(x.float(), float32_weight(w))
+    return linear_ref(x.float(), float32_weight(w))
 
 
 def router_through_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
