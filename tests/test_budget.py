@@ -314,3 +314,25 @@ def test_plain_steps_and_trees_in_turn_keep_ar_ids_and_the_drafter_context(synth
     assert dec.dcache.end_pos == ref.decoder.dcache.end_pos == n and dec.dcache.length == n
     for a, b in ((dec.dcache.k, ref.decoder.dcache.k), (dec.dcache.v, ref.decoder.dcache.v)):
         assert torch.allclose(a[:, :n].float(), b[:, :n].float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_rounds_run_ahead_are_learned_by_their_own_seconds_not_the_host_wall(synthetic_pair, monkeypatch, ahead):
+    """A decoder that runs rounds one ahead overlaps the host's work, so the auto budget learns each round's
+    draft + target seconds (the device's, on a GPU); one that does not, the round's wall time. An exploring round's
+    budget choice (a host wait for the draft) counts in neither part."""
+    from ddtree_chat.engine import graphs
+
+    eng = Engine.load(*synthetic_pair, device="cpu")
+    eng.decoder.run_ahead = ahead
+    walls = []
+    observe = AutoBudget.observe
+    monkeypatch.setattr(AutoBudget, "observe", lambda self, *a, **kw: walls.append(a[6]) or observe(self, *a, **kw))
+    list(eng.generate(eng.tokenizer.encode("run ahead"), GenerationConfig(mode="ddtree", budget="auto",
+                                                                          max_new_tokens=20, stop_token_ids=())))
+    assert walls and all((w is None) == ahead for w in walls)
+    clock = graphs._Clock(torch.device("cpu"))  # start, drafted, (the choice), verify, end
+    clock.marks += [clock.marks[0] + 1.0, clock.marks[0] + 5.0, clock.marks[0] + 7.0]
+    assert clock.split() == pytest.approx((1.0, 2.0))
+    clock.marks[1:] = [clock.marks[0] + 1.0, clock.marks[0] + 3.0]  # start, verify, end
+    assert clock.split() == pytest.approx((1.0, 2.0))

@@ -220,9 +220,10 @@ class AutoBudget:
         """Learn from a finished round (a plain one too: it drafted PLAIN): calibration of the gain (against
         what choose() predicted for the size it picked), and the real costs, the catch-up of `caught_up`
         tokens before it included. wall_s: the whole round's host seconds, catch-up included (default: its
-        draft + target). The engine's first round teaches no costs: its times hold one-off work (the size it
-        drafted kept a 2x drafting cost, never drafted again to correct it); nor does a round that `recorded`
-        programs (its wall time holds the recording: a reply's first penalised rounds chose plain steps for good)."""
+        draft + target, as a decoder that runs rounds ahead passes them: device seconds on a GPU). The engine's
+        first round teaches no costs: its times hold one-off work (the size it drafted kept a 2x drafting cost,
+        never drafted again to correct it); nor does a round that `recorded` programs (its wall time holds the
+        recording: a reply's first penalised rounds chose plain steps for good)."""
         predicted = self.predicted
         self.rounds += 1
         costs = self.rounds > 1 and not recorded

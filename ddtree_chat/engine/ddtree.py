@@ -358,6 +358,7 @@ class Decoder:
         if n > 1:
             sr.run(sr.draft_key(mode, budget, choosing, held))
         if choosing and n > 1:
+            clock.mark()  # NOTE: the draft's end on the GPU: the choice's host wait counts in neither part
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
         sr.run(sr.verify_key(mode, n, keep, variant))

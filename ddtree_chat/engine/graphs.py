@@ -124,11 +124,12 @@ class _Clock:
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a
 
     def split(self) -> tuple[float, float]:
-        """(draft, target) seconds; call after the round's result arrived (marks: start, verify, end)."""
-        a, b, c = self.marks
+        """(draft, target) seconds; call after the round's result arrived (marks: start, verify, end; or start,
+        drafted, verify, end: a budget choice between the draft and the verify, its host time in neither)."""
+        a, b, c, d = self.marks if len(self.marks) == 4 else (*self.marks[:2], *self.marks[1:])
         if self.cuda:
-            return a.elapsed_time(b) / 1e3, b.elapsed_time(c) / 1e3
-        return b - a, c - b
+            return a.elapsed_time(b) / 1e3, c.elapsed_time(d) / 1e3
+        return b - a, d - c
 
 
 class Flight:
