@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeat-penalty", type=_setting("repeat_penalty"), metavar="X",
                     help=f"make tokens among the last {REPEAT_WINDOW} less likely, "
                          f"1-{MAX_REPEAT_PENALTY:g} (default 1.0: off); lossless in every mode")
-    ap.add_argument("--seed", type=_setting("seed"), metavar="S", help="sampling seed (default 0)")
+    ap.add_argument("--seed", type=_setting("seed"), metavar="S",
+                    help="sampling seed, or random (default: a new one each reply, shown in the stats line at T > 0; "
+                         "a seed gives the same reply in every mode)")
     ap.add_argument("--max-new-tokens", type=_setting("max_new_tokens"), metavar="N",
                     help="most tokens to generate per reply (default 512)")
     ap.add_argument("--tp", type=int, metavar="N",

@@ -122,13 +122,15 @@ class _Interrupt:
         return False
 
 
-def stats_line(done: dict) -> str:
+def stats_line(done: dict, seed: int | None = None) -> str:
+    """The reply's figures for stderr; seed: the sampling seed, shown when it mattered (T > 0)."""
     prompt_n, prompt_s = done.get("prompt_tokens", 0), done.get("prompt_s", 0.0)
     prompt_rate = f"{prompt_n / prompt_s:.1f}" if prompt_s > 0 else "-"
     return (f"[{done['mode']}] prompt {prompt_n} tokens in {prompt_s:.2f}s ({prompt_rate} tok/s) · "
             f"reply {len(done['token_ids'])} tokens in {done['elapsed_s']:.2f}s, {done['tokens_per_second']:.1f} tok/s, "
             f"{done['mean_accepted_length']:.2f} tokens/forward, {done['rounds']} rounds · "
-            f"load {done.get('load_s', 0.0):.2f}s · stop: {done['stop_reason']}")
+            f"load {done.get('load_s', 0.0):.2f}s · stop: {done['stop_reason']}"
+            + (f" · seed {seed}" if seed is not None else ""))
 
 
 def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
@@ -145,7 +147,8 @@ def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
     t0 = time.perf_counter()
     engine = load_engine(args)
     load_s = time.perf_counter() - t0
-    cfg = generation_config(settings, engine.drafter is not None, mode_given=args.mode is not None)
+    drawn = settings_mod.with_seed(settings)  # NOTE: the conversation keeps "random"; the reply keeps its own seed
+    cfg = generation_config(drawn, engine.drafter is not None, mode_given=args.mode is not None)
     if args.raw:
         ids = engine.tokenizer.encode(text)
     else:
@@ -172,11 +175,11 @@ def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
         sys.stdout.flush()
     if splitter.in_think and not splitter.answer and not args.json:
         _note("the reply ended while the model was still thinking: no answer (--show-thinking shows the thinking).")
-    meta = meta_for(done, settings)
+    meta = meta_for(done, drawn)
     if done["stop_reason"] == "interrupted":
         meta["stop_reason"] = "stopped"  # NOTE: what the chat calls a reply cut short
     store.add_assistant(splitter.answer.strip(), splitter.thinking.strip(), meta)
-    print(stats_line(done), file=sys.stderr, flush=True)
+    print(stats_line(done, drawn.seed if drawn.temperature > 0 else None), file=sys.stderr, flush=True)
     if done["stop_reason"] == "interrupted":
         _note("interrupted.")
         return 130

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -23,6 +24,7 @@ MAX_CONTEXT = 1 << 20  # far above any model's positions; only catches typos
 DEVICES = ("cpu", "cuda")
 SETTINGS_FILE = "settings.json"
 ENV_MODEL, ENV_DRAFT = knobs.CHAT_MODEL.name, knobs.CHAT_DRAFT.name
+RANDOM_SEED = "random"  # the seed setting that draws a new seed for each reply (as llama.cpp and ollama do)
 
 
 class SettingsError(ValueError):
@@ -39,7 +41,7 @@ class Settings:
     mode: str | None = None  # None: ddtree when a drafter exists, else ar
     budget: int | str = "auto"  # drafted nodes per round, or auto (measured cost vs acceptance)
     thinking: bool = True
-    seed: int = 0
+    seed: int | str = RANDOM_SEED  # a number: the same samples for the same conversation; "random": a new one each reply
     model: str | None = None  # None: the built-in demo pair
     draft: str | None = None  # the drafter saved with `model`
     device: str | None = None  # None: cuda when available
@@ -103,7 +105,12 @@ def validate(name: str, value):
             return "auto"
         return _to_number(name, value, int, BUDGETS.start, BUDGETS.stop - 1)
     if name == "seed":
-        return _to_number(name, value, int, 0, 2**63 - 1)
+        if str(value).strip().lower() == RANDOM_SEED:
+            return RANDOM_SEED
+        try:
+            return _to_number(name, value, int, 0, 2**63 - 1)
+        except SettingsError:
+            raise SettingsError(f"seed must be a number from 0 to {2**63 - 1} or random, not {value!r}.") from None
     if name == "thinking":
         return _to_bool(name, value)
     if name in ("model", "draft"):
@@ -127,6 +134,12 @@ def validate(name: str, value):
 
 
 FIELD_NAMES = tuple(f.name for f in fields(Settings))
+
+
+def with_seed(settings: Settings) -> Settings:
+    """The settings of one reply: a random seed drawn (0 .. 2**31 - 1), a number kept. The reply's seed is kept with
+    it (and shown at T > 0), so --seed repeats it."""
+    return settings.replace(seed=random.randrange(2**31)) if settings.seed == RANDOM_SEED else settings
 
 
 def settings_path() -> Path:

@@ -302,3 +302,18 @@ def test_list_search_and_export_read_the_saved_conversations_without_a_model(tmp
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        stdin=subprocess.DEVNULL, env=dict(os.environ, DDTREE_CHAT_HOME=str(tmp_path)))
     assert r.returncode == 0, r.stderr[-500:]
+
+
+def test_sampled_replies_draw_a_new_seed_each_time_and_the_shown_seed_repeats_one(model_args, tmp_path):
+    """At T > 0 without --seed each reply draws its own seed (as llama.cpp and ollama do) and the stats line shows
+    it; --seed with that number gives the same reply again, in another mode too (each draw is keyed by position)."""
+    sampled = ("--prompt", "hello", "--temperature", "1.5", "--max-new-tokens", "24", "--no-save", "--mode", "ar")
+    runs = [run_cli(*model_args, *sampled, home=tmp_path) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    seeds = [int(re.search(r" · seed (\d+)$", r.stderr.strip().splitlines()[-1]).group(1)) for r in runs]
+    assert seeds[0] != seeds[1]
+    again = run_cli(*model_args, *sampled[:-1], "ddtree", "--seed", str(seeds[0]), home=tmp_path)
+    assert again.returncode == 0 and again.stdout == runs[0].stdout
+    assert again.stderr.strip().endswith(f"seed {seeds[0]}")
+    greedy = run_cli(*model_args, "--prompt", "hello", "--max-new-tokens", "4", "--no-save", home=tmp_path)
+    assert "seed" not in greedy.stderr.strip().splitlines()[-1], "at T = 0 no seed matters"

@@ -172,3 +172,17 @@ def test_model_choice_is_saved_and_read_back():
     s = st.Settings(model="/models/kimi", draft="/models/kimi-dflash", device="cuda", context=65536)
     st.save(s)
     assert st.load() == (s, None)
+
+
+def test_the_seed_is_random_by_default_and_a_reply_draws_its_own():
+    """"random" (the default, any case) or a number; a reply's settings carry a drawn number, a set one is kept; a
+    --seed random flag wins over a saved number."""
+    assert st.Settings().seed == st.RANDOM_SEED and st.validate("seed", " Random ") == st.RANDOM_SEED
+    with pytest.raises(st.SettingsError, match="or random"):
+        st.validate("seed", "lucky")
+    drawn = {st.with_seed(st.Settings()).seed for _ in range(20)}
+    assert len(drawn) > 1 and all(isinstance(x, int) and 0 <= x < 2**31 for x in drawn)
+    assert st.with_seed(st.Settings(seed=7)).seed == 7
+    s, warnings = st.with_overrides(st.Settings(seed=7), argparse.Namespace(seed=st.validate("seed", "random")))
+    assert s.seed == st.RANDOM_SEED and warnings == []
+

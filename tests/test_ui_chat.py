@@ -134,6 +134,24 @@ async def test_retry_replaces_the_last_reply_in_view_and_database():
         assert saved[1].meta["seed"] == engine.configs[1].seed
 
 
+async def test_each_sampled_reply_draws_its_seed_keeps_it_and_shows_it():
+    """The default seed ("random") draws a number per reply: stored with the reply and shown in its footer at
+    T > 0, so /seed N repeats it; the conversation keeps "random"."""
+    engine = FakeEngine()
+    app = fake_app(engine, settings=Settings(temperature=0.8))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await reply(pilot, "hello")
+        await reply(pilot, "again")
+        seeds = [c.seed for c in engine.configs]
+        assert all(isinstance(x, int) for x in seeds) and seeds[0] != seeds[1]
+        assert f"seed {seeds[1]}" in str(app.query(".reply-footer").last().render())
+        cid = app.session.conversation_id
+    saved = History.open().messages(cid)
+    assert [m.meta["seed"] for m in saved if m.role == "assistant"] == seeds
+    assert History.open().get(cid).settings["seed"] == "random"
+
+
 async def test_edit_resends_the_last_message_in_place_of_the_old_turn():
     engine = FakeEngine()
     app = fake_app(engine)

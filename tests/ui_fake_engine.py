@@ -84,7 +84,7 @@ class FakeEngine:
             raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens but the context holds {max_context}")
         self.prompts.append(list(prompt_ids))
         self.configs.append(cfg)
-        rng = random.Random(cfg.seed)
+        rng = random.Random(cfg.seed if cfg.temperature > 0 else 0)  # NOTE: as the engine, greedy ignores the seed
         # Like the engine: the prompt's forward yields the first token as a "prefill" event (not a round).
         out: list[int] = self.reply_ids[:1]
         yield {"event": "round", "prefill": True, "token_ids": list(out), "text": self.tokenizer.decode([t for t in out if t != 0]),

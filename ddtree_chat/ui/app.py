@@ -301,7 +301,7 @@ class DDTreeChatApp(App):
         await self._generate(prompt)
 
     async def _generate(self, prompt: list[int], seed: int | None = None) -> None:
-        s = self.settings.replace(seed=seed) if seed is not None else self.settings
+        s = self.settings.replace(seed=seed) if seed is not None else settings_mod.with_seed(self.settings)
         log_widget = self.query_one("#log", VerticalScroll)
         config = self._config_cls()(mode=s.mode, budget=s.budget, temperature=s.temperature, top_p=s.top_p,
                                     repeat_penalty=s.repeat_penalty, seed=s.seed, max_new_tokens=s.max_new_tokens)

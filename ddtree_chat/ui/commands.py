@@ -22,7 +22,7 @@ COMMANDS = [
     ("/max", "N", "max new tokens per reply"),
     ("/mode", "ddtree|dflash|ar", "decoding mode"),
     ("/budget", "N|auto", f"DDTree node budget ({BUDGETS.start}-{MAX_BUDGET}, or auto)"),
-    ("/seed", "N", "sampling seed"),
+    ("/seed", "N|random", "sampling seed (random: a new one each reply)"),
     ("/think", "on|off", "let the model think before answering"),
     ("/retry", "", "write the last reply again (replaces it)"),
     ("/edit", "", "put your last message back in the input: Enter resends it in place of the old turn, Esc cancels"),

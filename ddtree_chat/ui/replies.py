@@ -19,6 +19,8 @@ def footer_for(done: dict, saved: bool = False) -> str:
         parts.append(f"{float(done['tokens_per_second']):.1f} tok/s")
     if done.get("mode"):
         parts.append(str(done["mode"]))
+    if (done.get("temperature") or 0) > 0 and done.get("seed") is not None:  # NOTE: /seed N (or --seed) repeats it
+        parts.append(f"seed {done['seed']}")
     note = STOP_NOTES.get(done.get("stop_reason", ""))
     if note:
         parts.append(note)
