@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ui_fake_engine import submit, wait_until  # noqa: E402
+from ui_fake_engine import fake_app, notes, submit, wait_until  # noqa: E402
 
 from ddtree_chat.history import History  # noqa: E402
 from ddtree_chat.settings import Settings  # noqa: E402
@@ -283,3 +283,20 @@ async def test_cli_arguments_reach_the_app(pair, home):
         assert app.session.messages[-1].meta["mode"] == "dflash"
         assert app.session.messages[-1].meta["tokens"] <= 12
 
+
+
+async def test_the_demo_pair_says_what_it_is_once_loaded(home):
+    """With no --model (the shipped demo pair) the chat says, after the load's note, that the demo is a small code
+    model there to show the engine; with a model, or the random stand-in (it has its own warning), it does not."""
+    from ddtree_chat.cli import build_parser
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+    from ddtree_chat.ui.startup import DEMO_INTRO, build_app
+
+    demo = build_app(build_parser().parse_args(["--device", "cpu"]))
+    assert demo._intro == (DEMO_INTRO if shipped_demo_dirs() is not None else "")
+    assert build_app(build_parser().parse_args(["--model", "some-dir", "--device", "cpu"]))._intro == ""
+    app = fake_app(intro=DEMO_INTRO)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        shown = notes(app)
+        assert shown[-1] == DEMO_INTRO and shown[-2].startswith("Loaded ")

@@ -58,10 +58,11 @@ class DDTreeChatApp(App):
 
     def __init__(self, engine_factory: Callable, settings: Settings | None = None, *, warnings: list[str] | None = None,
                  history: History | None = None, open_history: bool = True, config_cls=None, model_label: str = "",
-                 resume: int | str | None = None):
-        """resume: a conversation id to open once the model is loaded, or "latest" (the CLI's -c)."""
+                 resume: int | str | None = None, intro: str = ""):
+        """resume: a conversation id to open once the model is loaded, or "latest" (the CLI's -c); intro: a note
+        after the load's (what the model is)."""
         super().__init__()
-        self._resume = resume
+        self._resume, self._intro = resume, intro
         self._startup_warnings = list(warnings or [])
         log_warning = logs.setup_logging()
         if log_warning:
@@ -160,6 +161,8 @@ class DDTreeChatApp(App):
         panel.configure(info, self.piece, self.settings.mode, self.settings.budget)
         drafter = "with drafter" if info.get("has_drafter") else "no drafter (ar only)"
         self.note(f"Loaded {info.get('model', 'model')} on {info.get('device', '?')}, {drafter}. Type /help for commands.")
+        if self._intro:
+            self.note(self._intro)
         self._show_context()
         if self._resume is not None:
             self.call_after_refresh(self._resume_conversation)

@@ -6,6 +6,11 @@ from pathlib import Path
 
 from ddtree_chat import settings as settings_mod
 
+# what a first chat on the shipped demo pair should know (README's demo paragraph says the same)
+DEMO_INTRO = ("This is the built-in demo pair: a tiny model in the Kimi K2.6 layout, trained on Python code, with its "
+              "drafter (ddtree_chat/assets/README.md). It is here to show the engine and the live draft tree: expect "
+              "code-shaped text, not answers. For real answers start with --model DIR --draft DIR (Kimi K2.6).")
+
 
 def engine_factory(args):
     from ddtree_chat.bootstrap import load_engine
@@ -23,7 +28,7 @@ def build_app(args):
     warnings = [warning] if warning else []
     settings, problems = settings_mod.with_overrides(settings, args)
     warnings += problems
-    from ddtree_chat.engine.default_model import random_fallback_note
+    from ddtree_chat.engine.default_model import random_fallback_note, shipped_demo_dirs
 
     model = getattr(args, "model", None)
     note = random_fallback_note(model)
@@ -31,4 +36,6 @@ def build_app(args):
         warnings.append(note[0].upper() + note[1:] + ".")
     label = Path(model).name if model else "demo model"
     resume = getattr(args, "conversation", None) or ("latest" if getattr(args, "continue_", False) else None)
-    return DDTreeChatApp(engine_factory(args), settings, warnings=warnings, model_label=label, resume=resume)
+    intro = DEMO_INTRO if not model and shipped_demo_dirs() is not None else ""
+    return DDTreeChatApp(engine_factory(args), settings, warnings=warnings, model_label=label, resume=resume,
+                         intro=intro)
