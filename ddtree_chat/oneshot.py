@@ -161,7 +161,7 @@ def run_oneshot(args, text: str, saved: settings_mod.Settings) -> int:
             if ev.get("prefill"):  # NOTE: saved once the prompt fits and ran, so a failed prompt leaves no orphan turn
                 store.add_user(text, _title(text), {k: getattr(settings, k) for k in CONVERSATION_FIELDS})
             if ev["event"] == "done":
-                ev = done = dict(ev, load_s=load_s)
+                ev = done = dict(ev, load_s=load_s, seed=drawn.seed)  # NOTE: --seed with it writes this reply again
                 if interrupt.stop.is_set():
                     done["stop_reason"] = "interrupted"
                 _show(splitter, ev["tail_text"], args)

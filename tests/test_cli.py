@@ -43,6 +43,7 @@ def test_json_events_schema(model_args, tmp_path):
         assert key in done
     assert done["token_ids"] == [t for e in rounds for t in e["token_ids"]]
     assert done["prompt_tokens"] > 1 and 0 < done["prompt_s"] < done["elapsed_s"] and done["load_s"] > 0
+    assert isinstance(done["seed"], int)  # the reply's own (drawn: no --seed)
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])
