@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import auto_budget_sim  # noqa: E402
 import draft_tau  # noqa: E402
 import e2e  # noqa: E402
 import k26_round  # noqa: E402
@@ -369,3 +370,14 @@ def test_e2e_under_a_repeat_penalty_adds_plain_ar_beside_the_penalised_modes(syn
     assert rc == 0 and set(res) == {"ar-0", "dflash-7", "ddtree-8", "ar-plain"}
     assert all(res[k]["mismatch"] == 0 for k in res) and res["ar-plain"]["tokens"] == res["ar-0"]["tokens"]
     assert "| ar | no penalty |" in capsys.readouterr().out
+
+
+def test_the_auto_budget_simulation_takes_trees_that_pay_and_leaves_those_that_do_not(tmp_path):
+    """Trees at 3x plain steps' rate run in most rounds, trees at half their rate in almost none; the JSON holds a
+    share per ratio and seed."""
+    out = auto_budget_sim.main(["--ratios", "0.5", "3", "--rounds", "3000", "--settle", "500", "--seeds", "2",
+                                "--json", str(tmp_path / "sim.json")])
+    assert json.loads((tmp_path / "sim.json").read_text()) == json.loads(json.dumps(out))
+    slow, fast = out["shares"]["0.5"], out["shares"]["3.0"]
+    assert len(slow) == len(fast) == 2 and max(slow) < 0.05 and min(fast) > 0.8
+

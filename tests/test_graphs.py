@@ -425,7 +425,8 @@ def test_sampled_static_rounds_emit_the_eager_ar_tokens(synthetic_pair, device):
                     (text, kw, mode, budget)
     # NOTE: the draw runs inside the verify programs, recorded before each variant's first reply: none by a round
     assert {"all", "top_p"} <= {k.sampled for k in (sr.graphs if device == "cuda" else sr.outputs) if k.program == "verify"}
-    assert grew and not any(grew)
+    if device == "cuda":  # NOTE: the CPU records nothing
+        assert grew and not any(grew)
 
 
 def _penalised(key) -> bool:

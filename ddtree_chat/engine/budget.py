@@ -229,7 +229,7 @@ class AutoBudget:
         costs = self.rounds > 1 and not recorded
         if costs and caught_up:  # NOTE: weighted by tokens: a long catch-up costs less per token
             self.caught = [0.8 * self.caught[0] + caught_up, 0.8 * self.caught[1] + catch_up_s]
-        # NOTE: plain and tree rounds compare by wall time: a plain step pays the round's host work for one token
+        # NOTE: without run-ahead, rounds compare by wall time: a plain step pays the round's host work for one token
         s = draft_s + target_s if wall_s is None else max(wall_s - catch_up_s, 1e-9)
         if costs and self.drafted == PLAIN:
             self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s

@@ -206,7 +206,7 @@ class Decoder:
         programs in that variant; the seconds spent (0 once they are, or when rounds run directly)."""
         sr = self.graphs
         before = sr.capture_s
-        if sr.capture and variant not in sr.variants:  # NOTE: once: naming the ~60 keys again cost every first token ~1 ms
+        if sr.capture and variant not in sr.variants:  # NOTE: once: not ~60 keys named again before each reply
             self._record(sr.variant_keys(variant))
             sr.variants.add(variant)
         return sr.capture_s - before

@@ -93,8 +93,8 @@ class ReplyLoop:
             r = dec.round(round_mode, round_budget, cfg.temperature, cfg.top_p, cfg.seed, stop_ids,
                           cfg.max_new_tokens - len(out), choose, then, keep=auto, repeat_penalty=cfg.repeat_penalty)
             if learns:
-                # NOTE: rounds run ahead overlap the host's work, so device seconds are their cost: by wall time an
-                # exploring tree (it waits for its choice, nothing ahead of it) looked dearer than the trees after it
+                # NOTE: rounds run ahead overlap the host's work, so device seconds are their cost (by wall time an
+                # exploring tree, which waits for its choice with nothing ahead of it, would count that wait)
                 wall = None if dec.runs_ahead() else time.perf_counter() - t0
                 self.auto.observe(r.tree, len(r.emitted), r.t_draft, r.t_target, r.caught_up, r.t_catch_up, wall,
                                   r.recorded)
