@@ -105,3 +105,14 @@ def test_resumed_sweep_pauses_before_the_limit_and_evaluates_exported_targets_on
     target = _run(tmp_path, ["target"], RESUME="1", TARGET_MARGIN="100", CKPT_EVERY="300")
     assert target[0][target[0].index("--target-deadline") + 1] == "200" and "--resume" in target[0]
     assert target[0][target[0].index("--target-checkpoint-every") + 1] == "300"
+
+
+def test_target_step_takes_a_sweep_targets_arch_qat_and_a_longer_limit(tmp_path):
+    """`target` passes TARGET_ARCH and QAT_FRAC on as the sweep's fields do, and RESUME=1's deadline follows
+    TARGET_LIMIT (default 300 s)."""
+    call = _run(tmp_path, ["target"], TARGET_ARCH="hidden=384,inter=1152", QAT_FRAC="0.3", TARGET_LIMIT="540",
+                RESUME="1")[0]
+    assert call[call.index("--target-arch") + 1] == "hidden=384,inter=1152"
+    assert call[call.index("--qat-frac") + 1] == "0.3" and call[call.index("--target-deadline") + 1] == "460"
+    bare = _run(tmp_path, ["target"])[0]
+    assert "--target-arch" not in bare and "--qat-frac" not in bare and "--target-deadline" not in bare

@@ -16,7 +16,7 @@
 # when committed; the self-instruct set's when committed), propose (self_instruct.py: the teacher proposes function
 # requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
 # /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
-# RENAMES, NAME_WEIGHT, RENAME_POOL), eval-target (held-out quality of the target alone, plain decoding), draft
+# RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300), eval-target (held-out quality of the target alone, plain decoding), draft
 # (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
 # e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
 # "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS[:QAT]]]] ...", each with its eval-target; SETS: extra data sets joined
@@ -106,9 +106,11 @@ for s in "$@"; do
                      [ -d $E3 ] || [ ! -f training/demo-distil-everyday3.tar.xz ] \
                          || tar xJf training/demo-distil-everyday3.tar.xz -C /tmp
                      [ -d $S ] || [ ! -f training/demo-distil-self.tar.xz ] || tar xJf training/demo-distil-self.tar.xz -C /tmp ;;
-        target) step target 300 python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
+        target) limit=${TARGET_LIMIT:-300}
+                step target "$limit" python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
-                    ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} $(resume_flags 300) ;;
+                    ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ${TARGET_ARCH:+--target-arch "$TARGET_ARCH"} \
+                    ${QAT_FRAC:+--qat-frac "$QAT_FRAC"} $(resume_flags "$limit") ;;
         draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $(data_dirs) --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
