@@ -62,9 +62,10 @@ def calibration(logp: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> 
     rows = []
     for d in range(logp.shape[1]):
         p, h = logp[chain[:, d], d].exp(), hit[chain[:, d], d].float()
-        rows.append({"depth": d + 1, "anchors": int(chain[:, d].sum()), "top1_p": p[:, 0].mean().item(),
-                     "top1_hit": h[:, 0].mean().item(), "rank2_4_p": p[:, 1:4].mean().item(),
-                     "rank2_4_hit": h[:, 1:4].mean().item()})
+        n = int(chain[:, d].sum())
+        mean = (lambda x: x.mean().item()) if n else (lambda x: None)  # no chain reached this depth: no figure
+        rows.append({"depth": d + 1, "anchors": n, "top1_p": mean(p[:, 0]), "top1_hit": mean(h[:, 0]),
+                     "rank2_4_p": mean(p[:, 1:4]), "rank2_4_hit": mean(h[:, 1:4])})
     return rows
 
 
@@ -136,8 +137,9 @@ def main(argv=None) -> int:
           + ", ".join(f"budget {b} {t:.2f}" for b, t in trees.items()))
     print("block tau by the anchor's place in the reply: " + ", ".join(f"tokens {k}: {v:.2f}" for k, v in along.items()))
     for c in cal:
-        print(f"depth {c['depth']} (chain matched: {c['anchors']} anchors): top-1 p {c['top1_p']:.3f} hit "
-              f"{c['top1_hit']:.3f}; ranks 2-4 p {c['rank2_4_p']:.3f} hit {c['rank2_4_hit']:.3f}")
+        f = {k: "-" if v is None else f"{v:.3f}" for k, v in c.items()}
+        print(f"depth {c['depth']} (chain matched: {c['anchors']} anchors): top-1 p {f['top1_p']} hit "
+              f"{f['top1_hit']}; ranks 2-4 p {f['rank2_4_p']} hit {f['rank2_4_hit']}")
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "engine_tokens_per_forward": fw, "block_tau": tau,
                                       "tree_tau": trees, "calibration": cal, "tau_along_reply": along}, indent=1))

@@ -276,7 +276,7 @@ def test_list_search_and_export_read_the_saved_conversations_without_a_model(tmp
     history = History.open()
     first = history.new_conversation("palindromes", {"mode": None, "temperature": 0.0})
     history.add_message(first, "user", "Write is_palindrome(s)")
-    history.add_message(first, "assistant", "def is_palindrome(s):\n    return s == s[::-1]")
+    history.add_message(first, "assistant", "```python\ndef is_palindrome(s):\n    return s == s[::-1]\n```")
     second = history.new_conversation("capitals")
     history.add_message(second, "user", "What is the capital of France?")
     history.close()

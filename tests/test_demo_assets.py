@@ -12,10 +12,10 @@ HELDOUT = ASSETS / "demo" / "heldout_prompts.json"
 # Generated with the committed assets (CPU float32, T=0, max_new_tokens=24); first two held-out prompts
 # with a user turn <= 600 characters.
 EXPECTED = {
-    0: [7959, 307, 1593, 2439, 2589, 352, 11, 1169, 560, 308, 258, 358, 2280, 265, 718, 1222, 1336, 350, 258, 619,
-        1189, 609, 805, 287],
-    1: [7959, 307, 1812, 352, 11, 628, 11, 2104, 11, 2104, 11, 2104, 11, 2104, 11, 5562, 11, 1598, 308, 258, 358,
-        2398, 265, 628],
+    0: [7959, 470, 259, 335, 282, 316, 386, 259, 654, 289, 824, 263, 642, 925, 299, 490, 925, 303, 259, 365, 394, 311,
+        348, 198],
+    1: [7959, 470, 259, 335, 282, 316, 7126, 259, 1015, 394, 311, 348, 198, 332, 2328, 3497, 1282, 336, 277, 297, 4126,
+        733, 2605, 2133],
 }
 
 pytestmark = pytest.mark.skipif(shipped_demo_dirs() is None or not HELDOUT.exists(), reason="demo assets absent")

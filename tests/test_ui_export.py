@@ -14,7 +14,7 @@ CONV = Conversation(7, "Lists", 1.0, 2.0, 4, {"system": "Be brief.", "mode": "dd
                                               "repeat_penalty": 1.1})
 MESSAGES = [
     Message("user", "reverse a list"),
-    Message("assistant", "def rev(xs):\n    return xs[::-1]", meta={"rounds": 4, "tokens": 12}),  # bare code: shown fenced
+    Message("assistant", "```python\ndef rev(xs):\n    return xs[::-1]\n```", meta={"rounds": 4, "tokens": 12}),
     Message("user", "and in place?"),
     Message("assistant", "Like this:\n```python\nxs.reverse()\n```\nor\n```python\nxs[:] = xs[", meta={"stop_reason": "stopped"}),
 ]

@@ -130,16 +130,6 @@ def test_busy_ui_thread_gets_fewer_updates():
     assert idle >= 8 and busy <= idle / 2
 
 
-def test_bare_code_replies_render_as_a_code_block():
-    from ddtree_chat.ui.answer_text import answer_markdown, looks_like_code
-
-    code = "def add(a, b):\n    return a + b"
-    assert looks_like_code(code) and answer_markdown(code) == f"```python\n{code}\n```"
-    assert looks_like_code("@cache\ndef f(): pass") and looks_like_code("from os import path\n")
-    for text in ("The answer is 42.", "Here:\n```python\ndef f(): pass\n```", "define a function"):
-        assert not looks_like_code(text) and answer_markdown(text) == text
-
-
 def test_device_label_says_where_and_how_rounds_run():
     from ddtree_chat.ui.tree_panel import device_label
 

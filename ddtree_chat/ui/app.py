@@ -25,7 +25,7 @@ from ddtree_chat.modes import MODES, Mode
 from ddtree_chat.history import Conversation, History, Message
 from ddtree_chat.settings import Settings, SettingsError
 from ddtree_chat.ui import commands, export
-from ddtree_chat.ui.chat_view import AssistantMessage, ChatInput, Note, UserMessage, answer_markdown
+from ddtree_chat.ui.chat_view import AssistantMessage, ChatInput, Note, UserMessage
 from ddtree_chat.ui.context import reply_room, window
 from ddtree_chat.ui.conversations import ConversationDeleted, ConversationsScreen
 from ddtree_chat.ui.copying import code_blocks
@@ -481,7 +481,7 @@ class DDTreeChatApp(App):
             self.notify("There is no reply to copy yet.", severity="warning")
             return
         if what == "code":
-            blocks = code_blocks(answer_markdown(last.content))
+            blocks = code_blocks(last.content)
             if not blocks:
                 self.notify("The last reply has no code block (/copy copies the whole reply).", severity="warning")
                 return

@@ -9,7 +9,6 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static, TextArea
 
-from ddtree_chat.ui.answer_text import answer_markdown, looks_like_code
 from ddtree_chat.ui.recall import Recall
 from ddtree_chat.ui.thinking import ThinkSplitter, split_text
 
@@ -41,8 +40,6 @@ class AssistantMessage(Vertical):
         self._started_in_think = in_think
         self._initial = (answer, thinking, footer)
         self._streams: dict[str, object] = {}
-        self._held = ""  # answer text held back until its first line says whether it is code
-        self._code: bool | None = None
 
     def compose(self) -> ComposeResult:
         answer, thinking, footer = self._initial
@@ -50,7 +47,7 @@ class AssistantMessage(Vertical):
         with Collapsible(title=title, collapsed=True, classes="thinking") as c:
             c.display = bool(thinking.strip())  # shown once there is thinking text, never as an empty block
             yield Markdown(thinking, classes="thinking-text")
-        yield Markdown(answer_markdown(answer), classes="answer")
+        yield Markdown(answer, classes="answer")
         footer_widget = Static(footer, markup=False, classes="reply-footer")
         footer_widget.display = bool(footer)
         yield footer_widget
@@ -68,14 +65,6 @@ class AssistantMessage(Vertical):
             collapsible.title = f"Thinking… ({_words(self.splitter.thinking)} words)"
             await self._stream("think", self.query_one(".thinking-text", Markdown)).write(think)
         if answer:
-            if self._code is None:
-                self._held += answer
-                if "\n" not in self._held.lstrip() and len(self._held) < 80:
-                    return
-                answer, self._held = self._held, ""
-                self._code = looks_like_code(answer)
-                if self._code:
-                    answer = "```python\n" + answer.lstrip("\n")
             await self._stream("answer", self.query_one(".answer", Markdown)).write(answer)
 
     async def finish(self, footer: str, full_text: str | None = None) -> tuple[str, str]:
@@ -95,7 +84,7 @@ class AssistantMessage(Vertical):
         unfinished = ", unfinished" if thinking and self.splitter.in_think else ""
         collapsible.title = f"Thinking ({_words(thinking)} words{unfinished})"
         await self.query_one(".thinking-text", Markdown).update(thinking)
-        await self.query_one(".answer", Markdown).update(answer_markdown(answer))
+        await self.query_one(".answer", Markdown).update(answer)
         self.set_footer(footer)
         return thinking, answer
 

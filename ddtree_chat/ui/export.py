@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from ddtree_chat.history import Conversation, Message
-from ddtree_chat.ui.answer_text import answer_markdown
 
 NAMES = {"system": "System", "user": "You", "assistant": "Assistant"}
 SETTING_KEYS = ("system", "mode", "budget", "temperature", "top_p", "repeat_penalty", "max_new_tokens", "seed", "thinking")
@@ -39,7 +38,7 @@ def to_markdown(conv: Conversation, messages: list[Message]) -> str:
         if m.thinking.strip():
             quoted = "\n".join("> " + line for line in _balanced(m.thinking.strip()).splitlines())
             out += ["<details><summary>Thinking</summary>", "", quoted, "", "</details>", ""]
-        body = answer_markdown(m.content.strip()) if m.role == "assistant" else m.content.rstrip()
+        body = m.content.strip() if m.role == "assistant" else m.content.rstrip()
         out += [_balanced(body), ""]
         if (m.meta or {}).get("stop_reason") in ("stopped", "quit"):
             out += ["*(stopped)*", ""]

@@ -7,9 +7,10 @@ from pathlib import Path
 from ddtree_chat import settings as settings_mod
 
 # what a first chat on the shipped demo pair should know (README's demo paragraph says the same)
-DEMO_INTRO = ("This is the built-in demo pair: a tiny model in the Kimi K2.6 layout, trained on Python code, with its "
-              "drafter (ddtree_chat/assets/README.md). It is here to show the engine and the live draft tree: expect "
-              "code-shaped text, not answers. For real answers start with --model DIR --draft DIR (Kimi K2.6).")
+DEMO_INTRO = ("This is the built-in demo pair: a tiny (21 M-parameter) model in the Kimi K2.6 layout, taught to answer "
+              "simple Python requests by a small instruction-tuned model, with its drafter "
+              "(ddtree_chat/assets/README.md). It is here to show the engine and the live draft tree: its answers are "
+              "often wrong. For real answers start with --model DIR --draft DIR (Kimi K2.6).")
 
 
 def engine_factory(args):

@@ -19,8 +19,8 @@ CHAT_TEMPLATE = (
     "{% if thinking %}<think>{% else %}<think></think>{% endif %}{% endif %}"
 )
 
-# Target: K2 architecture at small size.
-TARGET = dict(hidden=256, layers=6, heads=4, q_lora=128, kv_lora=64, nope=32, rope=16, v=32, inter=768,
+# Target: K2 architecture at small size (the shipped one; the code-continuation pair before it was 256 wide, MLP 768).
+TARGET = dict(hidden=384, layers=6, heads=4, q_lora=128, kv_lora=64, nope=32, rope=16, v=32, inter=1152,
               moe_inter=128, experts=16, top_k=4, shards=4)
 
 
@@ -35,8 +35,9 @@ def set_target(spec: str) -> dict:
 
 
 # Drafter: DFlash, block 8, reading target layers 1, 3 and 5 (the last: a 6-layer target is shallow).
-# The shipped shape (3 x 1536; the first drafter was 2 x 1024): see ddtree_chat/assets/README.md.
-DRAFT = dict(layers=3, heads=4, kv_heads=2, head_dim=64, inter=1536, block=8, target_layer_ids=[1, 3, 5])
+# The shipped shape (3 x 1024 over the 384-wide distilled target; the code-continuation pair's was 3 x 1536):
+# see ddtree_chat/assets/README.md.
+DRAFT = dict(layers=3, heads=4, kv_heads=2, head_dim=64, inter=1024, block=8, target_layer_ids=[1, 3, 5])
 
 
 def target_text_config(vocab: int, n_ranks: int) -> dict:

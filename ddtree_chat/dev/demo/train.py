@@ -8,7 +8,7 @@
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA EVERYDAY   # with everyday.py's answers too
     python -m ddtree_chat.dev.demo.train --out DIR --distil DATA EVERYDAY EVERYDAY2   # and everyday2.py's
     python -m ddtree_chat.dev.demo.train --out /tmp/tiny --tiny --distil DATA   # the same, as a CPU smoke run
-    python -m ddtree_chat.dev.demo.train --out DIR --distil DATA --target-arch hidden=384,inter=1152  # a wider target
+    python -m ddtree_chat.dev.demo.train --out DIR --distil DATA --target-arch heads=8,kv_lora=128  # a wider attention
 
 Stages: data (stdlib -> splits, tokenizer, token streams), target (train, QAT, INT4 export to DIR/target),
 draft (target greedy continuations + hidden states -> DFlash drafter, export to DIR/draft).
@@ -663,7 +663,7 @@ def main(argv=None) -> int:
                          "skip it when OUT holds its finished export")
     ap.add_argument("--target-val-every", type=int, default=100, help="validate (and maybe keep) every N target steps")
     ap.add_argument("--target-arch", default=None,
-                    help="key=int,... over the target's sizes (common.TARGET), e.g. hidden=384,inter=1152")
+                    help="key=int,... over the target's sizes (common.TARGET), e.g. heads=8,kv_lora=128")
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=1024)
