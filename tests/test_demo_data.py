@@ -90,3 +90,27 @@ def test_a_distilled_data_set_builds_no_stdlib_chat_pairs(everyday, tmp_path, mo
     meta = data.prepare(tmp_path, 4, log=lambda *a: None, distil=everyday, renames=1, name_weight=4)
     assert list(meta)[: len(full)] == list(full)
     assert json.loads((tmp_path / "data_meta.json").read_text())["split_chat_pairs"]["train"] > 0
+
+
+def test_the_drafters_prompts_are_distinct_once_the_requests_cycle():
+    """Fewer requests than prompts (the distilled case: ~8k fresh requests for a pool of 131k): each request is asked
+    alone once, then only after an earlier exchange, so no prompt (and no greedy continuation) repeats; a later
+    sample gives none of the earlier ones either."""
+    import torch
+
+    from ddtree_chat.dev.demo.data import Encoder
+    from ddtree_chat.dev.demo.draft_data import PromptSynth
+    from ddtree_chat.engine.default_model import shipped_demo_dirs
+
+    target, _ = shipped_demo_dirs()
+    enc = Encoder(Path(target))
+    pairs = [(f"Write a Python function f{i}(x) that returns x plus {i}.", f"def f{i}(x):\n    return x + {i}")
+             for i in range(300)]
+    data = {"train_pairs": pairs, "streams": {"train": torch.arange(5000) % 500}}
+    users = [f"Write a Python function g{i}(s) that reverses s." for i in range(10)]
+    synth = PromptSynth(data, enc, seed=1, max_prompt=256, users=users, p_code=0.05, p_multi=0.4)
+    first, later = synth.sample(200), synth.sample(100)
+    keys = [tuple(p) for p in first + later]
+    assert len(first) == 200 and len(later) == 100 and len(set(keys)) == 300
+    alone = {tuple(enc.chat_prompt(u, synth.role)) for u in enc.plain(users)}
+    assert sum(k in alone for k in keys) == len(users)  # every request asked alone exactly once

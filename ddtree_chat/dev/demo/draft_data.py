@@ -35,6 +35,7 @@ class PromptSynth:
         self.p_same, self.p_cut, self.p_multi, self.p_code = p_same, p_cut, p_multi, p_code
         # Given user texts (distilled data: generated requests) are drawn in turn instead of synthesised.
         self.users, self.next_user = list(users or []), 0
+        self.seen: set[tuple[int, ...]] = set()  # prompts given out: a repeat would repeat its greedy continuation
         pairs = data["train_pairs"]
         self.headers, self.docs = zip(*[_header_doc(u) for u, _ in pairs])
         self.stream = data["streams"]["train"]
@@ -61,12 +62,25 @@ class PromptSynth:
             doc = "\n".join(lines[: r.randint(1, len(lines))]).rstrip()
         return self.headers[i] + ("\n\n" + doc if doc else "")
 
-    def sample(self, n: int) -> list[list[int]]:
+    def sample(self, n: int, max_draws: int = 4) -> list[list[int]]:
+        """n distinct prompts, none given out before (fewer when max_draws x n draws do not find them: given users
+        cycle, so a request already asked alone comes back after an earlier exchange)."""
+        out: list[list[int]] = []
+        for _ in range(max_draws):
+            for p in self._draw(n - len(out)):
+                if tuple(p) not in self.seen:
+                    self.seen.add(tuple(p))
+                    out.append(p)
+            if len(out) == n:
+                break
+        return out
+
+    def _draw(self, n: int) -> list[list[int]]:
         r = self.rng
         kinds = [("code" if u < self.p_code else "multi" if u < self.p_code + self.p_multi else "chat")
                  for u in (r.random() for _ in range(n))]
         users = self.enc.plain([self._user_text() for k in kinds if k != "code"])
-        out, ui = [], iter(users)
+        out, ui, alone = [], iter(users), set()  # alone: the single-turn prompts of this draw
         for k in kinds:
             if k == "code":
                 t = r.randint(self.min_prompt, self.max_prompt)
@@ -76,11 +90,15 @@ class PromptSynth:
             u = next(ui)
             tail = len(self.enc.chat_prompt([], self.role))
             u = u[: self.max_prompt - tail]  # a long docstring is cut (rarely: most fit)
-            p = self.enc.chat_prompt(u, self.role)
+            p = single = self.enc.chat_prompt(u, self.role)
+            if tuple(single) in self.seen or tuple(single) in alone:  # asked alone before: after an earlier exchange
+                k = "multi"
             if k == "multi" and self.turns:
                 prev = self.turns[r.randrange(len(self.turns))]
-                if len(prev) + len(p) <= self.max_prompt:
-                    p = prev + p
+                if len(prev) + len(single) <= self.max_prompt:
+                    p = prev + single
+            if p is single:
+                alone.add(tuple(single))
             out.append(p)
         return out
 

@@ -485,7 +485,7 @@ def train_draft(out: Path, a, device) -> dict:
                         p_code=0.05 if users else 0.15, p_multi=0.4 if users else 0.15)
     t_start = time.time()
     pool = sorted(synth.sample(a.gen_batch * a.gen_pool_batches), key=len)  # similar lengths batch together
-    order = list(range(a.gen_pool_batches))
+    order = list(range(-(-len(pool) // a.gen_batch)))  # distinct prompts only: the pool may come out short
     random.Random(SEED + 4).shuffle(order)
     log(f"draft: {len(pool)} prompts synthesised in {time.time() - t_start:.1f}s "
         f"(lengths {len(pool[0])}..{len(pool[-1])}, median {len(pool[len(pool) // 2])})")
