@@ -116,3 +116,17 @@ def test_target_step_takes_a_sweep_targets_arch_qat_and_a_longer_limit(tmp_path)
     assert call[call.index("--qat-frac") + 1] == "0.3" and call[call.index("--target-deadline") + 1] == "460"
     bare = _run(tmp_path, ["target"])[0]
     assert "--target-arch" not in bare and "--qat-frac" not in bare and "--target-deadline" not in bare
+
+
+def test_a_drafter_for_a_finished_target_runs_its_data_stage_and_is_evaluated_with_it(tmp_path):
+    """TARGET_FROM: the draft step builds the data stage against that target (its tokenizer, the given data
+    settings) and eval pairs the new drafter with it; without it the draft step trains after `target` as before."""
+    calls = _run(tmp_path, ["draft", "eval"], TARGET_FROM="ddtree_chat/assets/demo/target", RENAMES="8",
+                 RENAME_POOL="mixed")
+    draft, ev = calls
+    assert draft[draft.index("--target-from") + 1] == "ddtree_chat/assets/demo/target"
+    assert draft[draft.index("--stages") + 1] == "data,draft" and draft[draft.index("--renames") + 1] == "8"
+    assert draft[draft.index("--rename-pool") + 1] == "mixed"
+    assert ev[ev.index("--target") + 1] == "ddtree_chat/assets/demo/target"
+    plain = _run(tmp_path, ["draft"])[0]
+    assert plain[plain.index("--stages") + 1] == "draft" and "--target-from" not in plain

@@ -17,7 +17,9 @@
 # requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
 # /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
 # RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300), eval-target (held-out quality of the target alone, plain decoding), draft
-# (DRAFT_ARGS: extra train.py flags), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
+# (DRAFT_ARGS: extra train.py flags; with TARGET_FROM=DIR, e.g. ddtree_chat/assets/demo/target, a drafter for that
+# finished target: its data stage first, with RENAMES/NAME_WEIGHT/RENAME_POOL as the target had them, and eval/e2e
+# use DIR), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
 # e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
 # "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS[:QAT]]]] ...", each with its eval-target; SETS: extra data sets joined
 # by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the
@@ -35,7 +37,7 @@
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
-S=/tmp/self SP=/tmp/self-proposals SW=${SWEEP:-/tmp/sweep}
+S=/tmp/self SP=/tmp/self-proposals SW=${SWEEP:-/tmp/sweep} TGT=${TARGET_FROM:-/tmp/demo31/target}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -59,6 +61,15 @@ sweep_data() {  # a sweep target's fields -> "NAME FLAGS...": its data settings'
     echo "data-$(folder "$r:$w:$pool:$extra")" \
         --distil $D $(for x in ${extra//+/ }; do echo /tmp/$x; done) --renames "$r" --name-weight "$w" \
         ${pool:+--rename-pool "$pool"}
+}
+
+draft_stages() {  # the draft step's stages: after `target` here, or (TARGET_FROM) against a finished target with its data stage
+    if [ -n "${TARGET_FROM:-}" ]; then
+        echo --target-from "$TARGET_FROM" --stages data,draft --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
+            ${RENAME_POOL:+--rename-pool "$RENAME_POOL"}
+    else
+        echo --stages draft
+    fi
 }
 
 resume_flags() {  # a step's limit in seconds -> with RESUME=1, train.py's flags to continue its checkpoint and pause in time
@@ -112,7 +123,7 @@ for s in "$@"; do
                     ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ${TARGET_ARCH:+--target-arch "$TARGET_ARCH"} \
                     ${QAT_FRAC:+--qat-frac "$QAT_FRAC"} $(resume_flags "$limit") ;;
         draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
-                   --distil $(data_dirs) --stages draft --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
+                   --distil $(data_dirs) $(draft_stages) --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
@@ -146,13 +157,13 @@ for s in "$@"; do
                done
                wait ;;
         pick) rm -rf $M && cp -r "$SW/$(folder "$PICK")" $M ;;  # that sweep target is the pair's
-        eval-target) paused $M eval-target || step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target \
+        eval-target) paused $M eval-target || step eval-target 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $TGT \
                          --device cuda --mode ar --json "$OUT/heldout_target.json" ;;
-        eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $M/target --draft $M/draft \
+        eval) step eval 200 python3 -m ddtree_chat.dev.demo.eval_heldout --target $TGT --draft $M/draft \
                   --device cuda --json "$OUT/heldout_eval.json" ;;
         e2e) python3 -c "import json; h = json.load(open('$M/heldout.json')); \
 json.dump(h['requests'] + h['test'], open('$M/heldout_prompts.json', 'w'), indent=1)"
-             step e2e 300 python3 benchmarks/e2e.py --target $M/target --draft $M/draft --device cuda \
+             step e2e 300 python3 benchmarks/e2e.py --target $TGT --draft $M/draft --device cuda \
                  --prompts-json $M/heldout_prompts.json --prompts 20 --json "$OUT/e2e_demo_cuda.json" ;;
         *) echo "unknown step $s" >> "$log" ;;
     esac
