@@ -16,10 +16,11 @@
 # when committed; the self-instruct set's when committed), propose (self_instruct.py: the teacher proposes function
 # requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
 # /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
-# RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300), eval-target (held-out quality of the target alone, plain decoding), draft
-# (DRAFT_ARGS: extra train.py flags; with TARGET_FROM=DIR, e.g. ddtree_chat/assets/demo/target, a drafter for that
-# finished target: its data stage first, with RENAMES/NAME_WEIGHT/RENAME_POOL as the target had them, and eval/e2e
-# use DIR), pack-pair ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
+# RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300),
+# eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags; with
+# TARGET_FROM=DIR, e.g. ddtree_chat/assets/demo/target, a drafter for that finished target: its data stage first,
+# with RENAMES/NAME_WEIGHT/RENAME_POOL as the target had them, and eval/e2e use DIR), pack-pair
+# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
 # e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
 # "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS[:QAT]]]] ...", each with its eval-target; SETS: extra data sets joined
 # by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the
