@@ -63,7 +63,10 @@ def calibration(logp: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> 
     for d in range(logp.shape[1]):
         p, h = logp[chain[:, d], d].exp(), hit[chain[:, d], d].float()
         n = int(chain[:, d].sum())
-        mean = (lambda x: x.mean().item()) if n else (lambda x: None)  # no chain reached this depth: no figure
+
+        def mean(x):  # no chain reached this depth: no figure
+            return x.mean().item() if n else None
+
         rows.append({"depth": d + 1, "anchors": n, "top1_p": mean(p[:, 0]), "top1_hit": mean(h[:, 0]),
                      "rank2_4_p": mean(p[:, 1:4]), "rank2_4_hit": mean(h[:, 1:4])})
     return rows

@@ -67,40 +67,41 @@ class PromptSynth:
         cycle, so a request already asked alone comes back after an earlier exchange)."""
         out: list[list[int]] = []
         for _ in range(max_draws):
-            for p in self._draw(n - len(out)):
-                if tuple(p) not in self.seen:
-                    self.seen.add(tuple(p))
-                    out.append(p)
+            out += self._draw(n - len(out))
             if len(out) == n:
                 break
         return out
 
     def _draw(self, n: int) -> list[list[int]]:
+        """Up to n prompts not given out before (each marked as given)."""
         r = self.rng
         kinds = [("code" if u < self.p_code else "multi" if u < self.p_code + self.p_multi else "chat")
                  for u in (r.random() for _ in range(n))]
         users = self.enc.plain([self._user_text() for k in kinds if k != "code"])
-        out, ui, alone = [], iter(users), set()  # alone: the single-turn prompts of this draw
+        out, ui = [], iter(users)
         for k in kinds:
             if k == "code":
                 t = r.randint(self.min_prompt, self.max_prompt)
                 s = r.randrange(0, self.stream.numel() - t - 1)
-                out.append(self.stream[s : s + t].long().tolist())
+                self._give(out, self.stream[s : s + t].long().tolist())
                 continue
             u = next(ui)
             tail = len(self.enc.chat_prompt([], self.role))
             u = u[: self.max_prompt - tail]  # a long docstring is cut (rarely: most fit)
-            p = single = self.enc.chat_prompt(u, self.role)
-            if tuple(single) in self.seen or tuple(single) in alone:  # asked alone before: after an earlier exchange
+            p = self.enc.chat_prompt(u, self.role)
+            if tuple(p) in self.seen:  # asked alone before: after an earlier exchange instead
                 k = "multi"
             if k == "multi" and self.turns:
                 prev = self.turns[r.randrange(len(self.turns))]
-                if len(prev) + len(single) <= self.max_prompt:
-                    p = prev + single
-            if p is single:
-                alone.add(tuple(single))
-            out.append(p)
+                if len(prev) + len(p) <= self.max_prompt:
+                    p = prev + p
+            self._give(out, p)
         return out
+
+    def _give(self, out: list[list[int]], p: list[int]) -> None:
+        if tuple(p) not in self.seen:
+            self.seen.add(tuple(p))
+            out.append(p)
 
 
 class BatchCache:

@@ -64,10 +64,13 @@ sweep_data() {  # a sweep target's fields -> "NAME FLAGS...": its data settings'
         ${pool:+--rename-pool "$pool"}
 }
 
+data_flags() {  # the data stage's settings, for `target` and for a drafter of a finished target (TARGET_FROM)
+    echo --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" ${RENAME_POOL:+--rename-pool "$RENAME_POOL"}
+}
+
 draft_stages() {  # the draft step's stages: after `target` here, or (TARGET_FROM) against a finished target with its data stage
     if [ -n "${TARGET_FROM:-}" ]; then
-        echo --target-from "$TARGET_FROM" --stages data,draft --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
-            ${RENAME_POOL:+--rename-pool "$RENAME_POOL"}
+        echo --target-from "$TARGET_FROM" --stages data,draft $(data_flags)
     else
         echo --stages draft
     fi
@@ -120,8 +123,7 @@ for s in "$@"; do
                      [ -d $S ] || [ ! -f training/demo-distil-self.tar.xz ] || tar xJf training/demo-distil-self.tar.xz -C /tmp ;;
         target) limit=${TARGET_LIMIT:-300}
                 step target "$limit" python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
-                    --target-steps "${TARGET_STEPS:-700}" --renames "${RENAMES:-3}" --name-weight "${NAME_WEIGHT:-1}" \
-                    ${RENAME_POOL:+--rename-pool "$RENAME_POOL"} ${TARGET_ARCH:+--target-arch "$TARGET_ARCH"} \
+                    --target-steps "${TARGET_STEPS:-700}" $(data_flags) ${TARGET_ARCH:+--target-arch "$TARGET_ARCH"} \
                     ${QAT_FRAC:+--qat-frac "$QAT_FRAC"} $(resume_flags "$limit") ;;
         draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $(data_dirs) $(draft_stages) --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
