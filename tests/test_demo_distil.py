@@ -117,6 +117,28 @@ def test_sample_excludes_given_ids(funcs):
     assert not {p["id"] for p in first} & {p["id"] for p in again}
 
 
+def test_the_drafters_requests_mix_in_the_everyday_kind_by_share(funcs):
+    """draft_requests: n distinct requests, the given share of them everyday functions in phrasings other than the
+    trained ones (every task in every phrasing), the rest from the generator, none excluded, seeded."""
+    from ddtree_chat.dev.demo import everyday
+    from ddtree_chat.dev.demo.draft_requests import draft_requests, everyday_requests
+
+    trained = {p["id"] for p in everyday.prompts(31)}
+    pool = everyday_requests(5, trained)
+    name, args, does = everyday.tasks()[0]
+    phrasings = {t.format(head=f"{name}({args})", does=does) for t in prompts.FUNCTION_TEMPLATES + prompts.EXTRA_TEMPLATES}
+    asked = {u for u in phrasings if prompts.prompt_id(u) in trained}
+    assert asked and phrasings - asked <= set(pool) and not asked & set(pool)
+    assert not {prompts.prompt_id(u) for u in pool} & trained and len(set(pool)) == len(pool)
+    assert not any(h in u for u in pool for h in prompts.HELDOUT_NAMES)
+    for share, want in ((0.5, 30), (0.0, 0), (1.0, 60)):
+        got = draft_requests(60, 5, trained, share, funcs=funcs)
+        assert len(got) == len(set(got)) == 60 and not {prompts.prompt_id(u) for u in got} & trained
+        assert sum(u in set(pool) for u in got) == want
+    assert draft_requests(60, 5, trained, 0.5, funcs=funcs) == draft_requests(60, 5, trained, 0.5, funcs=funcs)
+    assert draft_requests(60, 5, trained, 0.5, funcs=funcs) != draft_requests(60, 6, trained, 0.5, funcs=funcs)
+
+
 def test_buggy_flips_one_operator():
     src = "def f(a, b):\n    if a < b:\n        return a + b\n    return a - b"
     import random

@@ -472,13 +472,16 @@ def train_draft(out: Path, a, device) -> dict:
     # 1. The target's own greedy continuations and hidden states, on prompts it has not memorised.
     users = None
     if data["meta"].get("distil"):
-        from .prompts import PromptGen, prompt_id
+        from .draft_requests import draft_requests
+        from .prompts import prompt_id
 
-        # Requests the target was not trained on: the generator under another seed, train prompts excluded.
-        seen = {prompt_id(u) for u, _ in data["train_pairs"]}
+        # Requests the target was not trained on and the drafter is not validated on (train and val prompts
+        # excluded): the generator under another seed and a share of the held-out kind
+        seen = {prompt_id(u) for u, _ in data["train_pairs"]} | {prompt_id(p[1]) for p in data["val_prompts"]}
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
-        users = [p["user"] for p in PromptGen(data["meta"]["distil"]["seed"] + 1).sample(n_users, exclude=seen)]
-        log(f"draft: {len(users)} fresh generated requests for the drafter's prompts")
+        users = draft_requests(n_users, data["meta"]["distil"]["seed"] + 1, seen, a.draft_everyday)
+        log(f"draft: {len(users)} fresh requests for the drafter's prompts ({a.draft_everyday:.0%} of the everyday kind "
+            f"asked)")
     # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
     # exchange first) keep repeated requests from repeating whole prompts.
     synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt, users=users,
@@ -644,6 +647,9 @@ def main(argv=None) -> int:
                     help="with --distil: the train loss weight of the requested name's tokens on a def line")
     ap.add_argument("--draft-prompts", type=int, default=20000,
                     help="with --distil: fresh generated requests for the drafter's prompts (at most)")
+    ap.add_argument("--draft-everyday", type=float, default=0.5,
+                    help="with --distil: the share of those requests of the held-out kind (everyday functions in "
+                         "phrasings the target was not trained on; draft_requests.py)")
     ap.add_argument("--data-from", type=Path, default=None,
                     help="another OUT (or a --stages data run's): copy its cached data stage when it was built with "
                          "the same settings and input files, instead of tokenising again")
