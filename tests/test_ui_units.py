@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 import sys
 import threading
@@ -99,10 +100,18 @@ def test_generation_failure_is_reported_not_raised():
 def test_command_detection_and_help():
     assert commands.is_command("/temp 0.3") and commands.is_command("  /help")
     assert not commands.is_command("/usr/bin is a path") and not commands.is_command("hello /temp")
-    text = commands.help_text()
+    from rich.console import Console
+
+    console = Console(width=60, record=True, file=io.StringIO())
+    console.print(commands.help_table())
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    text = "\n".join(lines)
     for name, _, _ in commands.COMMANDS:
         assert name in text
-    assert "ctrl+j" in text and "esc" in text
+    assert "ctrl+j" in text and "esc" in text and "[ ] { }" in text
+    # at 60 columns long descriptions wrap, and their later lines stay in the description column
+    assert len(lines) > len(commands.COMMANDS) + len(commands.KEYS) + 2
+    assert all(line.startswith("  ") for line in lines if line not in ("Commands:", "Keys:"))
 
 
 def test_busy_ui_thread_gets_fewer_updates():

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from rich.console import RenderableType
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -217,7 +218,7 @@ class DDTreeChatApp(App):
 
     # -- chat ------------------------------------------------------------------------------
 
-    def note(self, text: str, kind: str = "info") -> None:
+    def note(self, text: str | RenderableType, kind: str = "info") -> None:
         self.query_one("#log", VerticalScroll).mount(Note(text, kind))
 
     def prefill(self, text: str) -> None:

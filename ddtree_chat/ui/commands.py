@@ -7,6 +7,8 @@ The app provides: `settings`, `set_setting(name, value) -> str`, `new_chat()`,
 
 from __future__ import annotations
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import SystemCommand
 
 from ddtree_chat.modes import BUDGETS, MAX_BUDGET, MAX_REPEAT_PENALTY, MODES, REPEAT_WINDOW
@@ -51,13 +53,16 @@ KEYS = [
 ]
 
 
-def help_text() -> str:
-    width = max(len(c) + len(a) + 1 for c, a, _ in COMMANDS)
-    lines = ["Commands:"]
-    lines += [f"  {(c + ' ' + a).strip():<{width}}  {d}" for c, a, d in COMMANDS]
-    lines.append("Keys:")
-    lines += [f"  {k:<{width}}  {d}" for k, d in KEYS]
-    return "\n".join(lines)
+def help_table() -> Table:
+    """Commands and keys in two columns: a long description wraps under itself, not under the names."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for title, rows in (("Commands:", [((c + " " + a).strip(), d) for c, a, d in COMMANDS]), ("Keys:", KEYS)):
+        grid.add_row(Text(title), Text(""))
+        for name, what in rows:
+            grid.add_row(Text("  " + name), Text(what))  # NOTE: Text, not str: "[ ]" is no markup here
+    return grid
 
 
 def is_command(text: str) -> bool:
@@ -72,7 +77,7 @@ def run_command(app, text: str) -> None:
     name = ALIASES.get(name, name)
     try:
         if name == "/help":
-            app.note(help_text())
+            app.note(help_table())
         elif name == "/system":
             if not arg:
                 current = app.settings.system
@@ -148,4 +153,4 @@ def palette_commands(app):
     yield SystemCommand("Save settings as defaults", "used on the next start", app.save_defaults)
     yield SystemCommand("Toggle debug pane", "one round of the tree in full", app.action_toggle_debug)
     yield SystemCommand("Show settings", "current generation settings", lambda: app.note(describe(app.settings)))
-    yield SystemCommand("Help", "slash commands and keys", lambda: app.note(help_text()))
+    yield SystemCommand("Help", "slash commands and keys", lambda: app.note(help_table()))
