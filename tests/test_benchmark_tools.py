@@ -384,3 +384,11 @@ def test_the_auto_budget_simulation_takes_trees_that_pay_and_leaves_those_that_d
     slow, fast = out["shares"]["0.5"], out["shares"]["3.0"]
     assert len(slow) == len(fast) == 2 and max(slow) < 0.05 and min(fast) > 0.8
 
+
+def test_auto_takes_trees_that_pay_a_third_more_than_plain_steps_on_cpu_like_costs():
+    """A 15 ms plain step, a 28 ms tree round (the demo pair on the CPU) whose tokens make trees 1.3x plain steps'
+    rate: they run in nearly every round (at TREE_DECAY 0.9 with a standard-error bound, 25-100% by seed)."""
+    out = auto_budget_sim.main(["--ratios", "1.3", "--rounds", "6000", "--settle", "1000", "--seeds", "3",
+                                "--plain-ms", "15", "--tree-ms", "28.4"])
+    assert min(out["shares"]["1.3"]) > 0.9
+

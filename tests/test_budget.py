@@ -164,7 +164,7 @@ def test_a_round_that_recorded_programs_teaches_no_costs():
     auto.observe(_tree(True).prefix(8), accepted=3, draft_s=0.5, target_s=2.0, wall_s=9.0, recorded=True)
     auto.drafted = PLAIN
     auto.observe(_tree(True).prefix(0), accepted=1, draft_s=0.0, target_s=0.5, wall_s=9.0, recorded=True)
-    assert auto.trees == [0.0] * 4 and auto.plain_s == 0.0 and auto.cost_scale == 1.0 and auto.rounds == 3
+    assert auto.trees == [0.0] * 2 and auto.plain_s == 0.0 and auto.cost_scale == 1.0 and auto.rounds == 3
     auto.observe(_tree(True).prefix(0), accepted=1, draft_s=0.0, target_s=0.5, wall_s=0.6)
     assert auto.plain_s == 0.6
 
@@ -191,8 +191,8 @@ def test_plain_steps_where_no_tree_pays_still_explore_and_go_back_to_trees():
     """Drafting costs most of a plain step and the target rarely agrees (T > 0 on a CPU): after the
     first explorations every round is a plain step but for an exploration every PLAIN_EXPLORE_MAX rounds
     (each one also pays the drafter's catch-up); an exploring tree that beats them by SOONER brings the next
-    exploration within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations (their rate less
-    one standard error must beat plain steps: the poor rounds still in the decaying sums take ~7)."""
+    exploration within EXPLORE_MAX rounds, so once trees pay again they come back within a few explorations (the poor
+    rounds still in the decaying sums hold their rate down until then)."""
     from ddtree_chat.engine.budget import EXPLORE_MAX, PLAIN_EXPLORE_MAX
 
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
@@ -222,29 +222,15 @@ def test_only_an_exploring_tree_clearly_faster_than_plain_steps_brings_the_next_
     assert auto.interval == EXPLORE_MAX
 
 
-def test_trees_stay_only_while_their_rate_less_a_standard_error_beats_plain_steps():
-    """Trees in force, ten tree rounds of 1 and 5 tokens at 2.2 tokens/s against plain steps' 2: the point estimate
-    would keep them, one standard error below it does not; the same mean over a long record keeps them."""
-    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
-    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
-    auto.last, auto.rounds, auto.trees = 8, auto.interval, _trees(2.2, [1, 5] * 5)
-    assert 2.0 == pytest.approx(auto.plain_rate()) and 2.0 < auto.tree_rate / PLAIN_MARGIN
-    auto.choose(_tree(False))
-    assert auto.last == PLAIN
-    auto.last, auto.rounds, auto.trees = 8, auto.interval, _trees(2.2, [1, 5] * 500)
-    auto.choose(_tree(False))
-    assert auto.last != PLAIN
-
-
 def _trees(rate: float, tokens: list[int]) -> list[float]:
     """AutoBudget.trees of tree rounds that gave these tokens at `rate` tokens/s overall."""
-    return [sum(tokens), sum(tokens) / rate, sum(t * t for t in tokens), len(tokens)]
+    return [sum(tokens), sum(tokens) / rate]
 
 
 def test_a_near_tie_keeps_the_choice_in_force_and_a_new_temperature_explores_afresh():
     auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
     auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
-    many = [2] * 1000  # a long record: the standard error is small
+    many = [2] * 1000
     auto.trees = _trees(1.96, many)  # tree rounds gave 1.96 tokens/s, plain steps would give 2
     assert auto.choose(_tree(False)) > 0 and auto.last != PLAIN
     auto.trees = _trees(1.67, many)
@@ -264,21 +250,6 @@ def test_a_near_tie_keeps_the_choice_in_force_and_a_new_temperature_explores_afr
     auto.last, auto.trees = PLAIN, _trees(1.67, many)
     auto.start_reply(0.0)  # the same temperature: it keeps what it learnt
     assert auto.last == PLAIN and auto.tree_rate > 0
-
-
-def test_plain_steps_leave_for_trees_only_on_their_rate_less_a_standard_error():
-    """Ten tree rounds of 1 and 5 tokens (T > 0) at 2.4 tokens/s against plain steps' 2: the point estimate
-    clears the margin, one standard error below it does not; the same mean over a long record does."""
-    auto = AutoBudget(decoder=None, tp=SINGLE, key="test")
-    auto.costs, auto.plain_cost = {2: 1.0, 4: 1.2, 8: 1.5}, 0.5
-    auto.last, auto.rounds = PLAIN, auto.interval
-    auto.trees = _trees(2.4, [1, 5] * 5)
-    assert auto.tree_rate == pytest.approx(2.4) and auto.tree_rate_low < 2.1 < auto.tree_rate
-    auto.choose(_tree(False))
-    assert auto.last == PLAIN
-    auto.trees, auto.rounds = _trees(2.4, [1, 5] * 500), auto.interval
-    auto.choose(_tree(False))
-    assert auto.last != PLAIN
 
 
 def _alternate(monkeypatch):

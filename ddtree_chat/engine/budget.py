@@ -30,9 +30,10 @@ EXPLORE_MAX = 64  # ... and each exploration that confirms the choice doubles th
 PLAIN_EXPLORE_MAX = 256  # the same for plain steps: their exploration also pays the drafter's catch-up
 PLAIN = 0  # the choice that drafts nothing: plain `ar` rounds until the next exploring round
 PLAIN_MARGIN = 1.05  # what the choice not in force must beat the other by (plain steps vs trees)
-# what tree rounds gave decays by this per tree round: under plain steps only exploring rounds add to it, one a
-# few dozen rounds, and at T > 0 one round's acceptance varies 1-5x (at 0.7 one lucky tree chose trees)
-TREE_DECAY = 0.9
+# what tree rounds gave decays by this per tree round (a memory of ~50 rounds: their mean's error ~8% where one
+# round gives 1-5 tokens; at 0.9, ~10 rounds, a standard-error bound was needed against lucky stretches, and it
+# held plain steps against trees 1.16-1.3x faster: benchmarks/auto_budget_sim.py)
+TREE_DECAY = 0.98
 # an exploring tree this much faster than plain steps brings the next exploration closer (at T = 0.7 a tree
 # round gives 1-5 tokens: a 5% win is luck, and each pulled the explorations back to every 64 rounds)
 SOONER = 1.5
@@ -51,7 +52,7 @@ class AutoBudget:
         self.plain_cost: float | None = None  # measured seconds of a plain step's verify (None: not measured)
         self.plain_s = 0.0  # real plain round seconds (EMA; 0 until one ran)
         self.caught = [0.0, 0.0]  # the drafter's catch-ups after plain rounds: decaying sums of tokens, seconds
-        self.trees = [0.0, 0.0, 0.0, 0.0]  # what tree rounds gave: decaying sums of tokens, seconds, tokens², rounds
+        self.trees = [0.0, 0.0]  # what tree rounds gave: decaying sums of tokens and seconds
         self.drafted: int | None = None  # the size drafted this round (what next_budget returned; PLAIN: none)
         self.rounds = 0
         self.interval = EXPLORE  # rounds between explorations (exploring rounds choose and cannot run ahead)
@@ -64,7 +65,7 @@ class AutoBudget:
         otherwise hold a T = 0 reply for a few explorations, up to EXPLORE_MAX rounds each)."""
         if temperature != self.temperature:
             self.temperature = temperature
-            self.trees, self.calib, self.last, self.interval = [0.0, 0.0, 0.0, 0.0], 1.0, None, EXPLORE
+            self.trees, self.calib, self.last, self.interval = [0.0, 0.0], 1.0, None, EXPLORE
 
     def next_budget(self) -> int:
         """Once per round: the tree size to draft (a collective under TP, and it resets the round's
@@ -172,12 +173,7 @@ class AutoBudget:
         trees = self.tree_rate or best_rate
         # NOTE: the margin goes to the choice in force: a tie between plain steps and trees flipped to trees for
         # a stretch after every lucky exploring tree (CPU auto at T=0.7 ran 0.92x of ar, with ~5% tree rounds)
-        # NOTE: back to trees only on their rate less one standard error: at T > 0 ten tree rounds' tokens vary by
-        # ~20%, and trees 10% below plain steps (CPU, T=0.7) won stretches of 100-300 rounds on the point estimate
-        # NOTE: staying with trees is judged on that lower rate too: on the point estimate a run of lucky rounds
-        # at T = 0.7 held trees ~15% slower than plain steps for 120 rounds (CPU)
-        low = self.tree_rate_low if self.trees[3] else trees
-        plain = PLAIN_MARGIN * self.plain_rate() > low if self.last == PLAIN else self.plain_rate() > PLAIN_MARGIN * low
+        plain = PLAIN_MARGIN * self.plain_rate() > trees if self.last == PLAIN else self.plain_rate() > PLAIN_MARGIN * trees
         best, later = self.tp.broadcast((best, PLAIN if plain else best))
         # a stable choice needs ever fewer checks; a change goes back to EXPLORE
         cap = PLAIN_EXPLORE_MAX if later == PLAIN else EXPLORE_MAX
@@ -198,17 +194,6 @@ class AutoBudget:
         """Tokens per second that tree rounds gave (0 until one was learned from). NOTE: a ratio of sums: a
         round that happened to accept many tokens moves it by its share of the time, not as one rate of several."""
         return self.trees[0] / self.trees[1] if self.trees[1] > 0 else 0.0
-
-    @property
-    def tree_rate_low(self) -> float:
-        """tree_rate less one standard error of the mean tokens a tree round gave (their variance at least the
-        mean, as a count's: one round alone shows none)."""
-        tok, s, sq, n = self.trees
-        if s <= 0 or n <= 0:
-            return 0.0
-        mean = tok / n
-        se = math.sqrt(max(sq / n - mean * mean, mean) / n)
-        return max(mean - se, 0.0) * n / s
 
     @property
     def catch_up_s(self) -> float:
@@ -235,7 +220,7 @@ class AutoBudget:
             self.plain_s = s if self.plain_s == 0 else 0.8 * self.plain_s + 0.2 * s
         elif costs:
             self._observe_costs(tree.size - 1, draft_s, target_s)
-            self.trees = [TREE_DECAY * t + x for t, x in zip(self.trees, (accepted, s, accepted * accepted, 1))]
+            self.trees = [TREE_DECAY * self.trees[0] + accepted, TREE_DECAY * self.trees[1] + s]
             if self.last == PLAIN and accepted / s > SOONER * self.plain_rate():
                 # NOTE: an exploring tree that beat plain steps clearly: look again sooner (trees may pay now)
                 self.interval = min(self.interval, EXPLORE_MAX)
