@@ -480,8 +480,8 @@ def train_draft(out: Path, a, device) -> dict:
         seen = {prompt_id(u) for u, _ in data["train_pairs"]} | {prompt_id(p[1]) for p in data["val_prompts"]}
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
         users = draft_requests(n_users, data["meta"]["distil"]["seed"] + 1, seen, a.draft_everyday)
-        log(f"draft: {len(users)} fresh requests for the drafter's prompts ({a.draft_everyday:.0%} of the everyday kind "
-            f"asked)")
+        log(f"draft: {len(users)} fresh requests for the drafter's prompts, {a.draft_everyday:.0%} of them everyday "
+            f"functions")
     # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
     # exchange first) keep repeated requests from repeating whole prompts.
     synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt, users=users,
