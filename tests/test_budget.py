@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
-from ddtree_chat.engine.budget import PLAIN, PLAIN_MARGIN, AutoBudget
+from ddtree_chat.engine.budget import PLAIN, AutoBudget
 from ddtree_chat.engine.parallel import SINGLE
 from ddtree_chat.engine.tree import path_scores
 

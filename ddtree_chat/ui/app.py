@@ -218,7 +218,7 @@ class DDTreeChatApp(App):
 
     # -- chat ------------------------------------------------------------------------------
 
-    def note(self, text: str | RenderableType, kind: str = "info") -> None:
+    def note(self, text: RenderableType, kind: str = "info") -> None:
         self.query_one("#log", VerticalScroll).mount(Note(text, kind))
 
     def prefill(self, text: str) -> None:

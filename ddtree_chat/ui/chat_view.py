@@ -27,7 +27,7 @@ class UserMessage(Static):
 class Note(Static):
     """Output of a slash command, a warning or an error, inside the conversation."""
 
-    def __init__(self, text: str | RenderableType, kind: str = "info"):
+    def __init__(self, text: RenderableType, kind: str = "info"):
         super().__init__(text, markup=False, classes=f"message note {kind}")
 
 
