@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from . import everyday, everyday2, everyday3
-from .prompts import EXTRA_TEMPLATES, FUNCTION_TEMPLATES, HELDOUT_NAMES, PromptGen, prompt_id
+from .prompts import EXTRA_TEMPLATES, FUNCTION_TEMPLATES, HELDOUT_NAMES, PromptGen, prompt_id, request_text
 
 
 def everyday_requests(seed: int, exclude: set[str]) -> list[str]:
@@ -22,7 +22,7 @@ def everyday_requests(seed: int, exclude: set[str]) -> list[str]:
     out, seen = [], set(exclude)
     for name, args, does in tasks:
         for template in FUNCTION_TEMPLATES + EXTRA_TEMPLATES:
-            user = template.format(head=f"{name}({args})", does=does)
+            user = request_text(template, name, args, does)
             pid = prompt_id(user)
             if pid not in seen and not any(h in user for h in HELDOUT_NAMES):
                 seen.add(pid)

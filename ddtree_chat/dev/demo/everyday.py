@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, new_tasks, prompt_id
+from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, SIMPLE, new_tasks, prompt_id, request_text
 
 # (name, args, what it does): the phrasing of prompts.SIMPLE
 TASKS = [
@@ -214,7 +214,7 @@ def prompts(seed: int, phrasings: int = 2) -> list[dict]:
             continue
         name, args, does = task
         for t in [FUNCTION_TEMPLATES[0], *others]:
-            user = t.format(head=f"{name}({args})", does=does)
+            user = request_text(t, name, args, does)
             if any(h in user for h in HELDOUT_NAMES):
                 continue
             out.append({"kind": "function", "user": user, "name": name, "source": "everyday", "id": prompt_id(user)})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from . import everyday
-from .prompts import EXTRA_TEMPLATES, FUNCTION_TEMPLATES, SIMPLE, fenced, keep_new, new_tasks
+from .prompts import EXTRA_TEMPLATES, FUNCTION_TEMPLATES, SIMPLE, fenced, keep_new, new_tasks, request_text
 
 # (name, args, what it does): the phrasing of prompts.SIMPLE
 TASKS = [
@@ -611,7 +611,7 @@ def prompts(seed: int, phrasings: int = 4) -> list[dict]:
         if task in kept:
             name, args, does = task
             for t in [FUNCTION_TEMPLATES[0], *picked]:
-                out.append({"kind": "function", "user": t.format(head=f"{name}({args})", does=does), "name": name})
+                out.append({"kind": "function", "user": request_text(t, name, args, does), "name": name})
     for code in SNIPPETS:
         for ask in rng.sample(EXPLAIN_ASKS, 2):
             out.append({"kind": "explain", "user": f"{ask}\n\n{fenced(code)}"})

@@ -112,10 +112,9 @@ def function_requests(tasks, rng: random.Random, second: float) -> list[dict]:
     others = FUNCTION_TEMPLATES[1:] + EXTRA_TEMPLATES
     out = []
     for name, args, does in tasks:
-        head = f"{name}({args})"
-        out.append({"kind": "function", "user": FUNCTION_TEMPLATES[0].format(head=head, does=does), "name": name})
+        out.append({"kind": "function", "user": request_text(FUNCTION_TEMPLATES[0], name, args, does), "name": name})
         if rng.random() < second:
-            out.append({"kind": "function", "user": rng.choice(others).format(head=head, does=does), "name": name})
+            out.append({"kind": "function", "user": request_text(rng.choice(others), name, args, does), "name": name})
     return out
 
 
@@ -463,6 +462,12 @@ EXTRA_TEMPLATES = [
     "Write a Python function {head} that {does}. Include a docstring.",
 ]
 
+
+def request_text(template: str, name: str, args: str, does: str) -> str:
+    """A function request: `template` (one of FUNCTION_TEMPLATES or EXTRA_TEMPLATES) filled with the
+    signature name(args) and what the function does."""
+    return template.format(head=f"{name}({args})", does=does)
+
 GENERAL = [
     "What is the capital of {country}?",
     "Explain what {concept} is in Python, with a short example.",
@@ -524,20 +529,19 @@ class PromptGen:
         r = self.rng
         f = r.choice(self.funcs)
         d = describe(f.doc)
-        head = f"{f.name}({f.args})"
         if d is not None and r.random() < 0.85:
             # Mostly the held-out requests' own phrasing; a few others so the target does not key on it.
             t = r.choices(FUNCTION_TEMPLATES, weights=[6] + [1] * (len(FUNCTION_TEMPLATES) - 1))[0]
-            user = t.format(head=head, does=d)
+            user = request_text(t, f.name, f.args, d)
         else:
             doc = f.doc.split("\n\n")[0].strip()
-            user = f"Write a Python function {head}. Its docstring:\n\n{doc}"
+            user = f"Write a Python function {f.name}({f.args}). Its docstring:\n\n{doc}"
         return {"kind": "function", "user": user, "name": f.name, "source": f"{f.module}.{f.name}"}
 
     def simple(self) -> dict:
         name, args, does = self.rng.choice(SIMPLE)
         t = self.rng.choices(FUNCTION_TEMPLATES, weights=[6] + [1] * (len(FUNCTION_TEMPLATES) - 1))[0]
-        return {"kind": "function", "user": t.format(head=f"{name}({args})", does=does), "name": name,
+        return {"kind": "function", "user": request_text(t, name, args, does), "name": name,
                 "source": "simple"}
 
     def explain(self) -> dict:
