@@ -146,10 +146,10 @@ class TreePanel(Vertical):
         height = max(8, self.query_one("#tree-scroll").size.height or 20)
         note = None
         if ev.get("auto_budget") and ev.get("mode") == Mode.AR:  # NOTE: auto found no tree that pays
-            note = Text("auto: plain steps, no tree pays here; it drafts again now and then"
-                        + (" (its last tree:)" if self.last_tree else ""), style="dim italic")
+            note = Text("auto: plain steps, as no tree pays here; it drafts one now and then."
+                        + ("\nThe last tree:" if self.last_tree else ""), style="dim italic")
             ev = self.last_tree or ev
-        lines = layout(ev.get("tree") or {}, self.piece, max_lines=height - (note is not None))
+        lines = layout(ev.get("tree") or {}, self.piece, max_lines=height - (len(note.split()) if note else 0))
         view = render_lines(lines)
         self.query_one("#tree-view", Static).update(Text("\n").join([note, view]) if note is not None else view)
 
