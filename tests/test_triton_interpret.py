@@ -341,6 +341,8 @@ from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
 # NOTE: 128-key chunks of four 32-key sub-chunks: every program runs a tile or two, quick in the interpreter
 mock.patch.object(ex, "chunk_keys", lambda heads: 128).start()
 mock.patch.object(ex, "SUB_KEYS", 32).start()
+# NOTE: 2 chunks a merge step: the 65-row launch's 3 chunks take the two-pass merge, the AR step's 2 one step
+mock.patch.object(ex, "MERGE_S", 2).start()
 r, p, length = 64, 16, 150  # one head: a chain of T nodes is a launch of T rows
 g = torch.Generator().manual_seed(2)
 keys, qs = torch.randn(length + 80, r + p, generator=g), torch.randn(length + 80, 1, r + p, generator=g)
@@ -534,8 +536,8 @@ def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
 
 def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter():
     """The sub-chunk fold (triton_mla_exact.layout): an 8-row launch gives every row the same bits with one
-    program per sub-chunk as with one per chunk; rows of 8-, 17- and 65-row chain launches (either fold)
-    equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries, and the 17-row
+    program per sub-chunk as with one per chunk; rows of 8-, 17- and 65-row chain launches (either fold; the
+    65-row one through the merge's two passes, at 2 chunks a step) equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries, and the 17-row
     launch's with an 8-entry ancestor scan; the 8-row launch with the 16-key tile (sm_120's float32) as well;
     all equal the reference."""
     if not interpreter_runs_loops():

@@ -32,7 +32,10 @@ BLOCK_M = 16  # query rows per program (mma.sync rows); fixed: the MMA shape mus
 # mask entries scanned per step when a tail program looks up its ancestors: integer work, no bits depend on it;
 # the [BLOCK_N, BLOCK_T] rank match is live beside the accumulators and fold state, 64 made sm_90 spill
 BLOCK_T = 32
-MERGE_S = 16  # chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too
+# chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too; 128 lanes hold a 64k
+# context's chunks at 8 heads in one step (with 16, a 32k one took 5 steps in each of the merge's two passes)
+MERGE_S = 128
+MERGE_R = 32  # output columns per merge program: 16 programs a row, so an AR step's 8 rows still fill the GPU
 SUB_KEYS = 128  # keys per sub-chunk (fixed by position): the unit a few-row launch gives one program each
 FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layout(), or forced (benchmarks, tests)
 # NOTE: warps are fixed per build, never per launch: they lay out a tile's row sums (and the merge's lane sums),
@@ -40,7 +43,7 @@ FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layou
 # fold state (64 + 64 at 4, which spill on sm_90: benchmarks/triton_resources.py)
 WARPS = 8
 HOPPER_BF16_WARPS = 4  # sm_90 bf16: 224 B of spills at 4 warps, yet faster than 8 on the H200 (BENCHMARKS.md)
-MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas)
+MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas); [128, 32]: none at 8
 
 
 def chunk_keys(heads: int) -> int:
@@ -218,8 +221,8 @@ def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F
 def _chunk_state(OP, LP, M, m, c, n, base, NCS, F: tl.constexpr, s_lp, offs_r, R: tl.constexpr,
                  BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, ACC: tl.constexpr):
     """Chunks c (one per lane) of row m: their F stored states folded in sub-chunk order (the kernel's fold),
-    -> (max, sum, accumulator [BLOCK_S, BLOCK_R] if ACC). Unrolled: the F states' loads do not depend on the
-    folds, so they are all in flight at once instead of one round trip per state."""
+    -> (max, sum, accumulator [BLOCK_S, BLOCK_R] if ACC). Unrolled, and no load waits on another (an empty
+    state's unwritten accumulator is read and replaced by zeros): the states' loads are in flight at once."""
     slot = tl.where(c < base, c, NCS + c - base) * F
     fm = tl.full([BLOCK_S], -1e30, tl.float32)
     fl = tl.zeros([BLOCK_S], tl.float32)
@@ -230,8 +233,8 @@ def _chunk_state(OP, LP, M, m, c, n, base, NCS, F: tl.constexpr, s_lp, offs_r, R
         ls = tl.load(LP + s_lp + row, mask=c < n, other=0.0)
         m_new, l_new, a, b = fold_scales(fm, fl, ms, ls)
         if ACC:
-            accs = tl.load(OP + row[:, None].to(tl.int64) * R + offs_r[None, :], mask=((c < n) & (ls > 0))[:, None],
-                           other=0.0)
+            accs = tl.load(OP + row[:, None].to(tl.int64) * R + offs_r[None, :], mask=(c < n)[:, None], other=0.0)
+            accs = tl.where((ls > 0)[:, None], accs, 0.0)  # NOTE: unwritten memory may hold NaN: selected away
             fa = fold(fl[:, None], fa, ls[:, None], accs, a[:, None], b[:, None])
         fm, fl = m_new, l_new
     return fm, fl, fa
@@ -353,7 +356,7 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
                             BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_T=BLOCK_T,
                             num_warps=main_warps(ql.dtype, major(dev)), num_stages=2, **pdl.launch(dev))
-    block_r = min(r, 128)
+    block_r = min(r, MERGE_R)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, slots * m, F=f, CHUNK=chunk, R=r,
                                      BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS, **pdl.launch(dev))
     return out
