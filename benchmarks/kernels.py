@@ -401,6 +401,40 @@ def bench_cuda_mla(ceiling, quick=False):
     return rows
 
 
+def bench_exact_merge(ceiling):
+    """--only exact_merge: the row-invariant MLA's merge at its lane and column layouts (MERGE_S, MERGE_R): the
+    layout before (16, 128) and now, same inputs, same process; the merge kernel's device time and the call's
+    (cold L2), at a TP=8 rank's 8 heads and at 64."""
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+    from ddtree_chat.engine.ops.triton_mla import graph_ms
+
+    layouts, now = [(16, 128), (ex.MERGE_S, ex.MERGE_R)], (ex.MERGE_S, ex.MERGE_R)
+    rows = []
+    for ctx in (8192, 32768, 131072):
+        cache = torch.randn(ctx + 80, 576, device="cuda").to(torch.bfloat16)
+        for nh, t in ((8, 1), (8, 17), (8, 65), (64, 1)):
+            q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
+            plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # as the engine passes it
+            fn = lambda: ex.mla_attention_exact(q, qp, ckv, kpe, plen, mask, 0.14468, max_prefix=ctx)  # noqa: E731
+            by = {}
+            try:
+                for s, r in layouts:
+                    ex.MERGE_S, ex.MERGE_R = s, r
+                    split = kernel_us(fn)
+                    by[f"S{s} R{r}"] = {"call_us": 1e3 * graph_ms(fn, cold=True),
+                                        "merge_us": sum(v for k, v in split.items() if "_merge_kernel" in k),
+                                        "main_us": sum(v for k, v in split.items() if "_mla_exact_kernel" in k)}
+            finally:
+                ex.MERGE_S, ex.MERGE_R = now
+            nbytes, flops = mla_cost(ctx, t, nh)
+            cur = by[f"S{now[0]} R{now[1]}"]
+            rows.append(row("exact_merge", f"ctx={ctx} T={t} heads={nh}", cur["call_us"], nbytes, ceiling, None, flops,
+                            extra={"by_layout": by}))
+            print(rows[-1]["shape"], by, flush=True)
+        del cache
+    return rows
+
+
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens; the
     Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine launches by
@@ -693,6 +727,7 @@ def main():
                      ("exact_tp8", lambda: bench_exact(ceiling, a.quick, EXACT_PRODUCTS_TP8, mla=False)),
                      ("exact_block_m", lambda: bench_exact_block_m(ceiling)),
                      ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
+                     ("exact_merge", lambda: bench_exact_merge(ceiling)),
                      ("ncu", profile_once)):
         if name in only:
             try:
