@@ -402,17 +402,19 @@ def bench_cuda_mla(ceiling, quick=False):
 
 
 def bench_exact_merge(ceiling):
-    """--only exact_merge: the row-invariant MLA's merge at its lane and column layouts (MERGE_S, MERGE_R): the
-    layout before (16, 128) and now, same inputs, same process; the merge kernel's device time and the call's
-    (cold L2), at a TP=8 rank's 8 heads and at 64."""
+    """--only exact_merge: the row-invariant MLA's merge at several lane and column layouts (MERGE_S, MERGE_R): the
+    one before (16, 128), the one now and those between, same inputs, same process; the merge kernel's device time
+    and the call's (cold L2), at a TP=8 rank's 8 heads and at 64 (where a short context leaves most of 128 lanes
+    empty: the data for a layout chosen by head count)."""
     from ddtree_chat.engine.ops import triton_mla_exact as ex
     from ddtree_chat.engine.ops.triton_mla import graph_ms
 
-    layouts, now = [(16, 128), (ex.MERGE_S, ex.MERGE_R)], (ex.MERGE_S, ex.MERGE_R)
+    now = (ex.MERGE_S, ex.MERGE_R)
+    layouts = sorted({(16, 128), (32, 64), (64, 32), now})
     rows = []
     for ctx in (8192, 32768, 131072):
         cache = torch.randn(ctx + 80, 576, device="cuda").to(torch.bfloat16)
-        for nh, t in ((8, 1), (8, 17), (8, 65), (64, 1)):
+        for nh, t in ((8, 1), (8, 17), (8, 65), (64, 1), (64, 17), (64, 65)):
             q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
             plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # as the engine passes it
             fn = lambda: ex.mla_attention_exact(q, qp, ckv, kpe, plen, mask, 0.14468, max_prefix=ctx)  # noqa: E731
