@@ -130,3 +130,17 @@ def test_a_drafter_for_a_finished_target_runs_its_data_stage_and_is_evaluated_wi
     assert ev[ev.index("--target") + 1] == "ddtree_chat/assets/demo/target"
     plain = _run(tmp_path, ["draft"])[0]
     assert plain[plain.index("--stages") + 1] == "draft" and "--target-from" not in plain
+
+
+def test_e2e_of_a_new_drafter_for_the_shipped_target_runs_the_shipped_drafter_beside_it(tmp_path):
+    """TARGET_FROM=the shipped target: e2e times the new drafter and the shipped one on the same requests in the same
+    call (the figures that decide whether the new one ships); another target: the new drafter alone."""
+    def drafts(**env):
+        runs = [c for c in _run(tmp_path, ["e2e"], **env) if "benchmarks/e2e.py" in c]
+        return [(r[r.index("--target") + 1], r[r.index("--draft") + 1], r[r.index("--json") + 1]) for r in runs]
+
+    shipped = drafts(TARGET_FROM="ddtree_chat/assets/demo/target")
+    assert [d for _, d, _ in shipped] == ["/tmp/demo31/draft", "ddtree_chat/assets/demo/draft"]
+    assert {t for t, _, _ in shipped} == {"ddtree_chat/assets/demo/target"}
+    assert [Path(j).name for _, _, j in shipped] == ["e2e_demo_cuda.json", "e2e_shipped_cuda.json"]
+    assert [d for _, d, _ in drafts()] == ["/tmp/demo31/draft"]

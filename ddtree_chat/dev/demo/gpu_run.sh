@@ -20,8 +20,8 @@
 # eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags; with
 # TARGET_FROM=DIR, e.g. ddtree_chat/assets/demo/target, a drafter for that finished target: its data stage first,
 # with RENAMES/NAME_WEIGHT/RENAME_POOL as the target had them, and eval/e2e use DIR), pack-pair
-# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter),
-# e2e (speed), sweep (several targets side by side on the GPU, $TARGETS =
+# ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed; with
+# TARGET_FROM=ddtree_chat/assets/demo/target the shipped drafter's too), sweep (several targets side by side on the GPU, $TARGETS =
 # "RENAMES:NAME_WEIGHT:STEPS[:ARCH[:POOL[:SETS[:QAT]]]] ...", each with its eval-target; SETS: extra data sets joined
 # by "+", everyday (everyday.py's), everyday2 (everyday2.py's), everyday3 (everyday3.py's) and self (the
 # self-instruct set); QAT: train.py's --qat-frac, the share of steps trained under fake INT4; targets of the same
@@ -166,8 +166,13 @@ for s in "$@"; do
                   --device cuda --json "$OUT/heldout_eval.json" ;;
         e2e) python3 -c "import json; h = json.load(open('$M/heldout.json')); \
 json.dump(h['requests'] + h['test'], open('$M/heldout_prompts.json', 'w'), indent=1)"
-             step e2e 300 python3 benchmarks/e2e.py --target $TGT --draft $M/draft --device cuda \
-                 --prompts-json $M/heldout_prompts.json --prompts 20 --json "$OUT/e2e_demo_cuda.json" ;;
+             # NOTE: a new drafter for the shipped target: the shipped drafter too, same requests, same call (the
+             # side-by-side figures that decide whether the new one ships)
+             for d in $M/draft $([ "$TGT" = ddtree_chat/assets/demo/target ] && echo ddtree_chat/assets/demo/draft); do
+                 name=$([ $d = $M/draft ] && echo demo || echo shipped)
+                 step e2e-$name 300 python3 benchmarks/e2e.py --target $TGT --draft $d --device cuda \
+                     --prompts-json $M/heldout_prompts.json --prompts 20 --json "$OUT/e2e_${name}_cuda.json"
+             done ;;
         *) echo "unknown step $s" >> "$log" ;;
     esac
 done
