@@ -1,7 +1,8 @@
 """What torch's CPU build does to a row's bits, which ops/cpu_exact.py's row-invariant forms are built on
 (docs/exactness.md, "On the CPU"), and what those forms cost: on this machine's torch build, which row counts give
-a row of a float32 product the bits it gets alone, whether attention's rows (plain and chunked) and the elementwise
-ops the target uses keep their bits inside larger launches, and the AR round with the forms on and off.
+a row of a float32 product (and of the same product in bf16) the bits it gets alone, whether attention's rows
+(plain and chunked) and the elementwise ops the target uses keep their bits inside larger launches, and the AR
+round with the forms on and off.
 
     PYTHONPATH=. python benchmarks/cpu_rows.py [--steps 300] [--json OUT]
 
@@ -38,6 +39,14 @@ def product_rows(n: int, k: int, most: int = 64) -> tuple[int, int]:
     agree = min((m0 for m0 in counts if all(placed[m] and torch.equal(first[m], first[m0]) for m in range(m0, most + 1))),
                 default=most + 1)
     return alone, agree
+
+
+def every_row_alone(n: int, k: int, dtype: torch.dtype, most: int = 64) -> int:
+    """The largest M (of 1..most) up to which every launch gives each of its rows the bits that row gets alone."""
+    g = torch.Generator().manual_seed(n * 7919 + k)
+    w, x = torch.randn(n, k, generator=g).to(dtype), torch.randn(most, k, generator=g).to(dtype)
+    alone = torch.cat([F.linear(x[i : i + 1], w) for i in range(most)])
+    return next((m - 1 for m in range(1, most + 1) if not torch.equal(F.linear(x[:m], w), alone[:m])), most)
 
 
 def attention_rows(exact: bool, trials: int = 30) -> tuple[int, int]:
@@ -110,12 +119,15 @@ def main(argv=None) -> int:
     cfg, model = load_target(shipped_demo_dirs()[0], torch.device("cpu"), torch.float32)
     shapes = {tuple(t.shape) for t in model.state_dict().values() if t.dim() == 2 and t.shape[1] >= 16}
     shapes |= {(cfg.moe_intermediate_size, cfg.hidden_size), (cfg.hidden_size, cfg.moe_intermediate_size)}
-    res = {"products": {}, "attention": None, "elementwise": None, "ar_ms": None}
-    print("| product [N, K] | one-row bits kept up to M | all launches agree from M |\n|---|---:|---:|")
+    res = {"products": {}, "every_row_alone": {}, "attention": None, "elementwise": None, "ar_ms": None}
+    print("| product [N, K] | one-row bits kept up to M | all launches agree from M | every row alone up to M, "
+          "float32 / bf16 |\n|---|---:|---:|---:|")
     for n, k in sorted(shapes):
         alone, agree = product_rows(n, k)
         res["products"][f"{n}x{k}"] = [alone, agree]
-        print(f"| {n} x {k} | {alone} | {agree} |")
+        # NOTE: bf16 beside it: a CPU with bf16 units (AMX) may keep every row's bits over more rows
+        res["every_row_alone"][f"{n}x{k}"] = every = [every_row_alone(n, k, dt) for dt in (torch.float32, torch.bfloat16)]
+        print(f"| {n} x {k} | {alone} | {agree} | {every[0]} / {every[1]} |")
     res["attention"] = {"plain": attention_rows(False), "chunked": attention_rows(True)}
     for form, (bad, total) in res["attention"].items():
         print(f"attention, {form} form: {bad} of {total} chain rows differ from the one-row step")
