@@ -126,7 +126,8 @@ def test_the_drafters_requests_mix_in_the_everyday_kind_by_share(funcs):
     trained = {p["id"] for p in everyday.prompts(31)}
     pool = everyday_requests(5, trained)
     name, args, does = everyday.tasks()[0]
-    phrasings = {t.format(head=f"{name}({args})", does=does) for t in prompts.FUNCTION_TEMPLATES + prompts.EXTRA_TEMPLATES}
+    templates = prompts.FUNCTION_TEMPLATES + prompts.EXTRA_TEMPLATES
+    phrasings = {prompts.request_text(t, name, args, does) for t in templates}
     asked = {u for u in phrasings if prompts.prompt_id(u) in trained}
     assert asked and phrasings - asked <= set(pool) and not asked & set(pool)
     assert not {prompts.prompt_id(u) for u in pool} & trained and len(set(pool)) == len(pool)

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from ddtree_chat.dev.demo import distil_data, self_instruct
-from ddtree_chat.dev.demo.prompts import FUNCTION_TEMPLATES, HELDOUT, SIMPLE
+from ddtree_chat.dev.demo.prompts import FUNCTION_TEMPLATES, HELDOUT, SIMPLE, request_text
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +104,7 @@ def test_prompts_phrase_the_kept_proposals(tmp_path):
     users = {p["user"] for p in ps}
     # each in the held-out requests' phrasing, some a second time in another
     kept = self_instruct.kept_tasks(tmp_path)
-    assert all(FUNCTION_TEMPLATES[0].format(head=f"{n}({a})", does=d) in users for n, a, d in kept)
+    assert all(request_text(FUNCTION_TEMPLATES[0], n, a, d) in users for n, a, d in kept)
     assert 40 < len(ps) < 80
     assert len({p["id"] for p in ps}) == len(ps) and {p["source"] for p in ps} == {"self_instruct"}
 
