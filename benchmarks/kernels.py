@@ -402,15 +402,15 @@ def bench_cuda_mla(ceiling, quick=False):
 
 
 def bench_exact_merge(ceiling):
-    """--only exact_merge: the row-invariant MLA's merge at several lane and column layouts (MERGE_S, MERGE_R): the
-    one before (16, 128), the one now and those between, same inputs, same process; the merge kernel's device time
-    and the call's (cold L2), at a TP=8 rank's 8 heads and at 64 (where a short context leaves most of 128 lanes
-    empty: the data for a layout chosen by head count)."""
+    """--only exact_merge: the row-invariant MLA's merge at several lane and column layouts (BLOCK_S, BLOCK_R):
+    the one before (16, 128), the two merge_layout picks by head count and those between, same inputs, same
+    process; the merge kernel's device time and the call's (cold L2), at a TP=8 rank's 8 heads and at 64."""
+    from unittest import mock
+
     from ddtree_chat.engine.ops import triton_mla_exact as ex
     from ddtree_chat.engine.ops.triton_mla import graph_ms
 
-    now = (ex.MERGE_S, ex.MERGE_R)
-    layouts = sorted({(16, 128), (32, 64), (64, 32), now})
+    layouts = sorted({(16, 128), (32, 64), (64, 32), (128, 32), ex.MERGE_FEW, ex.MERGE_MANY})
     rows = []
     for ctx in (8192, 32768, 131072):
         cache = torch.randn(ctx + 80, 576, device="cuda").to(torch.bfloat16)
@@ -419,19 +419,16 @@ def bench_exact_merge(ceiling):
             plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # as the engine passes it
             fn = lambda: ex.mla_attention_exact(q, qp, ckv, kpe, plen, mask, 0.14468, max_prefix=ctx)  # noqa: E731
             by = {}
-            try:
-                for s, r in layouts:
-                    ex.MERGE_S, ex.MERGE_R = s, r
+            for s, r in layouts:
+                with mock.patch.object(ex, "merge_layout", lambda heads, sr=(s, r): sr):
                     split = kernel_us(fn)
                     by[f"S{s} R{r}"] = {"call_us": 1e3 * graph_ms(fn, cold=True),
                                         "merge_us": sum(v for k, v in split.items() if "_merge_kernel" in k),
                                         "main_us": sum(v for k, v in split.items() if "_mla_exact_kernel" in k)}
-            finally:
-                ex.MERGE_S, ex.MERGE_R = now
             nbytes, flops = mla_cost(ctx, t, nh)
-            cur = by[f"S{now[0]} R{now[1]}"]
-            rows.append(row("exact_merge", f"ctx={ctx} T={t} heads={nh}", cur["call_us"], nbytes, ceiling, None, flops,
-                            extra={"by_layout": by}))
+            now = ex.merge_layout(nh)
+            rows.append(row("exact_merge", f"ctx={ctx} T={t} heads={nh}", by[f"S{now[0]} R{now[1]}"]["call_us"],
+                            nbytes, ceiling, None, flops, extra={"by_layout": by}))
             print(rows[-1]["shape"], by, flush=True)
         del cache
     return rows

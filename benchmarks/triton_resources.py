@@ -70,8 +70,9 @@ def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), war
             msig = dict({"OP": "*fp32", "LP": "*fp32", "O": f"*{ty}", "PLEN": "*i64"},
                         **dict.fromkeys(["M", "NCS", "NTL", "s_lp"], "i32"),
                         **dict.fromkeys(["F", "CHUNK", "R", "BLOCK_S", "BLOCK_R", "PDL"], "constexpr"))
+            block_s, block_r = ex.merge_layout(nh)
             for f in (1, ex.chunk_keys(nh) // ex.SUB_KEYS):  # a state per chunk, or one per sub-chunk (the fold)
-                mconsts = {"F": f, "CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": ex.MERGE_S, "BLOCK_R": ex.MERGE_R,
+                mconsts = {"F": f, "CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": block_s, "BLOCK_R": block_r,
                            "PDL": pdl}
                 out.append((f"_merge_kernel {ty} heads={nh} F={f}", _src(ex._merge_kernel, msig, mconsts, _MERGE_PTRS),
                             {"num_warps": ex.MERGE_WARPS}))

@@ -238,15 +238,16 @@ def test_row_invariant_mla_compiles_for_hopper_within_its_spill_budget():
 
 
 def test_row_invariant_mla_fits_an_sm120_block_without_spills():
-    """The same on sm_120 (the RTX PRO 6000 Blackwell), bf16 and float32 at 64 heads and their merges: each
+    """The same on sm_120 (the RTX PRO 6000 Blackwell), bf16 at a TP=8 rank's 8 heads and at 64, float32 at 64,
+    and their merges (each head count's layout): each
     within the 99 KB of shared memory a block may hold there (float32 takes the 16-key tile) and without
     spills, so the engine's float32 and bf16 paths both launch the row-invariant kernel."""
     import re
 
     from ddtree_chat.engine.ops import triton_mla_exact as ex
 
-    found = _exact_mla_resources(120, (64,))
-    assert sum("BLOCK_N=16" in n for n in found) == 1 and sum("BLOCK_N=64" in n for n in found) == 1, sorted(found)
+    found = _exact_mla_resources(120, (8, 64))
+    assert sum("BLOCK_N=16" in n for n in found) == 1 and sum("BLOCK_N=64" in n for n in found) == 2, sorted(found)
     bad = {name: r for name, r in found.items()
            if r["shared"] > SM120_SHARED_PER_BLOCK or r["spill_stores"] or r["spill_loads"] or r["stack"]}
     assert not bad, bad

@@ -342,7 +342,7 @@ from ddtree_chat.engine.ops.mla_attention import mla_attention_ref
 mock.patch.object(ex, "chunk_keys", lambda heads: 128).start()
 mock.patch.object(ex, "SUB_KEYS", 32).start()
 # NOTE: 2 chunks a merge step: the 65-row launch's 3 chunks take the two-pass merge, the AR step's 2 one step
-mock.patch.object(ex, "MERGE_S", 2).start()
+mock.patch.object(ex, "MERGE_FEW", (2, ex.MERGE_FEW[1])).start()
 r, p, length = 64, 16, 150  # one head: a chain of T nodes is a launch of T rows
 g = torch.Generator().manual_seed(2)
 keys, qs = torch.randn(length + 80, r + p, generator=g), torch.randn(length + 80, 1, r + p, generator=g)

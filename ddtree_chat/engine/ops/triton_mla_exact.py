@@ -32,10 +32,12 @@ BLOCK_M = 16  # query rows per program (mma.sync rows); fixed: the MMA shape mus
 # mask entries scanned per step when a tail program looks up its ancestors: integer work, no bits depend on it;
 # the [BLOCK_N, BLOCK_T] rank match is live beside the accumulators and fold state, 64 made sm_90 spill
 BLOCK_T = 32
-# chunk partials per merge step: a fixed lane layout, so the merge's sum order is fixed too; 128 lanes hold a 64k
-# context's chunks at 8 heads in one step (with 16, a 32k one took 5 steps in each of the merge's two passes)
-MERGE_S = 128
-MERGE_R = 32  # output columns per merge program: 16 programs a row, so an AR step's 8 rows still fill the GPU
+# the merge's (chunk partials per step, output columns per program) by head count (merge_layout): a fixed lane
+# layout per model, so its sum order is fixed too. Few heads: 128 lanes hold a 64k context's chunks in one step and
+# 16 programs a row let an AR step's 8 rows fill the GPU; many heads have rows to spare, and 128 lanes at a short
+# context folded mostly zeros (benchmarks/kernels.py --only exact_merge chose both)
+MERGE_FEW = (128, 32)
+MERGE_MANY = (32, 64)
 SUB_KEYS = 128  # keys per sub-chunk (fixed by position): the unit a few-row launch gives one program each
 FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layout(), or forced (benchmarks, tests)
 # NOTE: warps are fixed per build, never per launch: they lay out a tile's row sums (and the merge's lane sums),
@@ -44,6 +46,11 @@ FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layou
 WARPS = 8
 HOPPER_BF16_WARPS = 4  # sm_90 bf16: 224 B of spills at 4 warps, yet faster than 8 on the H200 (BENCHMARKS.md)
 MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas); [128, 32]: none at 8
+
+
+def merge_layout(heads: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_R) of the merge, by head count only, as chunk_keys: never by T or context."""
+    return MERGE_FEW if heads <= 16 else MERGE_MANY
 
 
 def chunk_keys(heads: int) -> int:
@@ -356,7 +363,8 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
                             PREC="ieee" if ql.dtype == torch.float32 else "tf32", CHUNK=chunk, SUB=SUB_KEYS,
                             BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_T=BLOCK_T,
                             num_warps=main_warps(ql.dtype, major(dev)), num_stages=2, **pdl.launch(dev))
-    block_r = min(r, MERGE_R)
+    block_s, block_r = merge_layout(nh)
+    block_r = min(r, block_r)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, slots * m, F=f, CHUNK=chunk, R=r,
-                                     BLOCK_S=MERGE_S, BLOCK_R=block_r, num_warps=MERGE_WARPS, **pdl.launch(dev))
+                                     BLOCK_S=block_s, BLOCK_R=block_r, num_warps=MERGE_WARPS, **pdl.launch(dev))
     return out
