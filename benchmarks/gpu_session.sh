@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab pdl cudamla mlasplit exactmerge exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit exactmerge exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -110,6 +110,10 @@ for s in "$@"; do
                      DDTREE_EXACT=$x step "k26-forward-exact$x" 120 python benchmarks/k26_forward.py --synthetic-layers 4 \
                          --context 8192 --tokens 1 17 65 --profile 1 17 --json "$OUT/k26_forward_exact$x.json"
                  done ;;
+        exactabtp8) for r in 1 2; do for x in 0 1; do  # the same at a TP=8 rank's shard (8 heads, the user's box), twice
+                     DDTREE_EXACT=$x step "k26-tp8-exact$x-run$r" 150 python benchmarks/k26_forward.py --synthetic-layers 8 \
+                         --tp-world 8 --context 8192 32768 --tokens 1 17 65 --json "$OUT/k26_tp8_exact$x-run$r.json"
+                 done; done ;;
         cudamla) step cudamla-tests 300 python -m pytest -q -x --durations=10 tests/test_kernels_gpu.py tests/test_exact_gpu.py \
                      -k "cuda_mla or mla_attention_rows or mla_attention_replays"
                  step cudamla 300 python benchmarks/kernels.py --only cuda_mla --json "$OUT/cuda_mla.json" ;;
