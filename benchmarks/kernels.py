@@ -435,9 +435,9 @@ def bench_exact_merge(ceiling):
 
 
 def profile_once():
-    """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens; the
-    Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine launches by
-    default) shapes once each inside an NVTX range "ncu", after an untimed
+    """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens, and 64 at
+    8 heads; the Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine
+    launches by default) shapes once each inside an NVTX range "ncu", after an untimed
     call outside it (compiles, autotunes), for Nsight Compute to read the hardware counters of just those
     launches (BENCHMARKS.md has the command). No rows."""
     from ddtree_chat.engine.ops.cuda_mla import mla_attention_cuda
@@ -454,7 +454,7 @@ def profile_once():
     ctx = 131072
     cache = torch.randn(ctx + 16, 576, device="cuda").to(torch.bfloat16)
     for nh in (64, 8):
-        for t in (1, 16):
+        for t in (1, 16) if nh == 64 else (1, 16, 64):  # NOTE: 64 at 8 heads: a tree's 16-row programs re-read the keys
             args = mla_inputs(cache, ctx, t, nh)  # q, q_pe, ckv, kpe, mask
             kernels = [("mla", mla_attention_triton), ("cuda_mla", mla_attention_cuda)]
             if nh == 8:  # a TP=8 rank's heads: also the engine's default kernel
