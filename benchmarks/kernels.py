@@ -434,6 +434,44 @@ def bench_exact_merge(ceiling):
     return rows
 
 
+def bench_exact_chunk(ceiling):
+    """--only exact_chunk: the row-invariant MLA at a TP=8 rank's 8 heads with chunks of 512 (today's) to 4096
+    keys (chunk_keys patched; the arithmetic changes with it, so a pick would be one length per head count),
+    same inputs, same process: the call (graph-replayed, cold L2), main and merge device time, the programs per
+    chunk the launch took (F), and the SM-count-planned kernel's call beside. Longer chunks store fewer
+    partials per row (a 65-token tree at 131k keys: 268 MB at 512) but give a few-row launch longer folds."""
+    from unittest import mock
+
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
+
+    rows, nh = [], 8
+    for ctx in (8192, 32768, 131072):
+        cache = torch.randn(ctx + 80, 576, device="cuda").to(torch.bfloat16)
+        for t in (1, 17, 65):
+            q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
+            plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # as the engine passes it
+            fn = lambda: ex.mla_attention_exact(q, qp, ckv, kpe, plen, mask, 0.14468, max_prefix=ctx)  # noqa: E731
+            sm = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
+            by = {}
+            for chunk in (512, 1024, 2048, 4096):
+                try:
+                    with mock.patch.object(ex, "chunk_keys", lambda heads, c=chunk: c):
+                        split = kernel_us(fn)
+                        by[f"C{chunk}"] = {"call_us": 1e3 * graph_ms(fn, cold=True),
+                                           "F": ex.layout(t, nh, ctx, q.device)[2],
+                                           "merge_us": sum(v for k, v in split.items() if "_merge_kernel" in k),
+                                           "main_us": sum(v for k, v in split.items() if "_mla_exact_kernel" in k)}
+                except Exception as e:  # NOTE: a length that does not build still leaves the others' figures
+                    by[f"C{chunk}"] = {"error": repr(e)[:200]}
+            nbytes, flops = mla_cost(ctx, t, nh)
+            rows.append(row("exact_chunk", f"ctx={ctx} T={t} heads={nh}", by["C512"].get("call_us", float("nan")),
+                            nbytes, ceiling, sm, flops, extra={"by_chunk": by}))
+            print(rows[-1]["shape"], f"SM plan {sm:.1f}", by, flush=True)
+        del cache
+    return rows
+
+
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens, and 64 at
     8 heads; the Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine
@@ -727,6 +765,7 @@ def main():
                      ("exact_block_m", lambda: bench_exact_block_m(ceiling)),
                      ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
                      ("exact_merge", lambda: bench_exact_merge(ceiling)),
+                     ("exact_chunk", lambda: bench_exact_chunk(ceiling)),
                      ("ncu", profile_once)):
         if name in only:
             try:
