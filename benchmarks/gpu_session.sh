@@ -156,7 +156,8 @@ for s in "$@"; do
              # NOTE: should the NVTX filter catch nothing, the MoE kernels by name (its warm-up calls included)
              grep -q moe_gemm "$OUT/ncu.csv" 2> /dev/null || step ncu-moe 200 "$ncu_bin" --clock-control none \
                  --kernel-name regex:moe_gemm "${sections[@]}" --csv --page details --log-file "$OUT/ncu.csv" \
-                 python benchmarks/kernels.py --only ncu --json /dev/null ;;
+                 python benchmarks/kernels.py --only ncu --json /dev/null
+             python benchmarks/ncu_table.py "$OUT/ncu.csv" >> "$log" 2>&1 ;;  # the counters BENCHMARKS.md quotes
         moe) step moe 240 python benchmarks/kernels.py --only moe --json "$OUT/moe.json" ;;  # the picked variants, whole and TP=8 slices
         kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;

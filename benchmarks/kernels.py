@@ -401,6 +401,17 @@ def bench_cuda_mla(ceiling, quick=False):
     return rows
 
 
+def exact_mla_split(fn) -> dict:
+    """A row-invariant MLA call fn: its time (graph-replayed, cold L2) and its main kernel's and merge's device time,
+    us."""
+    from ddtree_chat.engine.ops.triton_mla import graph_ms
+
+    split = kernel_us(fn)
+    return {"call_us": 1e3 * graph_ms(fn, cold=True),
+            "merge_us": sum(v for k, v in split.items() if "_merge_kernel" in k),
+            "main_us": sum(v for k, v in split.items() if "_mla_exact_kernel" in k)}
+
+
 def bench_exact_merge(ceiling):
     """--only exact_merge: the row-invariant MLA's merge at several lane and column layouts (BLOCK_S, BLOCK_R):
     the one before (16, 128), the two merge_layout picks by head count and those between, same inputs, same
@@ -408,7 +419,6 @@ def bench_exact_merge(ceiling):
     from unittest import mock
 
     from ddtree_chat.engine.ops import triton_mla_exact as ex
-    from ddtree_chat.engine.ops.triton_mla import graph_ms
 
     layouts = sorted({(16, 128), (32, 64), (64, 32), (128, 32), ex.MERGE_FEW, ex.MERGE_MANY})
     rows = []
@@ -421,10 +431,7 @@ def bench_exact_merge(ceiling):
             by = {}
             for s, r in layouts:
                 with mock.patch.object(ex, "merge_layout", lambda heads, sr=(s, r): sr):
-                    split = kernel_us(fn)
-                    by[f"S{s} R{r}"] = {"call_us": 1e3 * graph_ms(fn, cold=True),
-                                        "merge_us": sum(v for k, v in split.items() if "_merge_kernel" in k),
-                                        "main_us": sum(v for k, v in split.items() if "_mla_exact_kernel" in k)}
+                    by[f"S{s} R{r}"] = exact_mla_split(fn)
             nbytes, flops = mla_cost(ctx, t, nh)
             now = ex.merge_layout(nh)
             rows.append(row("exact_merge", f"ctx={ctx} T={t} heads={nh}", by[f"S{now[0]} R{now[1]}"]["call_us"],
@@ -457,11 +464,7 @@ def bench_exact_chunk(ceiling):
             for chunk in (512, 1024, 2048, 4096):
                 try:
                     with mock.patch.object(ex, "chunk_keys", lambda heads, c=chunk: c):
-                        split = kernel_us(fn)
-                        by[f"C{chunk}"] = {"call_us": 1e3 * graph_ms(fn, cold=True),
-                                           "F": ex.layout(t, nh, ctx, q.device)[2],
-                                           "merge_us": sum(v for k, v in split.items() if "_merge_kernel" in k),
-                                           "main_us": sum(v for k, v in split.items() if "_mla_exact_kernel" in k)}
+                        by[f"C{chunk}"] = dict(exact_mla_split(fn), F=ex.layout(t, nh, ctx, q.device)[2])
                 except Exception as e:  # NOTE: a length that does not build still leaves the others' figures
                     by[f"C{chunk}"] = {"error": repr(e)[:200]}
             nbytes, flops = mla_cost(ctx, t, nh)

@@ -392,3 +392,32 @@ def test_auto_takes_trees_that_pay_a_third_more_than_plain_steps_on_cpu_like_cos
                                 "--plain-ms", "15", "--tree-ms", "28.4"])
     assert min(out["shares"]["1.3"]) > 0.9
 
+
+
+def test_ncu_table_reads_each_launchs_counters_in_us_after_ncus_warnings(tmp_path):
+    """benchmarks/ncu_table.py: the header found after ncu's warnings, a launch's metrics gathered from its rows,
+    each duration in us whatever unit ncu picked, word-valued metrics left out, skipped kernels dropped."""
+    import ncu_table
+
+    head = ('"ID","Process ID","Kernel Name","Block Size","Grid Size","Section Name","Metric Name","Metric Unit",'
+            '"Metric Value"')
+
+    def rows(i, name, grid, metrics):
+        return [f'"{i}","7","{name}","(128, 1, 1)","{grid}","S","{m}","{u}","{v}"' for m, u, v in metrics]
+
+    text = "\n".join(["==WARNING== Note: Running with unmodified GPU clocks.", "", head,
+                      *rows(2, "_merge_kernel", "(8, 16, 1)",
+                            [("Duration", "us", "10.56"), ("DRAM Throughput", "%", "12.03"), ("L2 Cache Hit", "", "n/a")]),
+                      *rows(1, "_mla_exact_kernel", "(1, 257, 1)",
+                            [("Duration", "ns", "66,592"), ("Registers Per Thread", "register/thread", "255")]),
+                      *rows(3, "vectorized_elementwise", "(1, 1, 1)", [("Duration", "ms", "0.002304")])])
+    runs = ncu_table.launches(text)
+    assert [r["id"] for r in runs] == [1, 2, 3]
+    assert runs[0]["Duration"] == pytest.approx(66.592) and runs[0]["Registers Per Thread"] == 255
+    assert runs[1]["DRAM Throughput"] == 12.03 and "L2 Cache Hit" not in runs[1]
+    assert runs[2]["Duration"] == pytest.approx(2.304)
+    out = ncu_table.table(runs, ("elementwise",))
+    assert "| 1 | _mla_exact_kernel | (1, 257, 1) | (128, 1, 1) | 66.59 |" in out and "elementwise" not in out
+    path = tmp_path / "bad.csv"
+    path.write_text("no table here\n")
+    assert ncu_table.main([str(path)]) == 1

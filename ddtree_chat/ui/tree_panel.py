@@ -149,7 +149,8 @@ class TreePanel(Vertical):
             note = Text("auto: plain steps, as no tree pays here; it drafts one now and then."
                         + ("\nThe last tree:" if self.last_tree else ""), style="dim italic")
             ev = self.last_tree or ev
-        lines = layout(ev.get("tree") or {}, self.piece, max_lines=height - (len(note.split()) if note else 0))
+        taken = len(note.split()) if note is not None else 0  # the note's lines
+        lines = layout(ev.get("tree") or {}, self.piece, max_lines=height - taken)
         view = render_lines(lines)
         self.query_one("#tree-view", Static).update(Text("\n").join([note, view]) if note is not None else view)
 

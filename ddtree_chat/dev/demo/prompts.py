@@ -468,6 +468,7 @@ def request_text(template: str, name: str, args: str, does: str) -> str:
     signature name(args) and what the function does."""
     return template.format(head=f"{name}({args})", does=does)
 
+
 GENERAL = [
     "What is the capital of {country}?",
     "Explain what {concept} is in Python, with a short example.",
