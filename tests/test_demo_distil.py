@@ -140,6 +140,36 @@ def test_the_drafters_requests_mix_in_the_everyday_kind_by_share(funcs):
     assert draft_requests(60, 5, trained, 0.5, funcs=funcs) != draft_requests(60, 6, trained, 0.5, funcs=funcs)
 
 
+def test_the_drafters_requests_mix_in_tasks_new_to_the_target_by_share(funcs):
+    """novel_tasks keeps the tasks whose name no trained request writes as NAME(; draft_requests asks a share
+    `novel_share` of its requests for them (every phrasing of each), beside the everyday share, all distinct."""
+    from ddtree_chat.dev.demo.draft_requests import draft_requests, everyday_requests, novel_tasks, task_requests
+
+    tasks = [(f"new_task_{i}", "xs", f"returns the {i}th item of xs") for i in range(12)]
+    trained = [prompts.request_text(prompts.FUNCTION_TEMPLATES[0], *tasks[0]), "Explain new_task_1 please."]
+    novel = novel_tasks(tasks, trained)
+    assert novel == tasks[1:]  # the second task's name is in a trained request, but never as NAME(
+    pool = set(task_requests(novel, 5, set()))
+    assert len(pool) == len(novel) * len(prompts.FUNCTION_TEMPLATES + prompts.EXTRA_TEMPLATES)
+    everyday_pool = set(everyday_requests(5, set()))
+    got = draft_requests(60, 5, set(), 0.5, funcs=funcs, novel=novel, novel_share=0.25)
+    assert len(got) == len(set(got)) == 60
+    assert sum(u in pool for u in got) == 15 and sum(u in everyday_pool for u in got) == 30
+    assert draft_requests(60, 5, set(), 0.5, funcs=funcs) == draft_requests(60, 5, set(), 0.5, funcs=funcs, novel=novel)
+
+
+def test_train_refuses_novel_shares_it_cannot_serve(tmp_path, capsys):
+    """--draft-novel: a share that with --draft-everyday passes 1, or no proposals folder, is one clear line."""
+    from ddtree_chat.dev.demo import train
+
+    for argv, said in ((["--draft-novel", "0.6"], "together <= 1"),
+                       (["--draft-novel", "0.2", "--draft-novel-tasks", str(tmp_path)], "proposals.jsonl")):
+        with pytest.raises(SystemExit):
+            train.main(["--out", str(tmp_path / "never"), *argv])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
 def test_buggy_flips_one_operator():
     src = "def f(a, b):\n    if a < b:\n        return a + b\n    return a - b"
     import random

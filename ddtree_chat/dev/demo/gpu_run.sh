@@ -17,7 +17,8 @@
 # requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
 # /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
 # RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300),
-# eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags; with
+# eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags, e.g.
+# --draft-novel 0.25 for a share of requests of the self-instruct set's tasks, when the target trained without them; with
 # TARGET_FROM=DIR, e.g. ddtree_chat/assets/demo/target, a drafter for that finished target: its data stage first,
 # with RENAMES/NAME_WEIGHT/RENAME_POOL as the target had them, and eval/e2e use DIR), pack-pair
 # ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed; with
@@ -126,7 +127,7 @@ for s in "$@"; do
                     --target-steps "${TARGET_STEPS:-700}" $(data_flags) ${TARGET_ARCH:+--target-arch "$TARGET_ARCH"} \
                     ${QAT_FRAC:+--qat-frac "$QAT_FRAC"} $(resume_flags "$limit") ;;
         draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
-                   --distil $(data_dirs) $(draft_stages) --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
+                   --distil $(data_dirs) $(draft_stages) --draft-novel-tasks $SP --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;

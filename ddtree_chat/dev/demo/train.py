@@ -479,9 +479,18 @@ def train_draft(out: Path, a, device) -> dict:
         # excluded): the generator under another seed and a share of the held-out kind
         seen = {prompt_id(u) for u, _ in data["train_pairs"]} | {prompt_id(p[1]) for p in data["val_prompts"]}
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
-        users = draft_requests(n_users, data["meta"]["distil"]["seed"] + 1, seen, a.draft_everyday)
+        novel = ()
+        if a.draft_novel > 0:  # NOTE: tasks the target never trained on: its replies to them are harder to guess
+            from .draft_requests import novel_tasks
+            from .self_instruct import kept_tasks
+
+            proposed = kept_tasks(a.draft_novel_tasks)
+            novel = novel_tasks(proposed, [u for u, _ in data["train_pairs"]])
+            log(f"draft: {len(novel)} of the {len(proposed)} tasks in {a.draft_novel_tasks} are new to the target")
+        users = draft_requests(n_users, data["meta"]["distil"]["seed"] + 1, seen, a.draft_everyday,
+                               novel=novel, novel_share=a.draft_novel)
         log(f"draft: {len(users)} fresh requests for the drafter's prompts, {a.draft_everyday:.0%} of them everyday "
-            f"functions")
+            f"functions, {a.draft_novel:.0%} new tasks")
     # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
     # exchange first) keep repeated requests from repeating whole prompts.
     synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt, users=users,
@@ -650,6 +659,12 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-everyday", type=float, default=0.5,
                     help="with --distil: the share of those requests of the held-out kind (everyday functions in "
                          "phrasings the target was not trained on; draft_requests.py)")
+    ap.add_argument("--draft-novel", type=float, default=0.0,
+                    help="with --distil and --draft-novel-tasks: the share of the drafter's requests asking for tasks "
+                         "the target never trained on, each in every phrasing (draft_requests.py)")
+    ap.add_argument("--draft-novel-tasks", type=Path, default=None,
+                    help="a self_instruct.py run directory: its kept proposals, less those the target's training "
+                         "requests name, are the tasks --draft-novel asks for")
     ap.add_argument("--data-from", type=Path, default=None,
                     help="another OUT (or a --stages data run's): copy its cached data stage when it was built with "
                          "the same settings and input files, instead of tokenising again")
@@ -703,6 +718,11 @@ def main(argv=None) -> int:
     for flag in ("target_steps_per_call", "target_checkpoint_every", "target_val_every"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if not 0 <= a.draft_novel <= 1 - a.draft_everyday:
+        ap.error("--draft-novel and --draft-everyday are shares of the drafter's requests: each >= 0, together <= 1")
+    if a.draft_novel > 0 and not (a.draft_novel_tasks and (a.draft_novel_tasks / "proposals.jsonl").is_file()):
+        ap.error(f"--draft-novel needs --draft-novel-tasks: a self_instruct.py run directory with proposals.jsonl "
+                 f"(given: {a.draft_novel_tasks})")
     if a.toy:
         a.limit_files = a.limit_files or 150
         a.target_steps = a.target_steps or 30
