@@ -130,8 +130,8 @@ def test_a_drafter_for_a_finished_target_runs_its_data_stage_and_is_evaluated_wi
     assert ev[ev.index("--target") + 1] == "ddtree_chat/assets/demo/target"
     plain = _run(tmp_path, ["draft"])[0]
     assert plain[plain.index("--stages") + 1] == "draft" and "--target-from" not in plain
-    # the self-instruct proposals (unpacked with the data) are there for DRAFT_ARGS="--draft-novel SHARE"
-    assert draft[draft.index("--draft-novel-tasks") + 1] == "/tmp/self-proposals" and "--draft-novel" not in draft
+    # the drafter's new tasks (unpacked with the data) are there for DRAFT_ARGS="--draft-novel SHARE"
+    assert draft[draft.index("--draft-novel-tasks") + 1] == "/tmp/novel-proposals" and "--draft-novel" not in draft
 
 
 def test_e2e_of_a_new_drafter_for_the_shipped_target_runs_the_shipped_drafter_beside_it(tmp_path):

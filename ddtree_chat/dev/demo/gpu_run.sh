@@ -13,12 +13,12 @@
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), data-everyday3 (the same for everyday3.py's
 # prompts, into /tmp/everyday3), pack-everyday3 ($OUT/demo-distil-everyday3.tar.xz, a few MB: within the 16 MiB a
 # returned file may have), unpack-data ($DATA_TAR, default the data committed in training/, -> /tmp; everyday3's
-# when committed; the self-instruct set's when committed), propose (self_instruct.py: the teacher proposes function
+# when committed; the self-instruct set's and the drafter's new tasks when committed), propose (self_instruct.py: the teacher proposes function
 # requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
 # /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
 # RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300),
 # eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags, e.g.
-# --draft-novel 0.25 for a share of requests of the self-instruct set's tasks, when the target trained without them; with
+# --draft-novel 0.25 for a share of requests of training/demo-novel-tasks.tar.xz's tasks, those new to the target; with
 # TARGET_FROM=DIR, e.g. ddtree_chat/assets/demo/target, a drafter for that finished target: its data stage first,
 # with RENAMES/NAME_WEIGHT/RENAME_POOL as the target had them, and eval/e2e use DIR), pack-pair
 # ($OUT/pair.tgz.part-*), eval (held-out quality with the drafter), e2e (speed; with
@@ -39,7 +39,7 @@
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
-S=/tmp/self SP=/tmp/self-proposals SW=${SWEEP:-/tmp/sweep} TGT=${TARGET_FROM:-/tmp/demo31/target}
+S=/tmp/self SP=/tmp/self-proposals NP=/tmp/novel-proposals SW=${SWEEP:-/tmp/sweep} TGT=${TARGET_FROM:-/tmp/demo31/target}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -121,13 +121,14 @@ for s in "$@"; do
                      [ -d $E2 ] || tar xJf training/demo-distil-everyday2.tar.xz -C /tmp
                      [ -d $E3 ] || [ ! -f training/demo-distil-everyday3.tar.xz ] \
                          || tar xJf training/demo-distil-everyday3.tar.xz -C /tmp
-                     [ -d $S ] || [ ! -f training/demo-distil-self.tar.xz ] || tar xJf training/demo-distil-self.tar.xz -C /tmp ;;
+                     [ -d $S ] || [ ! -f training/demo-distil-self.tar.xz ] || tar xJf training/demo-distil-self.tar.xz -C /tmp
+                     [ -d $NP ] || [ ! -f training/demo-novel-tasks.tar.xz ] || tar xJf training/demo-novel-tasks.tar.xz -C /tmp ;;
         target) limit=${TARGET_LIMIT:-300}
                 step target "$limit" python3 -m ddtree_chat.dev.demo.train --out $M --distil $(data_dirs) --stages data,target \
                     --target-steps "${TARGET_STEPS:-700}" $(data_flags) ${TARGET_ARCH:+--target-arch "$TARGET_ARCH"} \
                     ${QAT_FRAC:+--qat-frac "$QAT_FRAC"} $(resume_flags "$limit") ;;
         draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
-                   --distil $(data_dirs) $(draft_stages) --draft-novel-tasks $SP --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
+                   --distil $(data_dirs) $(draft_stages) --draft-novel-tasks $NP --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
         pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
                        | split -b 15M - "$OUT/pair.tgz.part-" ;;
