@@ -135,3 +135,33 @@ def test_step_0_of_a_fresh_run_skips_the_generation_probes(tmp_path, capsys, mon
     assert probed == ["copy", "heldout"] * len(curve)  # steps 2 to 9, then the kept weights' check
     out = capsys.readouterr().out
     assert "step 0/10" in out and "probes from the next validation step" in out and "copy 1/" in out
+
+
+def test_the_drafter_asks_for_new_tasks_and_validates_on_held_out_ones(tmp_path, capsys):
+    """--draft-novel-tasks: tasks no training request names are new to the target; some are held out of the
+    drafter's requests and validate it ('new tasks tau'), the rest fill --draft-novel's share of its requests.
+    The whole distilled data, target and draft stages on 300 teacher answers of the committed data set."""
+    import tarfile
+
+    distil = tmp_path / "distil"
+    distil.mkdir()
+    with tarfile.open(ROOT / "training" / "demo-distil-data.tar.xz") as tar:
+        for name in ("meta.json", "prompts.jsonl", "answers.jsonl"):
+            lines = tar.extractfile(f"distil/{name}").read().decode().splitlines(keepends=True)
+            (distil / name).write_text("".join(lines if name == "meta.json" else lines[:300]))
+    tasks = tmp_path / "proposals"
+    tasks.mkdir()
+    (tasks / "proposals.jsonl").write_text("".join(
+        json.dumps({"name": f"tally_item_{i}", "args": "xs", "does": f"returns how often item {i} occurs in xs",
+                    "status": "ok", "batch": 0}) + "\n" for i in range(40)))
+    arch = TINY[TINY.index("--target-arch") + 1].replace("layers=2", "layers=6")  # the drafter reads layers 1, 3, 5
+    argv = [x if x != TINY[TINY.index("--target-arch") + 1] else arch for x in TINY]
+    argv[argv.index("data,target")] = "data,target,draft"
+    out = tmp_path / "out"
+    assert train.main(["--out", str(out), "--distil", str(distil), "--draft-novel", "0.25",
+                       "--draft-novel-tasks", str(tasks), "--draft-steps", "2", "--device", "cpu"] + argv) == 0
+    log = capsys.readouterr().out
+    assert "40 of the 40 tasks" in log and "20 of them held out" in log and "new tasks tau" in log
+    res = json.loads((out / "draft_train.json").read_text())
+    assert res["new_task_prompts"] == 20 and 0 < res["new_task_requests"] <= round(16 * 0.25) + 1
+    assert res["variants"]["3x1024"]["new_tasks_tau"] >= 1 and all("new_tasks_tau" in c for c in res["curve"])

@@ -98,6 +98,7 @@ def val_loss(forward_logits, stream: torch.Tensor, t: int, n: int, batch: int, d
 
 # ----------------------------------------------------------------------------- target
 
+PROBE_TASKS = 64  # new tasks held out of the drafter's requests, to validate it on (--draft-novel-tasks)
 CKPT, DONE = "target_ckpt.pt", "target_done.json"  # in --out: a paused run's state; a finished run's settings
 CKPT_FORMAT = 1
 
@@ -384,6 +385,11 @@ def _block_rope(drafter, qpos: torch.Tensor, dtype):
     return cos.view(*qpos.shape, -1), sin.view(*qpos.shape, -1)
 
 
+def tasks_dir_ok(path: Path | None) -> bool:
+    """A self_instruct.py run directory (its proposals.jsonl) given."""
+    return path is not None and (path / "proposals.jsonl").is_file()
+
+
 def first_stop(toks: torch.Tensor, lens: torch.Tensor, stop_ids) -> torch.Tensor:
     """[N]: the position of each row's first stop token after its prompt (T when it never stops)."""
     pos = torch.arange(toks.shape[1], device=toks.device)
@@ -470,9 +476,9 @@ def train_draft(out: Path, a, device) -> dict:
     stop_ids = (enc.sp["[EOS]"], enc.sp["<|im_end|>"])  # the engine's stop tokens
     cuda = device.type == "cuda"
     # 1. The target's own greedy continuations and hidden states, on prompts it has not memorised.
-    users = None
+    users, probe_users, n_novel = None, [], 0
     if data["meta"].get("distil"):
-        from .draft_requests import draft_requests
+        from .draft_requests import draft_requests, task_requests
         from .prompts import prompt_id
 
         # Requests the target was not trained on and the drafter is not validated on (train and val prompts
@@ -480,17 +486,25 @@ def train_draft(out: Path, a, device) -> dict:
         seen = {prompt_id(u) for u, _ in data["train_pairs"]} | {prompt_id(p[1]) for p in data["val_prompts"]}
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
         novel = ()
-        if a.draft_novel > 0:  # NOTE: tasks the target never trained on: its replies to them are harder to guess
+        if tasks_dir_ok(a.draft_novel_tasks):  # NOTE: tasks the target never trained on: its replies are harder to guess
             from .draft_requests import novel_tasks
+            from .prompts import FUNCTION_TEMPLATES, request_text
             from .self_instruct import kept_tasks
 
             proposed = kept_tasks(a.draft_novel_tasks)
             novel = novel_tasks(proposed, [u for u, _ in data["train_pairs"]])
-            log(f"draft: {len(novel)} of the {len(proposed)} tasks in {a.draft_novel_tasks} are new to the target")
-        users = draft_requests(n_users, data["meta"]["distil"]["seed"] + 1, seen, a.draft_everyday,
-                               novel=novel, novel_share=a.draft_novel)
+            # the last ones (up to PROBE_TASKS, half at most) are held out of the drafter's requests: its
+            # validation on new tasks
+            k = min(PROBE_TASKS, len(novel) // 2)
+            novel, probe_users = novel[: len(novel) - k], [request_text(FUNCTION_TEMPLATES[0], *t)
+                                                           for t in novel[len(novel) - k :]]
+            log(f"draft: {len(novel) + k} of the {len(proposed)} tasks in {a.draft_novel_tasks} are new to the "
+                f"target, {k} of them held out to validate on")
+        seed = data["meta"]["distil"]["seed"] + 1
+        users = draft_requests(n_users, seed, seen, a.draft_everyday, novel=novel, novel_share=a.draft_novel)
+        n_novel = len(set(users) & set(task_requests(list(novel), seed, set())))
         log(f"draft: {len(users)} fresh requests for the drafter's prompts, {a.draft_everyday:.0%} of them everyday "
-            f"functions, {a.draft_novel:.0%} new tasks")
+            f"functions, {n_novel} asking for new tasks")
     # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
     # exchange first) keep repeated requests from repeating whole prompts.
     synth = PromptSynth(data, enc, SEED + 1, max_prompt=a.max_prompt, users=users,
@@ -531,12 +545,19 @@ def train_draft(out: Path, a, device) -> dict:
     if not vprompts and (out / "heldout.json").exists():  # a tiny distilled set may have no val split
         vprompts = sorted((r["prompt_ids"] for r in json.loads((out / "heldout.json").read_text()).get("requests", [])),
                           key=len)
-    vt, vf, vlens = greedy_forced(model, vprompts, a.gen_len, feature_layers, device)
-    vstops = first_stop(vt, vlens, stop_ids)
-    vlo, vhi = anchor_range(vt, vlens, vstops, B)
-    vrows = (vhi >= vlo).nonzero().flatten()
-    vgen = torch.Generator().manual_seed(SEED + 5)
-    v_anchors = _anchors(vlo[vrows], vhi[vrows], a.anchors, vgen)
+
+    def val_set(prompts: list[list[int]]) -> tuple:
+        """The target's continuations of prompts, as block_loss reads them: (toks, feats, stops, rows, anchors)."""
+        t, f, lens = greedy_forced(model, prompts, a.gen_len, feature_layers, device)
+        stops = first_stop(t, lens, stop_ids)
+        lo, hi = anchor_range(t, lens, stops, B)
+        rows = (hi >= lo).nonzero().flatten()
+        return t, f, stops, rows, _anchors(lo[rows], hi[rows], a.anchors, torch.Generator().manual_seed(SEED + 5))
+
+    vals = {"val": val_set(vprompts)}
+    if probe_users:  # the held-out new tasks, in the held-out requests' chat prompt
+        role_ids = {r: enc.plain([r])[0] for r in ("user", "assistant")}
+        vals["new tasks"] = val_set([enc.chat_prompt(enc.plain([u])[0], role_ids) for u in probe_users])
     # 2. Train the drafter(s): every variant sees the same batches (a variant trained alone repeats exactly).
     embed, head = model.embed_tokens, model.lm_head  # frozen, shared with the target
     if cuda:
@@ -564,13 +585,19 @@ def train_draft(out: Path, a, device) -> dict:
         rows = ok[torch.tensor(pick, device=device)]
         return toks, feats, stops, rows, _anchors(lo[rows], hi[rows], a.anchors, agen)
 
-    def evaluate(v):
+    def evaluate(v, which="val"):
         d = v["drafter"]
         d.eval()
         with torch.no_grad():
-            vl, vacc, vtau = block_loss(d, embed, head, vt, vf, vstops, vrows, v_anchors, mask_id, slot_w, amp)
+            vl, vacc, vtau = block_loss(d, embed, head, *vals[which], mask_id, slot_w, amp)
         d.train()
         return vl.item(), vacc.tolist(), vtau.float().mean().item()
+
+    def probe_text(v) -> tuple[str, dict]:
+        """The other validation sets' dflash tau: (log text, fields)."""
+        taus = {w: evaluate(v, w)[2] for w in vals if w != "val"}
+        return "".join(f" | {w} tau {t:.2f}" for w, t in taus.items()), \
+            {f"{w.replace(' ', '_')}_tau": t for w, t in taus.items()}
 
     total = a.draft_steps or 10**9
     step, t_train, hist = 0, time.time(), []
@@ -608,28 +635,34 @@ def train_draft(out: Path, a, device) -> dict:
             v["opt"].step()
             if report:
                 vl, vacc, vtau = evaluate(v)
-                hist.append({"arch": v["arch"], "step": step, "loss": loss.item(), "val_loss": vl, "val_tau": vtau})
+                text, fields = probe_text(v)
+                hist.append({"arch": v["arch"], "step": step, "loss": loss.item(), "val_loss": vl, "val_tau": vtau,
+                             **fields})
                 log(f"draft {v['arch']}: step {step}/{total} loss {loss.item():.3f} acc/slot "
                     + " ".join(f"{x:.2f}" for x in acc.tolist())
-                    + f" | val loss {vl:.3f} dflash-tau {vtau:.2f} acc/slot " + " ".join(f"{x:.2f}" for x in vacc))
+                    + f" | val loss {vl:.3f} dflash-tau {vtau:.2f} acc/slot " + " ".join(f"{x:.2f}" for x in vacc)
+                    + text)
         step += 1
     train_s = time.time() - t_train
     res = {"steps": total, "train_seconds": round(train_s, 1), "gen_seconds": round(gen_s, 1),
            "gen_batches": len(buckets), "gen_sequences": n_seq, "gen_len": a.gen_len,
            "gen_roundable_tokens": sum(int((b[4] - b[3] + 1).clamp(min=0).sum()) for b in buckets),
            "draft_batch": a.draft_batch, "block": a.draft_block, "anchors": a.anchors, "lr": a.draft_lr,
-           "target": str(target_dir), "val_prompts": len(vprompts), "variants": {}, "curve": hist,
+           "target": str(target_dir), "val_prompts": len(vprompts), "new_task_requests": n_novel,
+           "new_task_prompts": len(probe_users),
+           "variants": {}, "curve": hist,
            "sample_tokens": sample[:64]}
     for i, v in enumerate(variants):
         v["drafter"].eval()
         vl, vacc, vtau = evaluate(v)
+        text, fields = probe_text(v)
         dirs = [out / f"draft-{v['arch']}"] + ([out / "draft"] if i == 0 else [])
         for d in dirs:
             export_drafter(v["drafter"], d, v["config"])
         log(f"draft {v['arch']}: val block loss {vl:.3f}, dflash-tau (per anchor) {vtau:.2f}, acc/slot "
-            + " ".join(f"{x:.2f}" for x in vacc) + f" -> {', '.join(map(str, dirs))}")
+            + " ".join(f"{x:.2f}" for x in vacc) + text + f" -> {', '.join(map(str, dirs))}")
         res["variants"][v["arch"]] = {"params": v["params"], "val_block_loss": vl, "val_acc_per_slot": vacc,
-                                      "val_dflash_tau_per_anchor": vtau}
+                                      "val_dflash_tau_per_anchor": vtau, **fields}
     (out / "draft_train.json").write_text(json.dumps(res, indent=1))
     return res
 
@@ -664,7 +697,8 @@ def main(argv=None) -> int:
                          "the target never trained on, each in every phrasing (draft_requests.py)")
     ap.add_argument("--draft-novel-tasks", type=Path, default=None,
                     help="a self_instruct.py run directory: its kept proposals, less those the target's training "
-                         "requests name, are the tasks --draft-novel asks for")
+                         "requests name, are the tasks --draft-novel asks for; the last 64 (half at most) are held "
+                         "out of the drafter's requests and validate it on new tasks ('new tasks tau')")
     ap.add_argument("--data-from", type=Path, default=None,
                     help="another OUT (or a --stages data run's): copy its cached data stage when it was built with "
                          "the same settings and input files, instead of tokenising again")
@@ -720,7 +754,7 @@ def main(argv=None) -> int:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     if not 0 <= a.draft_novel <= 1 - a.draft_everyday:
         ap.error("--draft-novel and --draft-everyday are shares of the drafter's requests: each >= 0, together <= 1")
-    if a.draft_novel > 0 and not (a.draft_novel_tasks and (a.draft_novel_tasks / "proposals.jsonl").is_file()):
+    if a.draft_novel > 0 and not tasks_dir_ok(a.draft_novel_tasks):
         ap.error(f"--draft-novel needs --draft-novel-tasks: a self_instruct.py run directory with proposals.jsonl "
                  f"(given: {a.draft_novel_tasks})")
     if a.toy:
