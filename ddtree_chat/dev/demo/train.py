@@ -486,7 +486,7 @@ def train_draft(out: Path, a, device) -> dict:
         seen = {prompt_id(u) for u, _ in data["train_pairs"]} | {prompt_id(p[1]) for p in data["val_prompts"]}
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
         novel = ()
-        if tasks_dir_ok(a.draft_novel_tasks):  # NOTE: tasks the target never trained on: its replies are harder to guess
+        if tasks_dir_ok(a.draft_novel_tasks):  # NOTE: tasks new to the target: its replies are harder to guess
             from .draft_requests import novel_tasks
             from .prompts import FUNCTION_TEMPLATES, request_text
             from .self_instruct import kept_tasks
