@@ -475,6 +475,38 @@ def bench_exact_chunk(ceiling):
     return rows
 
 
+def bench_exact_capacity(ceiling):
+    """--only exact_capacity: what the engine's recorded programs pay for planning attention over the whole cache.
+    A graph replays at any length, so the engine passes the committed length as a device tensor and no bound
+    (ops.mla_attention): the row-invariant kernel then sizes its launch, and picks its programs per chunk, for
+    every slot of the cache (idle programs past the prefix still start). Here a 4k-key prefix in caches of 8k,
+    32k and 131k slots, bounded as the engine does (none) and by the prefix (max_prefix), and the SM-count plan's
+    kernel the same two ways; call us, graph-replayed, cold L2."""
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
+
+    rows, ctx = [], 4096
+    plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)
+    for slots in (8192, 32768, 131072):
+        cache = torch.randn(slots, 576, device="cuda").to(torch.bfloat16)
+        for nh, t in ((8, 1), (8, 17), (8, 65), (64, 1), (64, 17)):
+            q, qp, _, _, mask = mla_inputs(cache, ctx, t, nh)
+            ckv, kpe = cache[:, :512], cache[:, 512:]  # the whole cache, as the engine's programs see it
+            by = {}
+            for name, bound in (("engine", None), ("bounded", ctx)):
+                args = (q, qp, ckv, kpe, plen, mask, 0.14468)
+                exact_us = 1e3 * graph_ms(lambda: ex.mla_attention_exact(*args, max_prefix=bound), cold=True)
+                sm_us = 1e3 * graph_ms(lambda: mla_attention_triton(*args, max_prefix=bound), cold=True)
+                by[name] = {"exact_us": exact_us, "sm_plan_us": sm_us,
+                            "F": ex.layout(t, nh, slots - t if bound is None else bound, q.device)[2]}
+            nbytes, flops = mla_cost(ctx, t, nh)
+            rows.append(row("exact_capacity", f"slots={slots} ctx={ctx} T={t} heads={nh}", by["engine"]["exact_us"],
+                            nbytes, ceiling, by["bounded"]["exact_us"], flops, extra={"by_bound": by}))
+            print(rows[-1]["shape"], by, flush=True)
+        del cache
+    return rows
+
+
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens, and 64 at
     8 heads; the Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine
@@ -769,6 +801,7 @@ def main():
                      ("cuda_mla", lambda: bench_cuda_mla(ceiling, a.quick)),
                      ("exact_merge", lambda: bench_exact_merge(ceiling)),
                      ("exact_chunk", lambda: bench_exact_chunk(ceiling)),
+                     ("exact_capacity", lambda: bench_exact_capacity(ceiling)),
                      ("ncu", profile_once)):
         if name in only:
             try:
