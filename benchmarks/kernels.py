@@ -426,7 +426,7 @@ def bench_exact_merge(ceiling):
         cache = torch.randn(ctx + 80, 576, device="cuda").to(torch.bfloat16)
         for nh, t in ((8, 1), (8, 17), (8, 65), (64, 1), (64, 17), (64, 65)):
             q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
-            plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # as the engine passes it
+            plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # a device length, bounded (engine: exactcap)
             fn = lambda: ex.mla_attention_exact(q, qp, ckv, kpe, plen, mask, 0.14468, max_prefix=ctx)  # noqa: E731
             by = {}
             for s, r in layouts:
@@ -457,7 +457,7 @@ def bench_exact_chunk(ceiling):
         cache = torch.randn(ctx + 80, 576, device="cuda").to(torch.bfloat16)
         for t in (1, 17, 65):
             q, qp, ckv, kpe, mask = mla_inputs(cache, ctx, t, nh)
-            plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # as the engine passes it
+            plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)  # a device length, bounded (engine: exactcap)
             fn = lambda: ex.mla_attention_exact(q, qp, ckv, kpe, plen, mask, 0.14468, max_prefix=ctx)  # noqa: E731
             sm = 1e3 * graph_ms(lambda: mla_attention_triton(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)
             by = {}
