@@ -13,9 +13,9 @@
 # resumable, $DATA_SECONDS, $BATCH), pack-data ($OUT/distil.tar.xz), data-everyday3 (the same for everyday3.py's
 # prompts, into /tmp/everyday3), pack-everyday3 ($OUT/demo-distil-everyday3.tar.xz, a few MB: within the 16 MiB a
 # returned file may have), unpack-data ($DATA_TAR, default the data committed in training/, -> /tmp; everyday3's
-# when committed; the self-instruct set's and the drafter's new tasks when committed), propose (self_instruct.py: the teacher proposes function
-# requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self (the teacher answers them into
-# /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
+# when committed; the self-instruct set's and the drafter's new tasks when committed), propose (self_instruct.py:
+# the teacher proposes function requests into /tmp/self-proposals; $PROPOSALS kept, default 20000), data-self
+# (the teacher answers them into /tmp/self), pack-self ($OUT/demo-distil-self.tar.xz, both folders), target (data stage + target; TARGET_STEPS,
 # RENAMES, NAME_WEIGHT, RENAME_POOL, TARGET_ARCH, QAT_FRAC as a sweep target's fields; TARGET_LIMIT s, default 300),
 # eval-target (held-out quality of the target alone, plain decoding), draft (DRAFT_ARGS: extra train.py flags, e.g.
 # --draft-novel 0.25 for a share of requests of training/demo-novel-tasks.tar.xz's tasks, those new to the target; with
@@ -39,7 +39,8 @@
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 T=/tmp/teacher D=/tmp/distil E=/tmp/everyday E2=/tmp/everyday2 E3=/tmp/everyday3 M=/tmp/demo31
-S=/tmp/self SP=/tmp/self-proposals NP=/tmp/novel-proposals SW=${SWEEP:-/tmp/sweep} TGT=${TARGET_FROM:-/tmp/demo31/target}
+S=/tmp/self SP=/tmp/self-proposals NP=/tmp/novel-proposals SW=${SWEEP:-/tmp/sweep}
+TGT=${TARGET_FROM:-/tmp/demo31/target}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 DDTREE_CHAT_HOME=/tmp/demo-home \
     DDTREE_TEACHER_GGUF=$T/SmolLM2-135M-Instruct.Q4_1.gguf
