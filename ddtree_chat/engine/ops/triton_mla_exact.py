@@ -45,7 +45,7 @@ FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layou
 # fold state (64 + 64 at 4, which spill on sm_90: benchmarks/triton_resources.py)
 WARPS = 8
 HOPPER_BF16_WARPS = 4  # sm_90 bf16: 224 B of spills at 4 warps, yet faster than 8 on the H200 (BENCHMARKS.md)
-MERGE_WARPS = 8  # [16, 128] folds spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas); [128, 32], [32, 64]: none
+MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas); [128, 32]: none at 8
 
 
 def merge_layout(heads: int) -> tuple[int, int]:
