@@ -112,5 +112,5 @@ def test_the_drafters_prompts_are_distinct_once_the_requests_cycle():
     first, later = synth.sample(200), synth.sample(100)
     keys = [tuple(p) for p in first + later]
     assert len(first) == 200 and len(later) == 100 and len(set(keys)) == 300
-    alone = {tuple(enc.chat_prompt(u, synth.role)) for u in enc.plain(users)}
+    alone = {tuple(p) for p in enc.requests(users)}
     assert sum(k in alone for k in keys) == len(users)  # every request asked alone exactly once

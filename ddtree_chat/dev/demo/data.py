@@ -170,14 +170,19 @@ class Encoder:
                                                         "<|im_middle|>", "<think>", "</think>", "[UNK]")}
         self.n_ranks = self.tok.token_to_id("[BOS]")
         self.vocab = self.tok.get_vocab_size()
+        self.role = {r: self.plain([r])[0] for r in ("user", "assistant")}  # the chat template's role names
 
     def plain(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
-    def chat_prompt(self, user_ids: list[int], role_ids: dict) -> list[int]:
-        s = self.sp
-        return ([s["<|im_user|>"]] + role_ids["user"] + [s["<|im_middle|>"]] + user_ids + [s["<|im_end|>"],
-                s["<|im_assistant|>"]] + role_ids["assistant"] + [s["<|im_middle|>"], s["<think>"]])
+    def chat_prompt(self, user_ids: list[int]) -> list[int]:
+        s, role = self.sp, self.role
+        return ([s["<|im_user|>"]] + role["user"] + [s["<|im_middle|>"]] + user_ids + [s["<|im_end|>"],
+                s["<|im_assistant|>"]] + role["assistant"] + [s["<|im_middle|>"], s["<think>"]])
+
+    def requests(self, texts: list[str]) -> list[list[int]]:
+        """Each user text as a one-turn chat prompt (the held-out requests' form)."""
+        return [self.chat_prompt(ids) for ids in self.plain(texts)]
 
     def encode_split(self, docs: list[str], pairs: list[tuple[str, str, str]], with_masks: bool = False,
                      name_weight: int = 1):
@@ -187,14 +192,13 @@ class Encoder:
         from .copy_probe import REQUESTED
 
         s = self.sp
-        role_ids = {r: self.plain([r])[0] for r in ("user", "assistant")}
         seqs = [ids + [s["[EOS]"]] for ids in self.plain(docs)]
         masks = [[1] * len(q) for q in seqs]
         users = self.plain([u for _, u, _ in pairs])
         codes = self.tok.encode_batch([a for _, _, a in pairs], add_special_tokens=False)
         prompts = []
         for (rel, u, a), ui, code in zip(pairs, users, codes):
-            prompt = self.chat_prompt(ui, role_ids)
+            prompt = self.chat_prompt(ui)
             reply = [s["</think>"]] + code.ids + [s["<|im_end|>"]]
             seqs.append(prompt + reply)
             asked = REQUESTED.search(u) if name_weight != 1 else None
@@ -312,10 +316,9 @@ def prepare(out: Path, limit: int | None = None, log=print, tokenizer_from: Path
     if distil is not None:
         from .prompts import HELDOUT
 
-        role_ids = {r: enc.plain([r])[0] for r in ("user", "assistant")}
         # Same fields as the splits' entries, so the list can serve as assets/demo/heldout_prompts.json.
-        heldout["requests"] = [{"file": f"heldout:{h.name}", "user": h.prompt, "code": "",
-                                "prompt_ids": enc.chat_prompt(enc.plain([h.prompt])[0], role_ids)} for h in HELDOUT]
+        heldout["requests"] = [{"file": f"heldout:{h.name}", "user": h.prompt, "code": "", "prompt_ids": ids}
+                               for h, ids in zip(HELDOUT, enc.requests([h.prompt for h in HELDOUT]))]
     write_json(out / "heldout.json", heldout)
     write_json(out / "file_list.json", src["files"])
     return meta

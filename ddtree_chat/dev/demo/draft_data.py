@@ -39,14 +39,11 @@ class PromptSynth:
         pairs = data["train_pairs"]
         self.headers, self.docs = zip(*[_header_doc(u) for u, _ in pairs])
         self.stream = data["streams"]["train"]
-        self.role = {r: enc.plain([r])[0] for r in ("user", "assistant")}
         # Earlier turns for two-turn prompts: short real pairs, rendered as the chat template does.
         sp = enc.sp
         short = [(u, a) for u, a in pairs if len(u) + len(a) < 1200]
         users, codes = enc.plain([u for u, _ in short]), enc.plain([a for _, a in short])
-        self.turns = [[sp["<|im_user|>"]] + self.role["user"] + [sp["<|im_middle|>"]] + u + [sp["<|im_end|>"],
-                      sp["<|im_assistant|>"]] + self.role["assistant"] + [sp["<|im_middle|>"], sp["<think>"],
-                      sp["</think>"]] + c + [sp["<|im_end|>"]] for u, c in zip(users, codes)]
+        self.turns = [enc.chat_prompt(u) + [sp["</think>"]] + c + [sp["<|im_end|>"]] for u, c in zip(users, codes)]
 
     def _user_text(self) -> str:
         r = self.rng
@@ -86,9 +83,9 @@ class PromptSynth:
                 self._give(out, self.stream[s : s + t].long().tolist())
                 continue
             u = next(ui)
-            tail = len(self.enc.chat_prompt([], self.role))
+            tail = len(self.enc.chat_prompt([]))
             u = u[: self.max_prompt - tail]  # a long docstring is cut (rarely: most fit)
-            p = self.enc.chat_prompt(u, self.role)
+            p = self.enc.chat_prompt(u)
             if tuple(p) in self.seen:  # asked alone before: after an earlier exchange instead
                 k = "multi"
             if k == "multi" and self.turns:

@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 
 from ...engine.default_model import DEMO_DIR
-from ...engine.tokenizer import load_tokenizer
+from .data import Encoder
 from .draft_requests import everyday_requests
 from .prompts import HELDOUT_NAMES
 
@@ -43,19 +43,6 @@ def novel_requests(n: int) -> list[str]:
     return out[:n]
 
 
-def chat_wrapper(tok, heldout: list[dict]) -> tuple[list[int], list[int]]:
-    """The ids before and after the user text in the held-out requests' chat prompts (the same for each)."""
-    first = heldout[0]
-    ids, full = tok.encode(first["user"]), first["prompt_ids"]
-    at = next((i for i in range(len(full)) if full[i : i + len(ids)] == ids), None)
-    if at is None:
-        raise ValueError("the held-out prompts were not made with this tokenizer: pass their target's --target")
-    pre, post = full[:at], full[at + len(ids) :]
-    if any(h["prompt_ids"] != pre + tok.encode(h["user"]) + post for h in heldout):
-        raise ValueError("the held-out prompts do not share one chat wrapper")
-    return pre, post
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -64,16 +51,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not SELF_SET.is_file():
         sys.exit(f"kind_prompts: {SELF_SET} is missing: run it from a checkout of the repository")
-    heldout = json.loads((DEMO_DIR / "heldout_prompts.json").read_text())[: a.n]
-    tok = load_tokenizer(a.target)
-    try:
-        pre, post = chat_wrapper(tok, heldout)
-    except ValueError as e:
-        sys.exit(f"kind_prompts: {e}")
+    if not (a.target / "tokenizer.json").is_file():
+        sys.exit(f"kind_prompts: no tokenizer.json in {a.target}")
+    enc = Encoder(a.target)
+    heldout = [x["user"] for x in json.loads((DEMO_DIR / "heldout_prompts.json").read_text())[: a.n]]
     sets = {"heldout": heldout, "known": everyday_requests(7, set())[: a.n], "novel": novel_requests(a.n)}
     a.out.mkdir(parents=True, exist_ok=True)
-    for name, items in sets.items():
-        rows = [x if isinstance(x, dict) else {"user": x, "prompt_ids": pre + tok.encode(x) + post} for x in items]
+    for name, users in sets.items():
+        rows = [{"user": u, "prompt_ids": ids} for u, ids in zip(users, enc.requests(users))]
         (a.out / f"{name}.json").write_text(json.dumps(rows))
         print(f"{a.out / name}.json: {len(rows)} requests")
     return 0

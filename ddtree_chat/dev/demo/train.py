@@ -556,8 +556,7 @@ def train_draft(out: Path, a, device) -> dict:
 
     vals = {"val": val_set(vprompts)}
     if probe_users:  # the held-out new tasks, in the held-out requests' chat prompt
-        role_ids = {r: enc.plain([r])[0] for r in ("user", "assistant")}
-        vals["new tasks"] = val_set([enc.chat_prompt(enc.plain([u])[0], role_ids) for u in probe_users])
+        vals["new tasks"] = val_set(enc.requests(probe_users))
     # 2. Train the drafter(s): every variant sees the same batches (a variant trained alone repeats exactly).
     embed, head = model.embed_tokens, model.lm_head  # frozen, shared with the target
     if cuda:
