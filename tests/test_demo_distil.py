@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -160,8 +161,8 @@ def test_the_drafters_requests_mix_in_tasks_new_to_the_target_by_share(funcs):
 
 def test_kind_prompts_wrap_each_kind_of_request_as_the_held_out_ones(tmp_path):
     """kind_prompts: three sets of n requests in the held-out requests' chat prompt (the shipped held-out prompts'
-    ids come out again), everyday tasks the targets trained on, and distinct self-instruct tasks without a
-    held-out name."""
+    ids come out again), everyday tasks the targets trained on, and distinct new tasks without a held-out name,
+    all from the tail that a drafter run holds out of its requests (draft_requests.split_probe)."""
     from ddtree_chat.dev.demo import kind_prompts
     from ddtree_chat.dev.demo.copy_probe import REQUESTED
     from ddtree_chat.dev.demo.draft_requests import everyday_requests
@@ -175,6 +176,10 @@ def test_kind_prompts_wrap_each_kind_of_request_as_the_held_out_ones(tmp_path):
     assert {r["user"] for r in got["known"]} <= set(everyday_requests(7, set()))
     names = [REQUESTED.search(r["user"]).group(1) for r in got["novel"]]
     assert len(set(names)) == 6 and not any(h in r["user"] for r in got["novel"] for h in prompts.HELDOUT_NAMES)
+    with tarfile.open(kind_prompts.NOVEL_SET) as tar:
+        kept = [json.loads(x) for x in tar.extractfile("novel-proposals/proposals.jsonl").read().decode().splitlines()]
+    kept = [r["name"] for r in kept if r["status"] == "ok"]
+    assert set(names) <= set(kept[-64:]) and not set(names) & set(kept[:-64])
     tail = shipped[0]["prompt_ids"][-4:]  # the same chat prompt around every kind's request
     assert all(r["prompt_ids"][-4:] == tail for rows in got.values() for r in rows)
 

@@ -146,3 +146,25 @@ def test_e2e_of_a_new_drafter_for_the_shipped_target_runs_the_shipped_drafter_be
     assert {t for t, _, _ in shipped} == {"ddtree_chat/assets/demo/target"}
     assert [Path(j).name for _, _, j in shipped] == ["e2e_demo_cuda.json", "e2e_shipped_cuda.json"]
     assert [d for _, d, _ in drafts()] == ["/tmp/demo31/draft"]
+
+
+def test_pack_pair_leaves_out_a_target_that_is_not_this_runs(tmp_path):
+    """With TARGET_FROM the drafter trains against that target: a demo31/target in /tmp is an older run's (one
+    was once packed beside a new drafter as if it were its target), so the pair's archive leaves it out."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    packed = tmp_path / "packed.txt"
+    (stub / "ls").write_text('#!/bin/sh\nshift\necho "$@"\n')  # NOTE: every path as if it existed
+    (stub / "tar").write_text(f'#!/bin/sh\necho "$*" >> {packed}\n')
+    for f in ("ls", "tar"):
+        (stub / f).chmod(0o755)
+
+    def archived(**env):
+        packed.unlink(missing_ok=True)
+        _run(tmp_path, ["pack-pair"], **env)
+        return packed.read_text().split()
+
+    assert "demo31/target" in archived() and "demo31/draft" in archived()
+    new_drafter = archived(TARGET_FROM="ddtree_chat/assets/demo/target")
+    assert "demo31/draft" in new_drafter and "demo31/target" not in new_drafter
+

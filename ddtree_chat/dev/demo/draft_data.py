@@ -44,6 +44,7 @@ class PromptSynth:
         short = [(u, a) for u, a in pairs if len(u) + len(a) < 1200]
         users, codes = enc.plain([u for u, _ in short]), enc.plain([a for _, a in short])
         self.turns = [enc.chat_prompt(u) + [sp["</think>"]] + c + [sp["<|im_end|>"]] for u, c in zip(users, codes)]
+        self.wrap = len(enc.chat_prompt([]))  # the chat prompt's ids around a user text
 
     def _user_text(self) -> str:
         r = self.rng
@@ -83,8 +84,7 @@ class PromptSynth:
                 self._give(out, self.stream[s : s + t].long().tolist())
                 continue
             u = next(ui)
-            tail = len(self.enc.chat_prompt([]))
-            u = u[: self.max_prompt - tail]  # a long docstring is cut (rarely: most fit)
+            u = u[: self.max_prompt - self.wrap]  # a long docstring is cut (rarely: most fit)
             p = self.enc.chat_prompt(u)
             if tuple(p) in self.seen:  # asked alone before: after an earlier exchange instead
                 k = "multi"

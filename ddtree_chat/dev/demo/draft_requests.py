@@ -18,6 +18,7 @@ from . import everyday, everyday2, everyday3
 from .prompts import EXTRA_TEMPLATES, FUNCTION_TEMPLATES, HELDOUT_NAMES, PromptGen, prompt_id, request_text
 
 CALLED = re.compile(r"([A-Za-z_]\w*)\(")  # a name as a request writes it: NAME(
+PROBE_TASKS = 64  # the last new tasks, held out of the drafter's requests to validate it on
 
 
 def everyday_requests(seed: int, exclude: set[str]) -> list[str]:
@@ -30,6 +31,12 @@ def novel_tasks(tasks: list[tuple[str, str, str]], trained_users: list[str]) -> 
     """The (name, args, does) tasks whose name no trained request writes as NAME(: new to the target."""
     names = {m for u in trained_users for m in CALLED.findall(u)}
     return [t for t in tasks if t[0] not in names]
+
+
+def split_probe(tasks: list) -> tuple[list, list]:
+    """(the tasks to ask for, the last PROBE_TASKS of them, half at most, held out to validate on)."""
+    k = min(PROBE_TASKS, len(tasks) // 2)
+    return tasks[: len(tasks) - k], tasks[len(tasks) - k :]
 
 
 def task_requests(tasks: list[tuple[str, str, str]], seed: int, exclude: set[str]) -> list[str]:

@@ -131,8 +131,9 @@ for s in "$@"; do
         draft) paused $M draft || step draft $(( ${DRAFT_DEADLINE:-430} + 90 )) python3 -m ddtree_chat.dev.demo.train --out $M \
                    --distil $(data_dirs) $(draft_stages) --draft-novel-tasks $NP --max-prompt 512 --gen-len 192 --draft-gen-seconds 70 \
                    --draft-seconds "${DRAFT_SECONDS:-320}" --deadline "${DRAFT_DEADLINE:-430}" ${DRAFT_ARGS:-} ;;
-        pack-pair) tar czf - -C /tmp $(cd /tmp && ls -d demo31/target demo31/draft demo31/*.json demo31/*.txt 2> /dev/null) \
-                       | split -b 15M - "$OUT/pair.tgz.part-" ;;
+        pack-pair) # NOTE: with TARGET_FROM the target is not this run's (a demo31/target left in /tmp is an older one)
+                   tar czf - -C /tmp $(cd /tmp && ls -d $([ -z "${TARGET_FROM:-}" ] && echo demo31/target) demo31/draft \
+                       demo31/*.json demo31/*.txt 2> /dev/null) | split -b 15M - "$OUT/pair.tgz.part-" ;;
         sweep) t0=$(date +%s)  # NOTE: 4 x 2000 steps side by side outlast the limit
                cfgs=${TARGETS:-8:4:2000::mixed:everyday+everyday2 8:4:2000:hidden=384,inter=1152:mixed:everyday+everyday2}
                data=$(for cfg in $cfgs; do sweep_data "$cfg"; done)

@@ -5,8 +5,10 @@ kind of task"). Each set holds n requests in the held-out requests' chat prompt,
 - heldout.json: the first n held-out requests (assets/demo/heldout_prompts.json);
 - known.json: the first n of `draft_requests.everyday_requests(7, set())`, everyday tasks the shipped targets
   trained on, in any phrasing;
-- novel.json: n distinct tasks of the committed self-instruct set (training/demo-distil-self.tar.xz), which a
-  target trained without it (`SELF=0`, as the shipped one) never saw, in a seeded order.
+- novel.json: the first n of the tasks every drafter run leaves out of its requests (draft_requests.split_probe)
+  from training/demo-novel-tasks.tar.xz, in the held-out requests' phrasing: new to the shipped targets (bar the
+  few that the name filter in train.py finds in their training: ~1.4%) and to every drafter, one trained with
+  `--draft-novel` included (it validates on them or, where the target knew them, never asks for them).
 
     python -m ddtree_chat.dev.demo.kind_prompts --out DIR [--target DIR] [-n 20]
     python benchmarks/e2e.py --device cpu --prompts 20 --budgets 16 --threads 1 --prompts-json DIR/novel.json
@@ -16,31 +18,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 from ...engine.default_model import DEMO_DIR
 from .data import Encoder
-from .draft_requests import everyday_requests
-from .prompts import HELDOUT_NAMES
+from .draft_requests import everyday_requests, split_probe
+from .prompts import FUNCTION_TEMPLATES, HELDOUT_NAMES, request_text
+from .self_instruct import PROPOSALS, kept_tasks
 
 ROOT = Path(__file__).resolve().parents[3]
-SELF_SET = ROOT / "training" / "demo-distil-self.tar.xz"
+NOVEL_SET = ROOT / "training" / "demo-novel-tasks.tar.xz"
 
 
 def novel_requests(n: int) -> list[str]:
-    """n self-instruct function requests, one a task (its first phrasing), no held-out name, in a seeded order."""
-    with tarfile.open(SELF_SET) as tar:
-        rows = [json.loads(line) for line in tar.extractfile("self/prompts.jsonl").read().decode().splitlines()]
-    seen, out = set(), []
-    for r in rows:
-        if r["kind"] == "function" and r["name"] not in seen and not any(h in r["user"] for h in HELDOUT_NAMES):
-            seen.add(r["name"])
-            out.append(r["user"])
-    random.Random(0).shuffle(out)
-    return out[:n]
+    """The first n held-out new tasks (split_probe of the set's kept proposals) without a held-out name."""
+    with tarfile.open(NOVEL_SET) as tar, tempfile.TemporaryDirectory() as d:
+        (Path(d) / PROPOSALS).write_bytes(tar.extractfile(f"novel-proposals/{PROPOSALS}").read())
+        _, probe = split_probe(kept_tasks(Path(d)))
+    users = [request_text(FUNCTION_TEMPLATES[0], *t) for t in probe]
+    return [u for u in users if not any(h in u for h in HELDOUT_NAMES)][:n]
 
 
 def main(argv=None) -> int:
@@ -49,8 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=Path, default=DEMO_DIR / "target", help="whose tokenizer (default: the shipped)")
     ap.add_argument("-n", type=int, default=20)
     a = ap.parse_args(argv)
-    if not SELF_SET.is_file():
-        sys.exit(f"kind_prompts: {SELF_SET} is missing: run it from a checkout of the repository")
+    if not NOVEL_SET.is_file():
+        sys.exit(f"kind_prompts: {NOVEL_SET} is missing: run it from a checkout of the repository")
     if not (a.target / "tokenizer.json").is_file():
         sys.exit(f"kind_prompts: no tokenizer.json in {a.target}")
     enc = Encoder(a.target)

@@ -98,7 +98,6 @@ def val_loss(forward_logits, stream: torch.Tensor, t: int, n: int, batch: int, d
 
 # ----------------------------------------------------------------------------- target
 
-PROBE_TASKS = 64  # new tasks held out of the drafter's requests, to validate it on (--draft-novel-tasks)
 CKPT, DONE = "target_ckpt.pt", "target_done.json"  # in --out: a paused run's state; a finished run's settings
 CKPT_FORMAT = 1
 
@@ -478,7 +477,7 @@ def train_draft(out: Path, a, device) -> dict:
     # 1. The target's own greedy continuations and hidden states, on prompts it has not memorised.
     users, probe_users, n_novel = None, [], 0
     if data["meta"].get("distil"):
-        from .draft_requests import draft_requests, task_requests
+        from .draft_requests import CALLED, draft_requests
         from .prompts import prompt_id
 
         # Requests the target was not trained on and the drafter is not validated on (train and val prompts
@@ -487,22 +486,20 @@ def train_draft(out: Path, a, device) -> dict:
         n_users = min(a.gen_batch * a.gen_pool_batches, a.draft_prompts)
         novel = ()
         if tasks_dir_ok(a.draft_novel_tasks):  # NOTE: tasks new to the target: its replies are harder to guess
-            from .draft_requests import novel_tasks
+            from .draft_requests import novel_tasks, split_probe
             from .prompts import FUNCTION_TEMPLATES, request_text
             from .self_instruct import kept_tasks
 
             proposed = kept_tasks(a.draft_novel_tasks)
-            novel = novel_tasks(proposed, [u for u, _ in data["train_pairs"]])
-            # the last ones (up to PROBE_TASKS, half at most) are held out of the drafter's requests: its
-            # validation on new tasks
-            k = min(PROBE_TASKS, len(novel) // 2)
-            novel, probe_users = novel[: len(novel) - k], [request_text(FUNCTION_TEMPLATES[0], *t)
-                                                           for t in novel[len(novel) - k :]]
-            log(f"draft: {len(novel) + k} of the {len(proposed)} tasks in {a.draft_novel_tasks} are new to the "
-                f"target, {k} of them held out to validate on")
-        seed = data["meta"]["distil"]["seed"] + 1
-        users = draft_requests(n_users, seed, seen, a.draft_everyday, novel=novel, novel_share=a.draft_novel)
-        n_novel = len(set(users) & set(task_requests(list(novel), seed, set())))
+            # the last new ones are held out of the drafter's requests: its validation on new tasks
+            novel, probe = split_probe(novel_tasks(proposed, [u for u, _ in data["train_pairs"]]))
+            probe_users = [request_text(FUNCTION_TEMPLATES[0], *t) for t in probe]
+            log(f"draft: {len(novel) + len(probe)} of the {len(proposed)} tasks in {a.draft_novel_tasks} are new to "
+                f"the target, {len(probe)} of them held out to validate on")
+        users = draft_requests(n_users, data["meta"]["distil"]["seed"] + 1, seen, a.draft_everyday, novel=novel,
+                               novel_share=a.draft_novel)
+        new_names = {t[0] for t in novel}
+        n_novel = sum(any(m in new_names for m in CALLED.findall(u)) for u in users)
         log(f"draft: {len(users)} fresh requests for the drafter's prompts, {a.draft_everyday:.0%} of them everyday "
             f"functions, {n_novel} asking for new tasks")
     # Distilled: the fresh requests are fewer than the pool, so more two-turn prompts (a random earlier
