@@ -386,7 +386,9 @@ def _block_rope(drafter, qpos: torch.Tensor, dtype):
 
 def tasks_dir_ok(path: Path | None) -> bool:
     """A self_instruct.py run directory (its proposals.jsonl) given."""
-    return path is not None and (path / "proposals.jsonl").is_file()
+    from .self_instruct import PROPOSALS
+
+    return path is not None and (path / PROPOSALS).is_file()
 
 
 def first_stop(toks: torch.Tensor, lens: torch.Tensor, stop_ids) -> torch.Tensor:
