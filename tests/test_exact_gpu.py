@@ -268,6 +268,30 @@ def test_mla_sub_chunk_fold_gives_every_row_the_same_bits(heads, monkeypatch):
             assert torch.equal(outs[0], outs[1]), f"{t} nodes at prefix {length}"
 
 
+@pytest.mark.parametrize("heads", [8, 64])
+def test_mla_planned_for_the_whole_cache_gives_the_bounded_plans_bits(heads):
+    """The engine's recorded programs pass the length as a device tensor and no bound, so the row-invariant
+    kernel plans for every slot of the cache: in a 40k-slot cache (unused slots NaN) that plan gives every row
+    of 1-, 17- and 65-node chains the bits of the plan bounded by the prefix."""
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+
+    dev = torch.device("cuda")
+    chunk = ex.chunk_keys(heads)
+    g = torch.Generator().manual_seed(heads + 1)
+    ckv = torch.full((40960, 576), float("nan"), device=dev, dtype=BF16)
+    for t in (1, 17, 65):
+        for length in (5, chunk - 3, 3 * chunk + 130):
+            ckv[:length + t] = torch.randn(length + t, 576, generator=g).to(dev, BF16)
+            q = (torch.randn(t, heads, 576, generator=g) * 0.5).to(dev, BF16)
+            mask = torch.ones(t, t, device=dev).tril().bool()
+            args = (q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], torch.tensor([length], device=dev),
+                    mask, SCALE)
+            whole, bounded = ex.mla_attention_exact(*args), ex.mla_attention_exact(*args, max_prefix=length)
+            assert not whole.isnan().any(), f"{t} nodes at prefix {length}"
+            assert torch.equal(whole, bounded), f"{t} nodes at prefix {length}"
+            ckv[:length + t] = float("nan")
+
+
 @pytest.mark.parametrize("kernel", ["dispatched", "cuda", "triton"])
 def test_mla_attention_replays_in_a_cuda_graph(kernel):
     dev = torch.device("cuda")

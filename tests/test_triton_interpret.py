@@ -349,14 +349,15 @@ keys, qs = torch.randn(length + 80, r + p, generator=g), torch.randn(length + 80
 bad = []
 
 
-def attend(pos, t, fold):
-    # T chain nodes after a prefix of pos keys (node i at position pos + i), NaN in the unused slots
+def attend(pos, t, fold, spare=20, bound=length + 40):
+    # T chain nodes after a prefix of pos keys (node i at position pos + i), NaN in the unused slots; bound None:
+    # the launch planned for every slot of the cache (as the engine's recorded programs), mostly idle programs
     ex.FOLD = fold
-    ckv = torch.full((pos + t + 20, r + p), float("nan"))
+    ckv = torch.full((pos + t + spare, r + p), float("nan"))
     ckv[:pos + t] = keys[:pos + t]
     q, mask = qs[pos:pos + t], torch.ones(t, t).tril().bool()
     args = (ckv[:, :r], ckv[:, r:], torch.tensor([pos]), mask, 0.1)
-    out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=length + 40)
+    out = ex.mla_attention_exact(q[..., :r], q[..., r:], *args, max_prefix=bound)
     want = mla_attention_ref(q[..., :r], q[..., r:], ckv[:, :r], ckv[:, r:], pos, mask, 0.1)
     if not (out - want).abs().max() <= 1e-4:
         bad.append(["reference", t, fold])
@@ -367,6 +368,8 @@ def check(t, fold, both, scan):
     out = attend(length, t, fold)
     if both and not torch.equal(out, attend(length, t, not fold)):  # every row: either fold, the same bits
         bad.append(["fold", t])
+    if both and not torch.equal(out, attend(length, t, fold, spare=600, bound=None)):  # the plan sizes the launch only
+        bad.append(["whole cache", t])
     if scan:  # the ancestor scan's width is integer work only: a narrower one gives the same bits
         with mock.patch.object(ex, "BLOCK_T", scan):
             if not torch.equal(out, attend(length, t, fold)):
@@ -536,7 +539,7 @@ def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
 
 def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter():
     """The sub-chunk fold (triton_mla_exact.layout): an 8-row launch gives every row the same bits with one
-    program per sub-chunk as with one per chunk; rows of 8-, 17- and 65-row chain launches (either fold; the
+    program per sub-chunk as with one per chunk, and planned for a cache of 600 more slots (idle programs); rows of 8-, 17- and 65-row chain launches (either fold; the
     65-row one through the merge's two passes, at 2 chunks a step) equal the AR step run alone with the other
     fold, around sub-chunk and chunk boundaries, and the 17-row launch's with an 8-entry ancestor scan; the 8-row launch with the 16-key tile (sm_120's float32) as well;
     all equal the reference."""

@@ -156,6 +156,9 @@ def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F
     head = (pid % HB) * BLOCK_M + i
     offs_m = tl.where(tail, node * NH + head, pid * BLOCK_M + i)
     # NOTE: per-element tests (not scalar booleans) keep each mask a block, which Triton's interpreter requires
+    active = (tail & (pid // HB < T)) | ((sid < NCS) & (sid < base) & (pid * BLOCK_M < M))
+    if not active:  # NOTE: a slot past the prefix, or rows past the launch's: the merge never reads it
+        return  # (a launch planned for a whole cache, as the engine's recorded programs are, is mostly these)
     tail_v = (i * 0 + sid) >= NCS
     m_ok = (tail_v & ((i * 0 + pid) // HB < T) & (head < NH)) | (~tail_v & (offs_m < M))
     # the node's depth: its visible tree keys minus one (tail programs; shared ones ignore it)
@@ -167,8 +170,6 @@ def _mla_exact_kernel(QL, QP, CKV, KPE, PLEN, MASK, OP, LP, M, T, NH, NCS, HB, F
     c = tl.where(tail, base + (sid - NCS), sid)
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, tl.where(tail, L + dep + 1, L))
-    active = (tail & (pid // HB < T)) | ((sid < NCS) & (sid < base) & (pid * BLOCK_M < M))
-    hi = tl.where(active, hi, lo)  # an idle program runs no key tile (it still stores an empty state)
 
     offs_c = tl.arange(0, RC)
     q0, q1, q2, q3, qp = load_q(QL, QP, offs_m, m_ok, NH, sql_t, sql_h, sqp_t, sqp_h, RC, P)
