@@ -539,10 +539,11 @@ def test_exact_mla_kernel_rows_equal_the_ar_step_in_the_interpreter():
 
 def test_exact_mla_fold_keeps_rows_bitwise_across_row_counts_in_the_interpreter():
     """The sub-chunk fold (triton_mla_exact.layout): an 8-row launch gives every row the same bits with one
-    program per sub-chunk as with one per chunk, and planned for a cache of 600 more slots (idle programs); rows of 8-, 17- and 65-row chain launches (either fold; the
-    65-row one through the merge's two passes, at 2 chunks a step) equal the AR step run alone with the other
-    fold, around sub-chunk and chunk boundaries, and the 17-row launch's with an 8-entry ancestor scan; the 8-row launch with the 16-key tile (sm_120's float32) as well;
-    all equal the reference."""
+    program per sub-chunk as with one per chunk, and planned for a cache of 600 more slots (idle programs);
+    rows of 8-, 17- and 65-row chain launches (either fold; the 65-row one through the merge's two passes, at 2
+    chunks a step) equal the AR step run alone with the other fold, around sub-chunk and chunk boundaries, and
+    the 17-row launch's with an 8-entry ancestor scan; the 8-row launch with the 16-key tile (sm_120's float32)
+    as well; all equal the reference."""
     if not interpreter_runs_loops():
         pytest.skip("this Triton's interpreter cannot run loops over runtime bounds")
     assert interpret_apart(EXACT_MLA_ROWS_SCRIPT,
