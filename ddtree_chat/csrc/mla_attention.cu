@@ -165,7 +165,9 @@ __device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int
 }
 
 // Shared memory of a chunk CTA: the key tiles, each row group's P and row statistics, the ancestor table.
-__host__ __device__ constexpr int chunk_smem(int stages, int rg) { return stages * kTileBytes + rg * kStatBytes + kMaxT * 4; }
+__host__ __device__ constexpr int chunk_smem(int stages, int rg) {
+  return stages * kTileBytes + rg * kStatBytes + kMaxT * 4;
+}
 
 template <int CS, int STAGES, int RG>
 __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_kernel(Args a) {
