@@ -492,9 +492,9 @@ MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (
 
 def test_cuda_mla_plan_cpu(monkeypatch):
     """The CUDA MLA launch plan (pure arithmetic, CPU): a CTA per super from 8 supers of context when those
-    CTAs fill three quarters of a wave, else a CTA per chunk; two row groups a CTA only when forced; the column split stays within one wave; tail
-    slots reach the deepest node; a round whose partial states outgrow the scratch budget goes in several
-    launches of the same plan."""
+    CTAs fill three quarters of a wave, else a CTA per chunk; two row groups a CTA only when forced; the
+    column split stays within one wave; tail slots reach the deepest node; a round whose partial states
+    outgrow the scratch budget goes in several launches of the same plan."""
     from ddtree_chat.engine.ops import cuda_mla
 
     p = cuda_mla.plan(1, 8, 8192, 132, True)

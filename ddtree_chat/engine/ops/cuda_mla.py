@@ -3,7 +3,8 @@ bf16). Its twin is ops.mla_attention_ref; the row invariance (a node's row equal
 position, bit for bit) is what tests/test_kernels_gpu.py checks against it.
 
 The launch plan (how many CTAs fold a super, how many split the value columns, row groups per CTA, pipeline
-depth, nodes per launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's header says why)."""
+depth, nodes per launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's
+header says why)."""
 
 from __future__ import annotations
 
