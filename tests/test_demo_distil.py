@@ -165,7 +165,7 @@ def test_kind_prompts_wrap_each_kind_of_request_as_the_held_out_ones(tmp_path):
     all from the tail that a drafter run holds out of its requests (draft_requests.split_probe)."""
     from ddtree_chat.dev.demo import kind_prompts
     from ddtree_chat.dev.demo.copy_probe import REQUESTED
-    from ddtree_chat.dev.demo.draft_requests import everyday_requests
+    from ddtree_chat.dev.demo.draft_requests import PROBE_TASKS, everyday_requests
     from ddtree_chat.engine.default_model import DEMO_DIR
 
     assert kind_prompts.main(["--out", str(tmp_path), "-n", "6"]) == 0
@@ -179,7 +179,8 @@ def test_kind_prompts_wrap_each_kind_of_request_as_the_held_out_ones(tmp_path):
     with tarfile.open(kind_prompts.NOVEL_SET) as tar:
         kept = [json.loads(x) for x in tar.extractfile("novel-proposals/proposals.jsonl").read().decode().splitlines()]
     kept = [r["name"] for r in kept if r["status"] == "ok"]
-    assert set(names) <= set(kept[-64:]) and not set(names) & set(kept[:-64])
+    held = kept[-min(PROBE_TASKS, len(kept) // 2):]  # split_probe's tail, recomputed from the archive
+    assert set(names) <= set(held) and not set(names) & set(kept[:len(kept) - len(held)])
     tail = shipped[0]["prompt_ids"][-4:]  # the same chat prompt around every kind's request
     assert all(r["prompt_ids"][-4:] == tail for rows in got.values() for r in rows)
 

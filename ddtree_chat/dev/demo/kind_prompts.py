@@ -7,7 +7,7 @@ kind of task"). Each set holds n requests in the held-out requests' chat prompt,
   trained on, in any phrasing;
 - novel.json: the first n of the tasks every drafter run leaves out of its requests (draft_requests.split_probe)
   from training/demo-novel-tasks.tar.xz, in the held-out requests' phrasing: new to the shipped targets (bar the
-  few that the name filter in train.py finds in their training: ~1.4%) and to every drafter, one trained with
+  few that the name filter in train.py finds in their training) and to every drafter, one trained with
   `--draft-novel` included (it validates on them or, where the target knew them, never asks for them).
 
     python -m ddtree_chat.dev.demo.kind_prompts --out DIR [--target DIR] [-n 20]
