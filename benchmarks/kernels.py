@@ -369,7 +369,8 @@ def bench_cuda_mla(ceiling, quick=False):
     from ddtree_chat.engine.ops.triton_mla_exact import mla_attention_exact
 
     rows = []
-    plans = [{"F": f, "cs": cs, "stages": st} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    plans = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    plans += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)]
     for ctx in (8192, 32768, 131072):
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (8, 64):
@@ -379,10 +380,13 @@ def bench_cuda_mla(ceiling, quick=False):
                 fn = lambda: cuda_mla.mla_attention_cuda(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us = 1e3 * graph_ms(fn, cold=True)
                 by_plan = {}
-                for force in [] if quick else plans:
+                # quick: the default plan with one and with two row groups a CTA (the rest as the plan picks)
+                for force in [{"rg": 1}, {"rg": 2}] if quick else plans:
                     cuda_mla.FORCE = force
                     try:
-                        by_plan[f"F{force['F']} cs{force['cs']} s{force['stages']}"] = 1e3 * graph_ms(fn, cold=True)
+                        name = " ".join(f"{k}{v}" for k, v in cuda_mla.device_plan(t, nh, ctx, q.device).items()
+                                        if k in ("F", "cs", "rg", "stages"))
+                        by_plan[name] = 1e3 * graph_ms(fn, cold=True)
                     finally:
                         cuda_mla.FORCE = {}
                 exact_us = 1e3 * graph_ms(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468), cold=True)

@@ -119,12 +119,13 @@ def test_shared_library_links(tmp_path):
     """The exact command the JIT build uses (both archs + PTX) links into one .so."""
     res = run_nvcc(build.nvcc_command(NVCC, SOURCES, tmp_path / "lib.so"))
     assert res.returncode == 0, res.stderr[-4000:]
-    # the MLA kernel's dynamic shared memory (host arithmetic, no GPU): two stages fit an sm_120 block, the
-    # launcher takes four only where the GPU opts into more (the H200's 227 KB)
+    # the MLA kernel's dynamic shared memory (host arithmetic, no GPU): two stages fit an sm_120 block with one
+    # or two row groups, the launcher takes four only where the GPU opts into more (the H200's 227 KB)
     import ctypes
 
     lib = ctypes.CDLL(str(tmp_path / "lib.so"))
-    assert lib.ddt_mla_smem_bytes(2) <= SM120_SMEM < lib.ddt_mla_smem_bytes(4) <= 227 * 1024
+    assert lib.ddt_mla_smem_bytes(2, 1) < lib.ddt_mla_smem_bytes(2, 2) <= SM120_SMEM
+    assert SM120_SMEM < lib.ddt_mla_smem_bytes(4, 1) < lib.ddt_mla_smem_bytes(4, 2) <= 227 * 1024
 
 
 def test_launchers_pass_what_the_c_definitions_take():

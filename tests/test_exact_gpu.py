@@ -223,13 +223,14 @@ def test_mla_attention_rows_match_the_ar_step(heads, t, kernel):
 @pytest.mark.parametrize("heads", [8, 64])
 def test_cuda_mla_plans_give_every_row_the_same_bits(heads, monkeypatch):
     """Every launch plan of the CUDA kernel (a CTA per chunk or per super, value columns split 1/2/4 ways,
-    2 or 3 stages, the nodes in one launch or several): every row of 1-, 17- and 65-node chains the same
-    bits, contexts around chunk and super boundaries."""
+    one or two row groups a CTA, 2 or 4 stages, the nodes in one launch or several): every row of 1-, 17-
+    and 65-node chains the same bits, contexts around chunk and super boundaries."""
     from ddtree_chat.engine.ops import cuda_mla
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(heads)
-    plans = [{"F": f, "cs": cs, "stages": st} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    plans = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    plans += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)]
     for t in (1, 17, 65):
         for length in (5, 2048 - 3, 2 * 2048 + 300):
             ckv = torch.randn(length + t + 8, 576, generator=g).to(dev, BF16)

@@ -7,9 +7,10 @@
 // into fixed CHUNKs (256) and SUPERs (8 chunks); a chunk is one online softmax from scratch over 32-key
 // tiles, a super is its chunks folded left to right (fold()), the row's result is its supers folded left to
 // right, then normalised. Who computes what varies with the launch's shape, the arithmetic does not:
-//   - a CTA holds 16 query rows (the score MMAs' N, the value MMAs' M: an MMA output element never sums over
-//     other rows) and 512/CS of the value columns (CS = 1, 2, 4 CTAs split the columns; each recomputes the
-//     same scores);
+//   - a CTA holds RG groups of 16 query rows (the score MMAs' N, the value MMAs' M: an MMA output element never
+//     sums over other rows) and 512/CS of the value columns (CS = 1, 2, 4 CTAs split the columns; each
+//     recomputes the same scores); a group's four warps do exactly what a one-group CTA's do, the groups share
+//     only the key tiles they read (RG = 2: a tile loaded once for 32 rows);
 //   - a CTA either computes one chunk and stores its state, or (F = 8) a whole super, folding its chunks in
 //     registers exactly as the merge would fold the stored chunk states;
 //   - "shared" CTAs take chunks below L for any 16 rows; "tail" CTAs take one round node's heads and the
@@ -18,7 +19,7 @@
 // fold_supers_kernel first folds each super's chunk states (in parallel over supers, the same folds). L is
 // read from device memory, so a CUDA graph replays at any length up to the launch's bound.
 //
-// Per CTA: 4 warps. Scores are split by keys, keys as the MMA's M and query rows as its N (S^T = K Q^T):
+// Per row group: 4 warps. Scores are split by keys, keys as the MMA's M and query rows as its N (S^T = K Q^T):
 // warp w takes keys 16 (w % 2) .. +15 of the 32-key tile for rows 8 (w / 2) .. +7, full 576-wide dots (its
 // Q^T fragments live in registers), so one warp computes each score and no partial scores are exchanged; a
 // warp whose 8 rows are all outside the launch skips them. The two key halves meet through shared memory
@@ -36,8 +37,8 @@ namespace {
 constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
 constexpr int kChunk = 256, kSuper = 8;           // keys per chunk, chunks per super (fixed by position)
 constexpr int kBN = 32;                            // keys per tile
-constexpr int kRows = 16;                          // query rows per CTA
-constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kRows = 16;                          // query rows per row group (a CTA holds RG groups)
+constexpr int kWarps = 4, kThreads = kWarps * 32;  // a row group's
 constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
 constexpr int kTileBytes = kBN * kLd * 2;
 constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
@@ -142,39 +143,48 @@ __device__ __forceinline__ int load_len(const void* p, int is64) {
   return is64 ? (int)*(const int64_t*)p : *(const int*)p;
 }
 
-// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread):
-// thread i copies key i / 4, the 16-byte pieces i % 4 + 4 j of its 1024 value bytes and 128 rope bytes, so
-// one slot lookup serves its eighteen copies.
-template <class SlotOf>
+// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread) by
+// NT threads, TPK = NT / 32 a key: thread i copies key i / TPK, the 16-byte pieces i % TPK + TPK j of its 1024
+// value bytes and 128 rope bytes, so one slot lookup serves all its copies.
+template <int NT, class SlotOf>
 __device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int pos0, int hi, SlotOf slot_of) {
-  static_assert(kThreads == kBN * 4, "four threads per key");
-  const int key = threadIdx.x >> 2, col = (threadIdx.x & 3) * 8, pos = pos0 + key;
+  constexpr int kTPK = NT / kBN;
+  static_assert(kTPK * kBN == NT && (kR / 8) % kTPK == 0, "whole keys per thread group");
+  const int key = threadIdx.x / kTPK, part = threadIdx.x % kTPK, pos = pos0 + key;
   const bool ok = pos < hi;
   const int64_t slot = ok ? slot_of(pos) : 0;
   const int bytes = ok ? 16 : 0;
-  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + col;
-  __nv_bfloat16* d = dst + key * kLd + col;
-  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + col;
+  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + 8 * part;
+  __nv_bfloat16* d = dst + key * kLd + 8 * part;
+  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + 8 * part;
 #pragma unroll
-  for (int j = 0; j < kR / 32; ++j) cp_async16(d + 32 * j, v + 32 * j, bytes);
+  for (int j = 0; j < kR / 8 / kTPK; ++j) cp_async16(d + 8 * kTPK * j, v + 8 * kTPK * j, bytes);
 #pragma unroll
-  for (int j = 0; j < kP / 32; ++j) cp_async16(d + kR + 32 * j, pe + 32 * j, bytes);
+  for (int j = 0; j < (kP / 8 + kTPK - 1) / kTPK; ++j)
+    if (part + kTPK * j < kP / 8) cp_async16(d + kR + 8 * kTPK * j, pe + 8 * kTPK * j, bytes);
 }
 
-template <int CS, int STAGES>
-__global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
+// Shared memory of a chunk CTA: the key tiles, each row group's P and row statistics, the ancestor table.
+__host__ __device__ constexpr int chunk_smem(int stages, int rg) {
+  return stages * kTileBytes + rg * kStatBytes + kMaxT * 4;
+}
+
+template <int CS, int STAGES, int RG>
+__global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_kernel(Args a) {
   release_dependents();
   constexpr int kNT = 16 / CS;  // value n8-tiles per warp
+  constexpr int kThr = kThreads * RG;
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* tiles = (__nv_bfloat16*)smem;                          // [STAGES][32][kLd]
-  __nv_bfloat16* sp = (__nv_bfloat16*)(smem + STAGES * kTileBytes);     // P [16 rows][kPLd]
-  float* smax = (float*)(smem + STAGES * kTileBytes + kRows * kPLd * 2);  // [2 key halves][16 rows]
-  float* ssum = smax + 2 * kRows;                                       // [2 key halves][16 rows]
-  int* anc = (int*)(smem + STAGES * kTileBytes + kStatBytes);           // [kMaxT]
-  __shared__ int warp_count[kWarps];
-
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const int kh = w & 1, rh = w >> 1;  // the warp's key half and row half of the score tile
+  const int grp = w / kWarps, wl = w % kWarps;  // the warp's row group, its warp within the group
+  const int kh = wl & 1, rh = wl >> 1;          // the warp's key half and row half of the score tile
+  unsigned char* stats = smem + STAGES * kTileBytes;  // [RG][kStatBytes]
+  __nv_bfloat16* tiles = (__nv_bfloat16*)smem;                          // [STAGES][32][kLd]
+  __nv_bfloat16* sp = (__nv_bfloat16*)(stats + grp * kStatBytes);       // the group's P [16 rows][kPLd]
+  float* smax = (float*)(stats + grp * kStatBytes + kRows * kPLd * 2);  // [2 key halves][16 rows]
+  float* ssum = smax + 2 * kRows;                                       // [2 key halves][16 rows]
+  int* anc = (int*)(stats + RG * kStatBytes);                           // [kMaxT]
+  __shared__ int warp_count[kWarps * RG];
   const int cs = blockIdx.x % CS, unit = blockIdx.x / CS;
   const int L = load_len(a.plen, a.plen64);
   const int nsf = L / (kChunk * kSuper), base = L / kChunk;
@@ -186,11 +196,11 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   if (unit < n_super_units) {
     const int s = unit / a.RB;
     if (s >= nsf) return;
-    row0 = (unit % a.RB) * kRows;
+    row0 = (unit % a.RB) * kRows * RG + kRows * grp;
     first = s * kSuper, nchunks = kSuper, slot = s;
   } else if (unit < n_super_units + n_shared_units) {
     const int u = unit - n_super_units, k = u / a.RB;
-    row0 = (u % a.RB) * kRows;
+    row0 = (u % a.RB) * kRows * RG + kRows * grp;
     first = (a.F == kSuper ? nsf * kSuper : 0) + k, nchunks = 1;
     slot = (a.F == kSuper ? a.NSU : 0) + k;
     if (first >= base) return;
@@ -199,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
     node = u / (a.NTL * a.HB);
     if (node >= a.T) return;
     const int it = (u / a.HB) % a.NTL;
-    row0 = (u % a.HB) * kRows;
+    row0 = (u % a.HB) * kRows * RG + kRows * grp;
     first = base + it, nchunks = 1, slot = a.SH + it;
   }
   int hi_all = L;  // keys visible to this CTA's rows end here (exclusive)
@@ -217,12 +227,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
                                                       (nchunks - 1) * kChunk + kBN - 1) / kBN;
   for (int s = 0; s < STAGES - 1; ++s) {  // issued before the Q loads: both latencies overlap
-    if (s < total) load_tile(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
+    if (s < total) load_tile<kThr>(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
     cp_commit();
   }
 
   // P and the row statistics start at zero: rows no warp scores stay finite (and are never stored)
-  for (int i = threadIdx.x; i < kStatBytes / 4; i += kThreads) ((float*)sp)[i] = 0.f;
+  for (int i = threadIdx.x; i < RG * kStatBytes / 4; i += kThr) ((float*)stats)[i] = 0.f;
 
   // ---- this lane's value rows: g and g + 8 of the CTA's 16
   const int limit = node >= 0 ? a.NH : a.M;  // CTA rows row0 + i with row0 + i < limit are real
@@ -257,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   // g / g + 8; value accumulators of kNT n8-tiles
   float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
   float cm[2], cl[2], acc[kNT][4];
-  const int col0 = cs * (kR / CS) + w * (128 / CS);  // the warp's first value column
+  const int col0 = cs * (kR / CS) + wl * (128 / CS);  // the warp's first value column
   const int slots = a.SH + a.NTL;
   float* out_acc[2];
 #pragma unroll
@@ -277,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
     __syncthreads();  // the tile has landed; everyone is done with the previous tile's P and statistics
     {
       const int nx = gt + STAGES - 1;
-      if (nx < total) load_tile(a, tiles + (nx % STAGES) * kBN * kLd, lo + nx * kBN, hi, slot_of);
+      if (nx < total) load_tile<kThr>(a, tiles + (nx % STAGES) * kBN * kLd, lo + nx * kBN, hi, slot_of);
       cp_commit();
     }
     if (gt >= kTilesPerChunk && gt % kTilesPerChunk == kTilesPerChunk - 1) {
@@ -406,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_chunks_kernel(Args a) {
   for (int h = 0; h < 2; ++h) {
     if (!row_ok[h]) continue;
     const int64_t r = (int64_t)slot * a.M + m_row[h];
-    if (cs == 0 && w == 0 && c == 0) {
+    if (cs == 0 && wl == 0 && c == 0) {
       a.part_ml[r] = fm[h];
       a.part_ml[(int64_t)slots * a.M + r] = fl[h];
     }
@@ -528,26 +538,27 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_kernel(Args a, __nv_b
   for (int e = 0; e < 4; ++e) o[e] = __float2bfloat16_rn(__fdiv_rn(tacc[e], tl));
 }
 
-template <int CS, int STAGES>
+template <int CS, int STAGES, int RG>
 int launch_chunks(const Args& a, int grid, cudaStream_t stream) {
-  const int smem = STAGES * kTileBytes + kStatBytes + kMaxT * 4;
+  constexpr int smem = chunk_smem(STAGES, RG);
   static bool opted_in = false;  // NOTE: once per kernel, so no attribute call falls inside a graph capture
   if (!opted_in) {
     cudaError_t e =
-        cudaFuncSetAttribute(mla_chunks_kernel<CS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaFuncSetAttribute(mla_chunks_kernel<CS, STAGES, RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
     opted_in = true;
   }
-  mla_chunks_kernel<CS, STAGES><<<grid * CS, kThreads, smem, stream>>>(a);
+  mla_chunks_kernel<CS, STAGES, RG><<<grid * CS, kThreads * RG, smem, stream>>>(a);
   return (int)cudaGetLastError();
 }
 
 }  // namespace
 
-// Shared memory one chunk CTA needs at `stages` pipeline stages (the launcher checks it against the GPU).
 extern "C" {
 
-int ddt_mla_smem_bytes(int stages) { return stages * kTileBytes + kStatBytes + kMaxT * 4; }
+// Shared memory one chunk CTA of `rg` row groups needs at `stages` pipeline stages (the launcher checks it
+// against the GPU).
+int ddt_mla_smem_bytes(int stages, int rg) { return chunk_smem(stages, rg); }
 
 // The shared memory a block may opt into on `device` (0 if the query fails).
 int ddt_mla_smem_optin(int device) {
@@ -564,28 +575,31 @@ int ddt_mla_smem_per_sm(int device) {
 // q_lat [T, NH, 512], q_pe [T, NH, 64] (bf16, unit column stride), ckv/kpe rows of the cache, plen [1] (int32
 // or int64), mask [T, Tm] uint8 (this launch's rows of a round of Tm nodes, which may come in several launches),
 // part_acc [(SH + NTL) * M * 512] and part_ml [2 * (SH + NTL) * M] float32 scratch (M = T * NH), out [T, NH, 512]
-// bf16. F: 1 or 8 chunks per super CTA; cs: 1, 2 or 4 CTAs per column set; stages: 2 or 4.
+// bf16. F: 1 or 8 chunks per super CTA; cs: 1, 2 or 4 CTAs per column set; stages: 2 or 4; rg: 1 or 2 row
+// groups of 16 a CTA (2 only with cs = 1).
 int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, const void* kpe, const void* plen,
                       int plen64, const void* mask, void* part_acc, void* part_ml, void* out, int64_t sql_t,
                       int64_t sql_h, int64_t sqp_t, int64_t sqp_h, int64_t s_ckv, int64_t s_kpe, int T, int Tm, int NH,
-                      int F, int NSU, int SH, int NTL, int cs, int stages, float scale_log2, void* stream_) {
+                      int F, int NSU, int SH, int NTL, int cs, int stages, int rg, float scale_log2, void* stream_) {
   if (T < 1 || Tm < T || Tm > kMaxT || (F != 1 && F != kSuper) || (cs != 1 && cs != 2 && cs != 4) ||
-      (stages != 2 && stages != 4))
+      (stages != 2 && stages != 4) || (rg != 1 && rg != 2) || (rg == 2 && cs != 1))
     return (int)cudaErrorInvalidValue;
   cudaStream_t stream = (cudaStream_t)stream_;
   Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,
          plen, (const uint8_t*)mask, (float*)part_acc, (float*)part_ml, sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe,
          T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, 0, scale_log2};
-  a.RB = (a.M + kRows - 1) / kRows;
-  a.HB = (NH + kRows - 1) / kRows;
+  a.RB = (a.M + kRows * rg - 1) / (kRows * rg);
+  a.HB = (NH + kRows * rg - 1) / (kRows * rg);
   const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : SH * a.RB) + T * NTL * a.HB;
   int rc;
-  if (stages == 2)
-    rc = cs == 1 ? launch_chunks<1, 2>(a, units, stream) : cs == 2 ? launch_chunks<2, 2>(a, units, stream)
-                                                                   : launch_chunks<4, 2>(a, units, stream);
+  if (rg == 2)
+    rc = stages == 2 ? launch_chunks<1, 2, 2>(a, units, stream) : launch_chunks<1, 4, 2>(a, units, stream);
+  else if (stages == 2)
+    rc = cs == 1 ? launch_chunks<1, 2, 1>(a, units, stream) : cs == 2 ? launch_chunks<2, 2, 1>(a, units, stream)
+                                                                      : launch_chunks<4, 2, 1>(a, units, stream);
   else
-    rc = cs == 1 ? launch_chunks<1, 4>(a, units, stream) : cs == 2 ? launch_chunks<2, 4>(a, units, stream)
-                                                                   : launch_chunks<4, 4>(a, units, stream);
+    rc = cs == 1 ? launch_chunks<1, 4, 1>(a, units, stream) : cs == 2 ? launch_chunks<2, 4, 1>(a, units, stream)
+                                                                      : launch_chunks<4, 4, 1>(a, units, stream);
   if (rc != 0) return rc;
   // a chunk per CTA and more than two supers' worth of chunk slots per row: the supers fold in parallel
   // first, so the row's serial fold reads one state per super instead of one per chunk

@@ -2,18 +2,20 @@
 bf16). Its twin is ops.mla_attention_ref; the row invariance (a node's row equals the AR step's row at the same
 position, bit for bit) is what tests/test_kernels_gpu.py checks against it.
 
-The launch plan (how many CTAs fold a super, how many split the value columns, pipeline depth, nodes per
-launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's header says why)."""
+The launch plan (how many CTAs fold a super, how many split the value columns, row groups per CTA, pipeline
+depth, nodes per launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's
+header says why)."""
 
 from __future__ import annotations
 
 import torch
 
 CHUNK, SUPER = 256, 8  # keys per chunk, chunks per super: fixed by position in the kernel
-ROWS = 16  # query rows per CTA
+ROWS = 16  # query rows per row group (a CTA holds one or two)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
-FORCE: dict = {}  # plan overrides {"F", "cs", "stages"} (benchmarks, tests)
+FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg"} (benchmarks, tests)
+ROW_GROUPS = 1  # row groups a CTA unless forced (`benchmarks/kernels.py --only cuda_mla --quick` times both)
 
 _FACTS: dict[int, tuple[int, int, int]] = {}
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
@@ -37,7 +39,7 @@ def _device_facts(dev: torch.device) -> tuple[int, int, int]:
         from .build import library
 
         lib = library()
-        per_sm = lib.ddt_mla_smem_per_sm(idx) // (lib.ddt_mla_smem_bytes(2) + RESERVED)
+        per_sm = lib.ddt_mla_smem_per_sm(idx) // (lib.ddt_mla_smem_bytes(2, 1) + RESERVED)
         _FACTS[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count, lib.ddt_mla_smem_optin(idx),
                        max(1, min(2, per_sm)))  # NOTE: launch bounds ask for two per SM
     return _FACTS[idx]
@@ -46,26 +48,30 @@ def _device_facts(dev: torch.device) -> tuple[int, int, int]:
 def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None, per_sm: int = 2) -> dict:
     """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
     (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
-    columns), stages, shared slots (NSU of supers, SH in all), tail slots per row NTL, nodes per launch.
-    Rule (`benchmarks/kernels.py --only cuda_mla`): two stages (two CTAs per SM); a CTA per super from 8
-    supers of context when the super CTAs alone fill three quarters of a wave (a CTA per chunk would then take
-    several waves of short CTAs and store 8x the partial states), and always when the nodes come in several
-    launches (the fewest partial states); else a CTA per chunk (the merge folds each super's chunks in
-    parallel before the row's fold, so many chunk states cost little); the value columns split as far as the
-    CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) only lets FORCE ask for four;
-    per_sm: two-stage CTAs resident per SM (a wave is sms x per_sm)."""
+    columns), rg (row groups of 16 a CTA), stages, shared slots (NSU of supers, SH in all), tail slots per row
+    NTL, nodes per launch. Two row groups (one 256-thread CTA an SM, each key tile read once for 32 rows, four
+    stages where they fit, whole columns) only when FORCE asks (ROW_GROUPS): they are not yet timed against one.
+    Rule (`benchmarks/kernels.py --only cuda_mla`): one-group CTAs take two stages (two CTAs per SM); a CTA per
+    super from 8 supers of context when the super CTAs alone fill three quarters of a wave (a CTA per chunk
+    would then take several waves of short CTAs and store 8x the partial states), and always when the nodes
+    come in several launches (the fewest partial states); else a CTA per chunk (the merge folds each super's
+    chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
+    far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
+    and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm)."""
     nodes = nodes or t
-    stages = FORCE.get("stages") or 2
-    wave = sms * (per_sm if stages == 2 else 1)  # CTAs resident at once (by their shared memory)
-    rb = -(-nodes * nh // ROWS)
+    rg = FORCE.get("rg") or ROW_GROUPS
+    stages = FORCE.get("stages") or (4 if rg == 2 and deep else 2)
+    wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
+    rows = ROWS * rg
+    rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
     f = FORCE.get("F") or (SUPER if (nsu >= 8 and 4 * nsu * rb >= 3 * wave) or nodes < t else 1)
-    units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // ROWS)
-    cs = FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
+    units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // rows)
+    cs = 1 if rg == 2 else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
-    p = {"F": f, "cs": cs, "stages": stages if deep else 2, "NSU": nsu if f == SUPER else 0, "SH": sh, "NTL": ntl,
-         "nodes": nodes}
+    p = {"F": f, "cs": cs, "rg": rg, "stages": stages if deep else 2, "NSU": nsu if f == SUPER else 0, "SH": sh,
+         "NTL": ntl, "nodes": nodes}
     if nodes == t > 1 and (sh + ntl) * t * nh * (512 + 2) * 4 > SCRATCH_BYTES:
         per_node = (nsu + SUPER - 1 + ntl) * nh * (512 + 2) * 4
         return plan(t, nh, bound, sms, deep, max(1, min(t - 1, SCRATCH_BYTES // per_node)), per_sm)
@@ -77,7 +83,7 @@ def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
     from .build import library
 
     sms, optin, per_sm = _device_facts(dev)
-    return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4) <= optin, per_sm=per_sm)
+    return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4, 2) <= optin, per_sm=per_sm)
 
 
 def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
@@ -113,7 +119,7 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
                                    plen.data_ptr(), int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(),
                                    ml.data_ptr(), out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0),
                                    qp.stride(1), ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"],
-                                   p["NSU"], p["SH"], p["NTL"], p["cs"], p["stages"],
+                                   p["NSU"], p["SH"], p["NTL"], p["cs"], p["stages"], p["rg"],
                                    float(scale * 1.4426950408889634), stream)
         check(rc, "ddt_mla_attention")
     return out
