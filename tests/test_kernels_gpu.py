@@ -492,7 +492,7 @@ MLA_CASES += [(1, 65536, 64), (17, 65536, 8), (63, 65536, 64), (256, 100, 64), (
 
 def test_cuda_mla_plan_cpu(monkeypatch):
     """The CUDA MLA launch plan (pure arithmetic, CPU): a CTA per super from 8 supers of context when those
-    CTAs fill three quarters of a wave, else a CTA per chunk; two row groups a CTA only when forced; the
+    CTAs fill three quarters of a wave, else a CTA per chunk; two row groups a CTA above 16 rows; the
     column split stays within one wave; tail slots reach the deepest node; a round whose partial states
     outgrow the scratch budget goes in several launches of the same plan."""
     from ddtree_chat.engine.ops import cuda_mla
@@ -505,9 +505,8 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     assert cuda_mla.plan(17, 8, 131072, 132, True)["F"] == 8  # 64 supers x 9 row blocks fill it
     assert cuda_mla.plan(17, 8, 32768, 132, True)["F"] == 1  # 16 supers x 9 row blocks: fewer than a wave
     assert cuda_mla.plan(65, 8, 32768, 132, True)["F"] == 8  # 16 supers x 33 row blocks fill it
-    assert cuda_mla.plan(17, 8, 32768, 132, True)["rg"] == 1
-    # two row groups a CTA (forced): one CTA an SM, whole columns, four stages where they fit
-    monkeypatch.setattr(cuda_mla, "FORCE", {"rg": 2})
+    assert cuda_mla.plan(1, 16, 32768, 132, True)["rg"] == 1
+    # two row groups a CTA above 16 rows: one CTA an SM, whole columns, four stages where they fit
     p = cuda_mla.plan(17, 8, 32768, 132, True)
     assert (p["rg"], p["cs"], p["stages"], p["F"]) == (2, 1, 4, 1)  # 16 supers x 5 two-group blocks: under a wave
     assert cuda_mla.plan(17, 8, 32768, 188, False, per_sm=1)["stages"] == 2

@@ -15,7 +15,6 @@ ROWS = 16  # query rows per row group (a CTA holds one or two)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg"} (benchmarks, tests)
-ROW_GROUPS = 1  # row groups a CTA unless forced (`benchmarks/kernels.py --only cuda_mla --quick` times both)
 
 _FACTS: dict[int, tuple[int, int, int]] = {}
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
@@ -50,7 +49,7 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
     columns), rg (row groups of 16 a CTA), stages, shared slots (NSU of supers, SH in all), tail slots per row
     NTL, nodes per launch. Two row groups (one 256-thread CTA an SM, each key tile read once for 32 rows, four
-    stages where they fit, whole columns) only when FORCE asks (ROW_GROUPS): they are not yet timed against one.
+    stages where they fit, whole columns) when a launch has more than 16 rows (nodes x heads).
     Rule (`benchmarks/kernels.py --only cuda_mla`): one-group CTAs take two stages (two CTAs per SM); a CTA per
     super from 8 supers of context when the super CTAs alone fill three quarters of a wave (a CTA per chunk
     would then take several waves of short CTAs and store 8x the partial states), and always when the nodes
@@ -59,7 +58,7 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm)."""
     nodes = nodes or t
-    rg = FORCE.get("rg") or ROW_GROUPS
+    rg = FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
     stages = FORCE.get("stages") or (4 if rg == 2 and deep else 2)
     wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
     rows = ROWS * rg
