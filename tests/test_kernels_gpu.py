@@ -510,7 +510,6 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     p = cuda_mla.plan(17, 8, 32768, 132, True)
     assert (p["rg"], p["cs"], p["stages"], p["F"]) == (2, 1, 4, 1)  # 16 supers x 5 two-group blocks: under a wave
     assert cuda_mla.plan(17, 8, 32768, 188, False, per_sm=1)["stages"] == 2
-    monkeypatch.setattr(cuda_mla, "FORCE", {})
     assert cuda_mla.plan(300, 8, 1000, 132, True)["NTL"] == 3  # depths up to 299 past a chunk's 255th key
     p = cuda_mla.plan(65, 64, 131072, 132, True)
     assert p["F"] == 8 and 1 <= p["nodes"] < 65
