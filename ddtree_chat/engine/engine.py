@@ -128,7 +128,10 @@ class Engine:
         if dev.type == "cpu":
             device_policy.limit_cpu_threads(target)
         ctx = max_context or min(tcfg.max_position_embeddings, 4096 if dev.type == "cpu" else 32768)
-        return cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx, tp, checkpoint_fingerprint(model_dir, draft_dir))
+        engine = cls(target, tcfg, tokenizer, drafter, dcfg, dev, ctx, tp, checkpoint_fingerprint(model_dir, draft_dir))
+        if dev.type == "cpu":  # NOTE: after the Decoder made the drafter's copy of the lm head
+            device_policy.pack_cpu_products(engine.decoder)
+        return engine
 
     def use_graphs(self, capture: bool = True, progress: Progress = None) -> None:
         """A new executor of the round's programs (graphs.StaticRound), recording them as CUDA graphs when

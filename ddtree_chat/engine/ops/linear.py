@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_exact
+from . import cpu_exact, cpu_packed
 from .norm import rms_norm
 from .registry import define
 
@@ -17,7 +17,11 @@ def _matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def matmul_nt_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., M, K], w [..., N, K] (batch dims broadcast) -> [..., M, N]."""
-    return cpu_exact.padded_rows(_matmul_nt, x, w) if cpu_exact.enabled(x) else _matmul_nt(x, w)
+    if cpu_exact.enabled(x):
+        return cpu_exact.padded_rows(_matmul_nt, x, w)
+    if cpu_packed.packable(w):  # NOTE: a CPU model's 2-D weight (ops/cpu_packed.py)
+        return cpu_packed.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+    return _matmul_nt(x, w)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -44,8 +48,8 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K], w [N, K]: F.linear, its rows padded on the CPU (cpu_exact)."""
-    return cpu_exact.padded_rows(F.linear, x, w) if cpu_exact.enabled(x) else F.linear(x, w)
+    """x [M, K], w [N, K]: F.linear, its rows padded on the CPU (cpu_exact), or w's packed form (cpu_packed)."""
+    return cpu_exact.padded_rows(F.linear, x, w) if cpu_exact.enabled(x) else cpu_packed.linear(x, w)
 
 
 def linear_add_ref(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

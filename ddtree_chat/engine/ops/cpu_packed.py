@@ -1,0 +1,89 @@
+"""CPU products over weights packed once into the BLAS's own layout (MKL's packed SGEMM for float32, oneDNN's
+reordered weights for bf16) instead of torch's plain F.linear, which re-lays the weight out on every call.
+
+Why: on the CPU a tree verify's products (9-33 rows) cost 2.5-4x a one-row product through F.linear, and the
+packed forms take 1.3-2x less at those rows and the same at one row, so a round gains against an AR step; the
+drafter's bf16 products take about half the time (BENCHMARKS.md, "CPU figures"). The pure-torch twin is F.linear
+(tests/test_cpu_packed.py compares them).
+
+How: `mark(model)` at load flags a CPU model's 2-D product weights (not embeddings); a flagged weight is packed
+on its first product (so views that no product reads are never packed: no memory for them) and the packed form
+rides on the weight tensor itself, dropped if the weight is later written in place. Off with DDTREE_CPU_PACK=0,
+and in DDTREE_CPU_EXACT=1's row-invariant forms (ops/cpu_exact.py), which keep their own products."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...knobs import CPU_PACK, get
+
+FLAG = "_ddtree_pack"  # set by mark(): pack this weight on first use
+PACKED = "_ddtree_packed"  # (the weight's version when packed, the packed form)
+HINT_ROWS = 16  # the row count the packing is laid out for; any row count may use it
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether this torch build has the packed product for dtype (MKL for float32, oneDNN for bf16)."""
+    if dtype == torch.float32:
+        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    if dtype == torch.bfloat16:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return False
+
+
+def mark(model: nn.Module) -> int:
+    """Flag model's 2-D floating weights (parameters and buffers of every module but embeddings) for packing on
+    first use; -> how many were flagged. Nothing when DDTREE_CPU_PACK=0 or the build lacks the packed product."""
+    if get(CPU_PACK) == "0":
+        return 0
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):
+            continue
+        for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+            if t is not None and t.device.type == "cpu" and t.dim() == 2 and available(t.dtype) \
+                    and t.is_contiguous():
+                setattr(t, FLAG, True)
+                n += 1
+    return n
+
+
+def mark_tensor(w: torch.Tensor) -> None:
+    """mark() for one weight outside a module (e.g. the drafter's bf16 copy of the lm head)."""
+    if get(CPU_PACK) != "0" and w.device.type == "cpu" and w.dim() == 2 and available(w.dtype) and w.is_contiguous():
+        setattr(w, FLAG, True)
+
+
+def _pack(w: torch.Tensor) -> torch.Tensor:
+    if w.dtype == torch.float32:
+        return torch.ops.mkl._mkl_reorder_linear_weight(w, HINT_ROWS)
+    return torch.ops.mkldnn._reorder_linear_weight(w, HINT_ROWS)
+
+
+def _packed(w: torch.Tensor) -> torch.Tensor | None:
+    held = getattr(w, PACKED, None)
+    if held is not None and held[0] == w._version:
+        return held[1]
+    if not getattr(w, FLAG, False):
+        return None
+    p = _pack(w.detach())
+    setattr(w, PACKED, (w._version, p))
+    return p
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w) for x [M, K], w [N, K]: through w's packed form when mark() flagged w, else F.linear."""
+    p = _packed(w) if x.device.type == "cpu" and x.dtype == w.dtype and not x.requires_grad else None
+    if p is None:
+        return F.linear(x, w)
+    x = x.contiguous()
+    if w.dtype == torch.float32:  # NOTE: the row count as the "packed for" size: the packed path for any M
+        return torch.ops.mkl._mkl_linear(x, p, w, None, x.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+
+
+def packable(w: torch.Tensor) -> bool:
+    """Whether a product with w goes through a packed form (mark() flagged it)."""
+    return getattr(w, FLAG, False)
