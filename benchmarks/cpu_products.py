@@ -2,13 +2,14 @@
 demo target at the row counts rounds use (one AR token, a 9 / 17 / 33-node tree), one thread, float32 (the CPU
 default) and bf16, against the same product's one-row time.
 
-    PYTHONPATH=. python benchmarks/cpu_products.py [--rows 1 9 17 33] [--repeats 200] [--json OUT]
+    PYTHONPATH=. python benchmarks/cpu_products.py [--rows 1 9 17 33] [--repeats 200] [--packed] [--json OUT]
 
 A product that reads its weights at one row and is done (memory-bound) costs about the same at 9 rows; one whose
 arithmetic already sets the pace at one row costs up to 9x. Each shape is weighted by how many times one forward
 runs it; the routed experts by the distinct experts M tokens pick (expected, uniform routing), each over its share
 of the rows; the last line is a forward's products at M rows over their cost at one row (attention, norms and
-the host's per-op work are not in it). x [M, K] @ w [N, K]^T as F.linear runs it, random values, median of --repeats calls."""
+the host's per-op work are not in it). x [M, K] @ w [N, K]^T as F.linear runs it (--packed: through the weight's
+packed form, ops/cpu_packed.py, as a loaded CPU engine runs it), random values, median of --repeats calls."""
 
 from __future__ import annotations
 
@@ -22,17 +23,22 @@ import torch
 import torch.nn.functional as F
 
 
-def product_us(n: int, k: int, m: int, dtype: torch.dtype, repeats: int) -> float:
-    """Median microseconds of F.linear(x [m, k], w [n, k]) in dtype (w touched once first: warm, as in a forward
-    whose weights were read the step before is not; the point is the arithmetic's share)."""
+def product_us(n: int, k: int, m: int, dtype: torch.dtype, repeats: int, packed: bool = False) -> float:
+    """Median microseconds of F.linear(x [m, k], w [n, k]) in dtype, or of its packed form (w touched once first:
+    warm, as in a forward whose weights were read the step before is not; the point is the arithmetic's share)."""
+    from ddtree_chat.engine.ops import cpu_packed
+
     g = torch.Generator().manual_seed(n * 7919 + k)
     w, x = torch.randn(n, k, generator=g).to(dtype), torch.randn(m, k, generator=g).to(dtype)
+    if packed:
+        cpu_packed.mark_tensor(w)
+    fn = cpu_packed.linear if packed else F.linear
     for _ in range(5):
-        F.linear(x, w)
+        fn(x, w)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        F.linear(x, w)
+        fn(x, w)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
 
@@ -63,6 +69,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 9, 17, 33])
     ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--packed", action="store_true", help="each product through its packed form (ops/cpu_packed.py)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -70,7 +77,8 @@ def main(argv=None) -> int:
     cfg, model = load_target(shipped_demo_dirs()[0], torch.device("cpu"), torch.float32)
     shapes = dense_shapes(model)
     moe_layers = sum(1 for name in model.state_dict() if name.endswith("mlp.gate.weight"))
-    print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, one thread; us (x one-row time)")
+    print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, one thread, "
+          f"{'packed' if a.packed else 'F.linear'}; us (x one-row time)")
     print("| dtype | product [N, K] | per forward | " + " | ".join(f"M={m}" for m in rows) + " |")
     print("|---|---|---:|" + "---:|" * len(rows))
     res: dict = {"rows": rows, "products": {}, "experts_us": {}, "forward_us": {}}
@@ -80,7 +88,7 @@ def main(argv=None) -> int:
 
         def us(n, k, m):  # noqa: E306 - one timing per (shape, rows), shared by the dense and the expert lines
             if (n, k, m) not in timed:
-                timed[n, k, m] = product_us(n, k, m, dtype, a.repeats)
+                timed[n, k, m] = product_us(n, k, m, dtype, a.repeats, a.packed)
             return timed[n, k, m]
 
         total = dict.fromkeys(rows, 0.0)

@@ -74,8 +74,10 @@ def _packed(w: torch.Tensor) -> torch.Tensor | None:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) for x [M, K], w [N, K]: through w's packed form when mark() flagged w, else F.linear."""
-    p = _packed(w) if x.device.type == "cpu" and x.dtype == w.dtype and not x.requires_grad else None
+    """F.linear(x, w) for x [M, K], w [N, K]: through w's packed form when mark() flagged w, else F.linear.
+    NOTE: a float32 row alone takes F.linear: its one-row path is as fast or faster (BENCHMARKS.md)."""
+    use = x.device.type == "cpu" and x.dtype == w.dtype and not x.requires_grad
+    p = _packed(w) if use and (x.shape[0] > 1 or w.dtype != torch.float32) else None
     if p is None:
         return F.linear(x, w)
     x = x.contiguous()
