@@ -1,10 +1,9 @@
 """CPU products over weights packed once into the BLAS's own layout (MKL's packed SGEMM for float32, oneDNN's
 reordered weights for bf16) instead of torch's plain F.linear, which re-lays the weight out on every call.
 
-Why: on the CPU a tree verify's products (9-33 rows) cost 2.5-4x a one-row product through F.linear, and the
-packed forms take 1.3-2x less at those rows and the same at one row, so a round gains against an AR step; the
-drafter's bf16 products take about half the time (BENCHMARKS.md, "CPU figures"). The pure-torch twin is F.linear
-(tests/test_cpu_packed.py compares them).
+Why: a tree verify's products (9-33 rows) cost several times a one-row product through F.linear; packed, they cost
+less at those rows (a round gains on an AR step), and the drafter's bf16 products less at every row count
+(BENCHMARKS.md, "Packed CPU products"). The pure-torch twin is F.linear (tests/test_cpu_packed.py compares them).
 
 How: `mark(model)` at load flags a CPU model's 2-D product weights (not embeddings); a flagged weight is packed
 on its first product (so views that no product reads are never packed: no memory for them) and the packed form
@@ -40,7 +39,7 @@ def mark(model: nn.Module) -> int:
         return 0
     n = 0
     for mod in model.modules():
-        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):
+        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):  # NOTE: VocabEmbedding too
             continue
         for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
             if t is not None and t.device.type == "cpu" and t.dim() == 2 and available(t.dtype) \
@@ -63,11 +62,11 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def _packed(w: torch.Tensor) -> torch.Tensor | None:
+    if not getattr(w, FLAG, False):
+        return None
     held = getattr(w, PACKED, None)
     if held is not None and held[0] == w._version:
         return held[1]
-    if not getattr(w, FLAG, False):
-        return None
     p = _pack(w.detach())
     setattr(w, PACKED, (w._version, p))
     return p
