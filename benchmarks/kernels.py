@@ -511,6 +511,56 @@ def bench_exact_capacity(ceiling):
     return rows
 
 
+def bench_exact_demo(ceiling):
+    """--only exact_demo: the row-invariant MLA at the demo target's shapes (4 heads, a 64-wide latent + 16 rope,
+    float32) in a 32k-slot cache (the GPU engine's default), 150 / 400 / 2000 committed keys, 1 and 17 tokens: the
+    call planned as the engine plans it (no bound: the whole cache) and bounded by the prefix, the SM-count plan's
+    kernel the same two ways, and the row-invariant kernel with 4 warps, one program per chunk (FOLD False) and
+    32-key sub-chunks (SUB_KEYS 32; other bits); graph-replayed call us (warm L2) and one profiled call's kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ddtree_chat.engine.ops import triton_mla_exact as ex
+    from ddtree_chat.engine.ops.triton_mla import graph_ms, mla_attention_triton
+
+    slots, nh, r, p = 32768, 4, 64, 16
+    cache = torch.randn(slots, r + p, device="cuda")
+    rows = []
+
+    def timed(fn) -> dict:
+        us = 1e3 * graph_ms(fn, cold=False)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = {e.key[:24]: e.self_device_time_total / max(e.count, 1) for e in prof.key_averages()
+                   if e.self_device_time_total > 0}
+        return {"call_us": us, "kernel_us": kernels}
+
+    for ctx in (150, 400, 2000):
+        for t in (1, 17):
+            q, qp = torch.randn(t, nh, r, device="cuda") * 0.3, torch.randn(t, nh, p, device="cuda")
+            mask = torch.ones(t, t, device="cuda").tril().bool()
+            args = (q, qp, cache[:, :r], cache[:, r:], torch.tensor([ctx], device="cuda", dtype=torch.int32), mask,
+                    0.125)
+            by = {"exact engine": timed(lambda: ex.mla_attention_exact(*args)),
+                  "exact bounded": timed(lambda: ex.mla_attention_exact(*args, max_prefix=ctx)),
+                  "sm engine": timed(lambda: mla_attention_triton(*args)),
+                  "sm bounded": timed(lambda: mla_attention_triton(*args, max_prefix=ctx))}
+            for name, attr, value in (("warps4", "WARPS", 4), ("F1", "FOLD", False), ("sub32", "SUB_KEYS", 32)):
+                old = getattr(ex, attr)
+                setattr(ex, attr, value)
+                try:
+                    by[f"exact engine {name}"] = timed(lambda: ex.mla_attention_exact(*args))
+                    if name == "sub32":
+                        by["exact bounded sub32"] = timed(lambda: ex.mla_attention_exact(*args, max_prefix=ctx))
+                finally:
+                    setattr(ex, attr, old)
+            nbytes = (ctx + t) * (r + p) * 4 + t * nh * (2 * r + p) * 4
+            rows.append(row("exact_demo", f"ctx={ctx} T={t} heads={nh}", by["exact engine"]["call_us"], nbytes,
+                            ceiling, by["sm engine"]["call_us"], extra={"by_plan": by}))
+            print(rows[-1]["shape"], {k: round(v["call_us"], 1) for k, v in by.items()}, flush=True)
+    return rows
+
+
 def profile_once():
     """--only ncu: the MoE (1 / 16 / 64 tokens) and MLA (131072 keys, 64 and 8 heads, 1 and 16 tokens, and 64 at
     8 heads; the Triton kernel and csrc/mla_attention.cu, and at 8 heads the row-invariant Triton kernel the engine
@@ -806,6 +856,7 @@ def main():
                      ("exact_merge", lambda: bench_exact_merge(ceiling)),
                      ("exact_chunk", lambda: bench_exact_chunk(ceiling)),
                      ("exact_capacity", lambda: bench_exact_capacity(ceiling)),
+                     ("exact_demo", lambda: bench_exact_demo(ceiling)),
                      ("ncu", profile_once)):
         if name in only:
             try:
