@@ -1,8 +1,11 @@
-"""Packed CPU products (ops/cpu_packed.py) against F.linear, in one process, alternated prompt by prompt, so a busy
-or drifting machine weighs on both alike: for each mode, tokens/s with each, and its speedup over ar with each
-(every ratio of times measured on the same prompts in the same process).
+"""A CPU form on and off, in one process, alternated prompt by prompt, so a busy or drifting machine weighs on both
+alike: for each mode, tokens/s with each, and its speedup over ar with each (every ratio of times measured on the
+same prompts in the same process). --what pack (default): packed CPU products (ops/cpu_packed.py) against
+F.linear; --what sdpa: the drafter's attention as one fused call (ops/cpu_draft_attention.py) against the einsum
+reference.
 
-    PYTHONPATH=. python benchmarks/cpu_pack_ab.py [--prompts 20] [--max-new 128] [--modes ar dflash ddtree:8 ddtree:16]
+    PYTHONPATH=. python benchmarks/cpu_pack_ab.py [--what pack|sdpa] [--prompts 20] [--max-new 128]
+                                                  [--modes ar dflash ddtree:8 ddtree:16]
 
 The shipped pair and its held-out prompts, T=0, one intra-op thread. F.linear is what DDTREE_CPU_PACK=0 runs:
 here the packed forms are switched off and on between replies by clearing and restoring the weights' flags.
@@ -20,12 +23,13 @@ def main(argv=None) -> int:
     from ddtree_chat.dev.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import shipped_demo_dirs
-    from ddtree_chat.engine.ops import cpu_packed
+    from ddtree_chat.engine.ops import cpu_draft_attention, cpu_packed
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=["ar", "dflash", "ddtree:8", "ddtree:16"])
+    ap.add_argument("--what", choices=["pack", "sdpa"], default="pack")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     eng = Engine.load(*shipped_demo_dirs(), device="cpu")
@@ -34,6 +38,9 @@ def main(argv=None) -> int:
     assert weights, "nothing packed: DDTREE_CPU_PACK=0 or no packed product in this torch build"
 
     def setting(on: bool) -> None:
+        if a.what == "sdpa":
+            cpu_draft_attention.ENABLED = on
+            return
         for t in weights:
             setattr(t, cpu_packed.FLAG, on)
             if not on and hasattr(t, cpu_packed.PACKED):
@@ -66,7 +73,8 @@ def main(argv=None) -> int:
     setting(True)
     print(f"{len(prompts)} held-out prompts, {a.max_new} new tokens, T=0, CPU float32 target, one thread; "
           "ids == ar in every mode under both")
-    print("| mode | packed tok/s | F.linear tok/s | packed / F.linear | vs ar, packed | vs ar, F.linear |")
+    on_name, off_name = ("packed", "F.linear") if a.what == "pack" else ("fused", "einsum")
+    print(f"| mode | {on_name} tok/s | {off_name} tok/s | {on_name} / {off_name} | vs ar, {on_name} | vs ar, {off_name} |")
     print("|---|---:|---:|---:|---:|---:|")
     for spec in a.modes:
         rate = {on: toks[on, spec] / secs[on, spec] for on in (True, False)}

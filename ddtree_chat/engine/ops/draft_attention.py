@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_draft_attention
 from .registry import define
 
 
@@ -36,4 +37,6 @@ DRAFT_ATTENTION = define("draft_attention", draft_attention_ref)
 
 
 def draft_attention(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale):
+    if cpu_draft_attention.serves(q, mask):  # NOTE: the CPU's one fused call (ops/cpu_draft_attention.py)
+        return cpu_draft_attention.draft_attention_cpu(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)
     return DRAFT_ATTENTION(q, k_ctx, v_ctx, k_blk, v_blk, mask, scale)
