@@ -35,24 +35,17 @@ def available(dtype: torch.dtype) -> bool:
 def mark(model: nn.Module) -> int:
     """Flag model's 2-D floating weights (parameters and buffers of every module but embeddings) for packing on
     first use; -> how many were flagged. Nothing when DDTREE_CPU_PACK=0 or the build lacks the packed product."""
-    if get(CPU_PACK) == "0":
-        return 0
-    n = 0
-    for mod in model.modules():
-        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):  # NOTE: VocabEmbedding too
-            continue
-        for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
-            if t is not None and t.device.type == "cpu" and t.dim() == 2 and available(t.dtype) \
-                    and t.is_contiguous():
-                setattr(t, FLAG, True)
-                n += 1
-    return n
+    return sum(mark_tensor(t) for mod in model.modules()
+               if not (isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"))  # VocabEmbedding too
+               for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)) if t is not None)
 
 
-def mark_tensor(w: torch.Tensor) -> None:
-    """mark() for one weight outside a module (e.g. the drafter's bf16 copy of the lm head)."""
-    if get(CPU_PACK) != "0" and w.device.type == "cpu" and w.dim() == 2 and available(w.dtype) and w.is_contiguous():
+def mark_tensor(w: torch.Tensor) -> bool:
+    """mark() for one weight (e.g. the drafter's bf16 copy of the lm head, outside a module); -> whether flagged."""
+    ok = get(CPU_PACK) != "0" and w.device.type == "cpu" and w.dim() == 2 and available(w.dtype) and w.is_contiguous()
+    if ok:
         setattr(w, FLAG, True)
+    return ok
 
 
 def _pack(w: torch.Tensor) -> torch.Tensor:
