@@ -2,11 +2,13 @@
 
     python benchmarks/e2e.py [--target DIR --draft DIR] [--device cpu|cuda] [--prompts N] [--max-new 128]
                              [--budgets 8 16 32 64 auto] [--eager] [--idle] [--json OUT] [--prompts-json FILE]
-                             [--temperature 0.7 --top-p 0.95]
+                             [--temperature 0.7 --top-p 0.95] [--history K]
 
 Defaults to the shipped demo pair and its held-out prompts. Every mode's ids are checked against ar's in the
 same run, at T > 0 too: prompt i is sampled with seed i in every mode, and each draw is keyed by its token's
-position (engine/sampling.py), so a speculative mode samples exactly ar's tokens.
+position (engine/sampling.py), so a speculative mode samples exactly ar's tokens. --history K sends each request
+as the last turn of a chat that holds the K requests before it and the target's own replies to them: the same
+requests at chat-length contexts.
 Prints one markdown table: mean accepted length (tokens per target forward),
 tokens/s (whole reply, prefill included: every reply starts from a cache that shares no prefix with its
 prompt, so each mode prefills the whole prompt) and decode tokens/s (after the first token: the rounds only),
@@ -52,6 +54,25 @@ def forget_prompt(eng, ids) -> None:
 
     for _ in eng.generate([(ids[0] + 1) % eng.tcfg.vocab_size], GenerationConfig(mode="ar", max_new_tokens=1)):
         pass
+
+
+def with_history(eng, prompts: list[dict], k: int, max_new: int) -> list[dict]:
+    """Each request as the last turn of a chat holding the k requests before it (cyclically) and the target's
+    greedy replies to them (max_new tokens each, generated here, untimed)."""
+    from ddtree_chat.engine import GenerationConfig
+
+    tok, replies = eng.tokenizer, []
+    for p in prompts:
+        *_, last = eng.generate(p["prompt_ids"], GenerationConfig(mode="ar", max_new_tokens=max_new))
+        replies.append(tok.decode(last["token_ids"], skip_special=True))
+    out = []
+    for i, p in enumerate(prompts):
+        turns = []
+        for j in range(i - k, i):
+            turns += [{"role": "user", "content": prompts[j % len(prompts)]["user"]},
+                      {"role": "assistant", "content": replies[j % len(prompts)]}]
+        out.append({"user": p["user"], "prompt_ids": tok.render_chat(turns + [{"role": "user", "content": p["user"]}])})
+    return out
 
 
 def gpu_idle(eng, ids, cfg) -> tuple[float, float]:
@@ -104,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-json", type=Path, default=None,
                     help="a list of {user, prompt_ids} (default: the shipped heldout_prompts.json); a retrained "
                          "pair's own, e.g. requests + test of its training run's heldout.json")
+    ap.add_argument("--history", type=int, default=0,
+                    help="each request after the K before it and the target's replies to them, in one chat")
     a = ap.parse_args(argv)
     target, draft = resolve_model_dirs(a.target, a.draft)  # as the CLI: --draft alone keeps the default target
     t_load = time.perf_counter()
@@ -116,6 +139,8 @@ def main(argv=None) -> int:
         prompts = heldout_prompts(a.prompts)
     else:  # ids from the retrained pair's own tokenizer (the shipped file's are the shipped tokenizer's)
         prompts = [x for x in json.loads(a.prompts_json.read_text()) if len(x["user"]) <= 600][: a.prompts]
+    if a.history:
+        prompts = with_history(eng, prompts, a.history, a.max_new)
     runs = [("ar", 0), ("dflash", eng.dcfg.block_size - 1)] + [("ddtree", b) for b in a.budgets]
     if a.repeat_penalty != 1:  # NOTE: plain ar beside the penalised modes: the penalty's own cost, side by side
         runs.append(("ar", PLAIN))
@@ -124,12 +149,17 @@ def main(argv=None) -> int:
         return {"budget": 0, "repeat_penalty": 1.0} if b == PLAIN else {"budget": b, "repeat_penalty": a.repeat_penalty}
 
     print(f"loaded in {t_load:.1f} s", file=sys.stderr, flush=True)  # NOTE: progress, for runs under a time limit
+    # NOTE: on a GPU every reply once: the programs of each cache span a timed reply reaches are recorded here
+    cuda = eng.device.type == "cuda"
     for mode, b in runs:  # warm-up: allocations, kernel builds, the auto budget's cost curve, the programs
         t0 = time.perf_counter()  # NOTE: of this run's settings (a penalised round's are recorded on first use)
-        cfg = GenerationConfig(mode=mode, max_new_tokens=16, temperature=a.temperature, top_p=a.top_p, **settings(b))
-        for _ in eng.generate(prompts[0]["prompt_ids"], cfg):
-            pass
+        cfg = GenerationConfig(mode=mode, max_new_tokens=a.max_new if cuda else 16, temperature=a.temperature,
+                               top_p=a.top_p, **settings(b))
+        for p in prompts if cuda else prompts[:1]:
+            for _ in eng.generate(p["prompt_ids"], cfg):
+                pass
         print(f"warm-up {mode} {b}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    recorded_before = eng.info["graph_capture_s"]
     res = {f"{m}-{b}": {"tokens": 0, "forwards": 0, "seconds": 0.0, "decode_s": 0.0, "draft_s": 0.0, "target_s": 0.0,
                         "mismatch": 0, "budgets": {}} for m, b in runs}
     ar_ids = []
@@ -160,6 +190,7 @@ def main(argv=None) -> int:
             elif ev["token_ids"] != ar_ids[i] and b != PLAIN:
                 r["mismatch"] += 1
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    recorded_timed = eng.info["graph_capture_s"] - recorded_before  # recording inside the timed replies
     if a.idle and eng.device.type == "cuda":
         for mode, b in runs:
             res[f"{mode}-{b}"]["gpu_idle"], res[f"{mode}-{b}"]["decode_idle"] = gpu_idle(eng, prompts[0]["prompt_ids"],
@@ -191,15 +222,18 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name() if eng.device.type == "cuda" else \
         f"CPU float32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     info = eng.info
-    print(f"{len(prompts)} held-out prompts, max_new_tokens {a.max_new}, T={a.temperature:g}, top-p {a.top_p:g}, "
+    lens = [len(p["prompt_ids"]) for p in prompts]
+    print(f"{len(prompts)} held-out prompts ({min(lens)}-{max(lens)} tokens, {a.history} earlier turns each), "
+          f"max_new_tokens {a.max_new}, T={a.temperature:g}, top-p {a.top_p:g}, "
           f"repeat penalty {a.repeat_penalty:g}, "
           f"{where}, {eng.decoder.dtype}, "
-          f"CUDA graphs: {info['cuda_graphs']} recorded in {info['graph_capture_s']:.2f} s (load {t_load:.1f} s)")
+          f"CUDA graphs: {info['cuda_graphs']} recorded in {info['graph_capture_s']:.2f} s, {recorded_timed:.2f} s of it "
+          f"inside timed replies (load {t_load:.1f} s)")
     print("\n".join(lines))
     if a.json:
         a.json.write_text(json.dumps({"prompts": len(prompts), "max_new": a.max_new, "device": where,
                                       "temperature": a.temperature, "top_p": a.top_p,
-                                      "repeat_penalty": a.repeat_penalty,
+                                      "repeat_penalty": a.repeat_penalty, "history": a.history, "prompt_tokens": lens,
                                       "results": res}, indent=1, default=str))
     return 0 if all(r["mismatch"] == 0 for r in res.values()) else 1
 

@@ -375,6 +375,27 @@ def test_e2e_under_a_repeat_penalty_adds_plain_ar_beside_the_penalised_modes(syn
     assert "| ar | no penalty |" in capsys.readouterr().out
 
 
+def test_e2e_history_sends_each_request_after_the_ones_before_it_and_their_replies(engine):
+    """--history 2: request i is the last user turn of a chat holding requests i-2 and i-1 (cyclically) and the
+    target's own greedy replies to them, in the chat template's form."""
+    from ddtree_chat.engine import GenerationConfig
+
+    tok = engine.tokenizer
+    users = ["first request", "second one", "a third"]
+    plain = [{"user": u, "prompt_ids": tok.render_chat([{"role": "user", "content": u}])} for u in users]
+
+    def reply(i):
+        *_, last = engine.generate(plain[i]["prompt_ids"], GenerationConfig(mode="ar", max_new_tokens=6))
+        return tok.decode(last["token_ids"], skip_special=True)
+
+    got = e2e.with_history(engine, plain, 2, 6)
+    assert [g["user"] for g in got] == users
+    turns = [{"role": "user", "content": users[2]}, {"role": "assistant", "content": reply(2)},
+             {"role": "user", "content": users[0]}, {"role": "assistant", "content": reply(0)},
+             {"role": "user", "content": users[1]}]
+    assert got[1]["prompt_ids"] == tok.render_chat(turns) != plain[1]["prompt_ids"]
+
+
 def test_the_auto_budget_simulation_takes_trees_that_pay_and_leaves_those_that_do_not(tmp_path):
     """Trees at 3x plain steps' rate run in most rounds, trees at half their rate in almost none; the JSON holds a
     share per ratio and seed."""

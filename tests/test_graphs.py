@@ -13,7 +13,7 @@ import torch
 
 from ddtree_chat.engine import Engine, GenerationConfig
 from ddtree_chat.engine.budget import AutoBudget
-from ddtree_chat.engine.graphs import AcceptKey, Variant, graph_key
+from ddtree_chat.engine.graphs import Variant, graph_key
 from ddtree_chat.engine.sampling import target_choice
 from ddtree_chat.modes import Mode
 
@@ -256,6 +256,38 @@ def test_static_round_over_a_long_context(pair):
     want = run(eager, prompt, mode="ar", max_new_tokens=20)["token_ids"]
     assert run(static, prompt, mode="ddtree", budget=16, max_new_tokens=20)["token_ids"] == want
     assert static.decoder.graphs.draft_key("ddtree", 16)[3] == 512
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("mode,budget", [("ddtree", 16), ("dflash", 7)])
+def test_a_verify_attends_the_span_of_the_cache_its_rows_need(synthetic_pair, monkeypatch, mode, budget, device):
+    """A verify's attention is handed the target cache's first power-of-two span (from 256 slots) covering the
+    rows it may read and write (a round launched ahead: those of the round in flight's path too), not the
+    whole cache, so its plan follows the prefix; a reply that crosses 256 slots keeps `ar`'s tokens (on a GPU:
+    the recorded programs of both spans)."""
+    from ddtree_chat.engine import model
+
+    eager = Engine.load(*synthetic_pair, device=device, graphs=False)
+    static = Engine.load(*synthetic_pair, device=device)
+    static.decoder.run_ahead = True
+    sr, whole = static.decoder.graphs, static.decoder.max_len
+    assert (sr.target_span(1), sr.target_span(257), sr.target_span(whole)) == (256, 512, 0)
+    prompt = eager.tokenizer.encode(LONG)[:200]
+    want = run(eager, prompt, mode="ar", max_new_tokens=120)["token_ids"]
+    seen, attend = [], model.ops.mla_attention
+
+    def spy(q_lat, q_pe, ckv, kpe, prefix, *rest):
+        seen.append((ckv.shape[-2], q_lat.shape[-3], int(prefix) if device == "cpu" else None))  # no sync in a capture
+        return attend(q_lat, q_pe, ckv, kpe, prefix, *rest)
+
+    monkeypatch.setattr(model.ops, "mla_attention", spy)
+    assert run(static, prompt, mode=mode, budget=budget, max_new_tokens=120)["token_ids"] == want
+    if device == "cpu":  # NOTE: recorded programs run no Python: their forwards are seen only while recording
+        spans = [x for x in seen if x[0] != whole]
+        assert {s for s, _, _ in spans} == {256, 512}
+        assert all(p + t <= s for s, t, p in spans), [x for x in spans if x[2] + x[1] > x[0]]
+    else:
+        assert {k.span for k in sr.graphs if k.program == "verify"} >= {256, 512}
 
 
 def committed_state(dec):
@@ -615,9 +647,10 @@ def test_a_program_recorded_mid_chat_writes_past_the_committed_rows(synthetic_pa
     prefill = dec.prefill
     dec.prefill = lambda *a, **k: (prefill(*a, **k), sr.state.zero_())[0]
     try:
-        assert AcceptKey("accept", 13, True, False) not in sr.graphs
+        key = sr.accept_key(Mode.DDTREE, 13)
+        assert key[:4] == ("accept", 13, True, False) and key not in sr.graphs
         assert run(graphed, prompt, mode="ddtree", budget=12, max_new_tokens=24)["token_ids"] == want
-        assert AcceptKey("accept", 13, True, False) in sr.graphs
+        assert key in sr.graphs
     finally:
         del dec.prefill
 

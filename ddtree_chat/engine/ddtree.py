@@ -340,6 +340,8 @@ class Decoder:
         n, sizes = sr.plan(mode, budget, choosing)
         b = self.block
         held = None
+        # NOTE: launched ahead, the round starts after the one in flight commits its path (at most b tokens)
+        upto = None if fresh else self.cache.length + b + n
         if self.dcache is not None:
             if fresh:  # NOTE: room for this round's and a following one's context rows
                 self.dcache.make_room(2 * b if self.dcache.capacity >= 4 * b else b)
@@ -348,7 +350,7 @@ class Decoder:
         keep = keep and mode == Mode.AR and self.dcache is not None
         # NOTE: the penalty and the draw run inside the verify and accept programs, from values on the device
         variant = Variant(repeat_penalty != 1, sampling.kind(temperature, top_p))
-        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep, variant))
+        self._record(sr.round_keys(mode, budget, sizes, choosing, held, keep, variant, upto))
         sr.use(penalty=repeat_penalty)
         if variant.sampled:
             sr.use(temperature=temperature, top_p=top_p, seed=seed)
@@ -363,8 +365,8 @@ class Decoder:
             clock.mark()  # NOTE: the draft's end on the GPU: the choice's host wait counts in neither part
             n = choose(sr.tree(n), sr.cum_mass[:n]) + 1
         clock.mark()
-        sr.run(sr.verify_key(mode, n, keep, variant))
-        packed = sr.run(sr.accept_key(mode, n, keep, variant))
+        sr.run(sr.verify_key(mode, n, keep, variant, upto))
+        packed = sr.run(sr.accept_key(mode, n, keep, variant, upto))
         return sr.fetch(RoundShape(mode, budget), n, packed, clock)
 
     @staticmethod

@@ -37,7 +37,7 @@ from .tree import DraftTree, pack_round, path_scores, walk_commit
 log = logging.getLogger(__name__)
 MAX_NODES = MAX_BUDGET + 1  # tree nodes a round may have (root included)
 MAX_RECORDED = 257  # tree sizes recorded as graphs (budget <= 256); larger trees run directly
-MIN_SPAN = 256  # drafter context slots the smallest draft recording attends (then doubling up to capacity)
+MIN_SPAN = 256  # cache slots the smallest recording attends (then doubling up to the cache's capacity)
 PREFILL_SIZES = (16, 64, 256)  # prompt chunk rows recorded; a chunk's rows past its tokens are scratch
 PRECOMPILE_PASSES = 4  # discovery rounds of a first start (an op's n-th kernel shows in the n-th)
 
@@ -64,6 +64,7 @@ class VerifyKey(NamedTuple):
     features: bool  # keeps the target features the drafter's context is made of
     penalty: bool = False  # applies the repeat penalty (self.penalty) to each node's logits before its choice
     sampled: str = ""  # the choice: "" the argmax, else a draw (sampling.kind) with this reply's values on the device
+    span: int = 0  # target cache slots its attention plans for (StaticRound.target_span; 0: the whole cache)
 
 
 class AcceptKey(NamedTuple):
@@ -74,6 +75,7 @@ class AcceptKey(NamedTuple):
     keep: bool = False  # a plain step that keeps its root's target features (Decoder.kept) for a later catch-up
     penalty: bool = False  # commits the accepted tokens to the repeat penalty's window (Decoder.recent)
     sampled: str = ""  # its verify's (whose features it reads)
+    span: int = 0  # its verify's
 
 
 class Variant(NamedTuple):
@@ -92,13 +94,15 @@ def graph_key(key: tuple) -> GraphKey:
 
 
 class SlotView:
-    """The LatentCache a static forward sees: the committed length and the write slots live on the device."""
+    """The LatentCache a static forward sees: the committed length and the write slots live on the device;
+    span > 0: only the cache's first `span` slots (the attention's plan is sized by the buffer it is given)."""
 
-    def __init__(self, cache, length: torch.Tensor, slots: torch.Tensor):
+    def __init__(self, cache, length: torch.Tensor, slots: torch.Tensor, span: int = 0):
         self.cache, self.length, self.slots = cache, length, slots
+        self.rows = slice(0, span or cache.ckv.shape[1])
 
     def destination(self, layer: int, t: int):
-        return self.cache.ckv[layer], self.cache.kpe[layer], self.slots
+        return self.cache.ckv[layer, self.rows], self.cache.kpe[layer, self.rows], self.slots
 
 
 class _Clock:
@@ -220,28 +224,45 @@ class StaticRound:
             span *= 2
         return DraftKey("draft", mode, budget, min(span, self.dec.dcache.capacity), choosing)
 
+    def target_span(self, rows: int) -> int:
+        """NOTE: a verify's attention plans for a power-of-two span of the target cache that covers the rows
+        it may read and write, not the whole buffer: a tree's row-invariant attention planned for a 32k-slot
+        cache took ~2x its time planned for the prefix (BENCHMARKS.md). That attention splits keys at fixed
+        positions, so every span gives the same bits. 0: the whole cache."""
+        span = MIN_SPAN
+        while span < rows:
+            span *= 2
+        return 0 if span >= self.dec.max_len else span
+
     def drafting(self, mode: Mode) -> bool:
         return mode != Mode.AR and self.dec.drafter is not None
 
-    def verify_key(self, mode: Mode, n: int, keep: bool = False, variant: Variant = Variant()) -> VerifyKey:
+    def verify_key(self, mode: Mode, n: int, keep: bool = False, variant: Variant = Variant(),
+                   upto: int | None = None) -> VerifyKey:
         """Only a drafting round's verify, or a plain step that keeps them, has the target features the
-        drafter's context is made of."""
-        return VerifyKey("verify", n, self.drafting(mode) or keep, *variant)
+        drafter's context is made of. upto: the cache rows the round may reach (default: the host's committed
+        length + n; a round launched ahead passes a bound)."""
+        upto = self.dec.cache.length + n if upto is None else upto
+        return VerifyKey("verify", n, self.drafting(mode) or keep, *variant, self.target_span(upto))
 
-    def accept_key(self, mode: Mode, n: int, keep: bool = False, variant: Variant = Variant()) -> AcceptKey:
+    def accept_key(self, mode: Mode, n: int, keep: bool = False, variant: Variant = Variant(),
+                   upto: int | None = None) -> AcceptKey:
         """An `ar` round's accept leaves the drafter's context alone (plain decoding pays nothing for it; the
         auto budget's plain steps keep their features: `keep`); an `ar` or `dflash` round's nodes are a chain,
-        so its accepted path is already in place."""
+        so its accepted path is already in place. It reads the features of its verify (same span)."""
         drafting = self.drafting(mode)
-        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting, *variant)
+        span = self.verify_key(mode, n, keep, variant, upto).span
+        return AcceptKey("accept", n, drafting, mode != Mode.DDTREE or n == 1, keep and not drafting, *variant, span)
 
     def round_keys(self, mode: Mode, budget: int, sizes: list[int], choosing: bool, held: int | None = None,
-                   keep: bool = False, variant: Variant = Variant()):
+                   keep: bool = False, variant: Variant = Variant(), upto: int | None = None):
+        """held, upto: bounds for a round launched ahead (draft_key's, and the target cache rows its verify of
+        the largest size may reach)."""
         if sizes != [1]:
             yield self.draft_key(mode, budget, choosing, held)
         for n in sizes:
-            yield self.verify_key(mode, n, keep, variant)
-            yield self.accept_key(mode, n, keep, variant)
+            yield self.verify_key(mode, n, keep, variant, upto)
+            yield self.accept_key(mode, n, keep, variant, upto)
 
     def prefill_sizes(self, drafting: bool) -> list[int]:
         """Chunk sizes that fit the target cache (and, drafting, the drafter's window) whole."""
@@ -255,8 +276,8 @@ class StaticRound:
         if key.program == "draft":
             return lambda: self.draft(key.mode, key.budget, key.span, key.choosing)
         if key.program == "verify":
-            return lambda: self.verify(key.nodes, key.features, Variant(key.penalty, key.sampled))
-        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty, key.sampled)]  # noqa: E731
+            return lambda: self.verify(key.nodes, key.features, Variant(key.penalty, key.sampled), key.span)
+        feats = lambda: (self.outputs[VerifyKey("verify", key.nodes, True, key.penalty, key.sampled, key.span)]  # noqa: E731
                          if key.drafting or key.keep else None)
         return lambda: self.accept(key.nodes, feats(), key.chain, key.keep, key.penalty)
 
@@ -356,7 +377,8 @@ class StaticRound:
         try:
             with precompile.discovery(start):
                 for key in keys:
-                    saved = self._save_for_warm_up(0 if key.program == "draft" else key[1])
+                    saved = self._save_for_warm_up(0 if key.program == "draft" else key[1],
+                                                   key.span if key.program in ("verify", "accept") else 0)
                     t = time.perf_counter()
                     try:
                         self.outputs[key] = self._program(key)()  # NOTE: an accept reads its verify's outputs
@@ -377,7 +399,9 @@ class StaticRound:
     def _record(self, key: GraphKey):
         t0 = time.perf_counter()
         fn = self._program(key)
-        saved = self._save_for_warm_up(0 if key.program == "draft" else key[1])  # a prefill's rows, a tree's nodes
+        # a prefill's rows, a tree's nodes, within its verify's span
+        saved = self._save_for_warm_up(0 if key.program == "draft" else key[1],
+                                       key.span if key.program in ("verify", "accept") else 0)
         side = torch.cuda.Stream(self.dec.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -391,16 +415,16 @@ class StaticRound:
         self.capture_s += time.perf_counter() - t0
         return graph, out
 
-    def _save_for_warm_up(self, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _save_for_warm_up(self, rows: int, span: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Point the state at rows that exist (a program writes `rows` cache rows from the state's length
-        and drafter entries: stale or run-ahead lengths could reach past the caches; a prefill's logits row
-        is one of its rows) and keep copies of everything the warm-up run may write: the state and tree
-        buffers, those cache rows."""
+        and drafter entries: stale or run-ahead lengths could reach past the caches, or past a verify's span;
+        a prefill's logits row is one of its rows) and keep copies of everything the warm-up run may write:
+        the state and tree buffers, those cache rows."""
         dec = self.dec
         saved = [(buf, buf.clone()) for buf in (*self._written, self.last)]
         self.last.zero_()
         length, entries = self.state[:2].tolist()  # NOTE: a host sync; recording synchronises anyway
-        length = max(0, min(length, dec.max_len - rows))
+        length = max(0, min(length, (span or dec.max_len) - rows))
         saved += [(c[:, length : length + rows], c[:, length : length + rows].clone()) for c in (dec.cache.ckv, dec.cache.kpe)]
         if dec.dcache is not None:
             rows = min(rows, dec.dcache.capacity)
@@ -469,7 +493,7 @@ class StaticRound:
         self.begin(*dec.committed_state(int(tokens[0])))
         self.tokens[:n].copy_(tokens[:n])  # NOTE: the root too (a drafting verify reads the draft's)
         self.parents[1:n], self.depth[1:n] = 0, 1  # a star: every node a child of the root
-        key = VerifyKey("verify", n, features)  # NOTE: as a ddtree (or ar) round replays it
+        key = VerifyKey("verify", n, features, span=self.target_span(dec.cache.length + n))  # as a round replays it
         self.prepare([key])
         best = float("inf")
         for _ in range(repeats):
@@ -534,7 +558,7 @@ class StaticRound:
         if choosing:
             self.cum_mass[:n].copy_(path_scores(tree).exp().cumsum(0))
 
-    def verify(self, n: int, features: bool = True, variant: Variant = Variant()):
+    def verify(self, n: int, features: bool = True, variant: Variant = Variant(), span: int = 0):
         """variant.penalty: each node's logits penalised from its own sequence, the committed tokens read from the
         device (engine/repeat.py), so a round launched ahead needs nothing from the host. variant.sampled: each
         node's choice drawn (engine/sampling.py), keyed by the position its token goes to: length + depth + 1.
@@ -545,7 +569,7 @@ class StaticRound:
         if n == 1:  # NOTE: a drafting round's draft wrote the root with its tree; a single node is drafted by none
             self.tokens[:1].copy_(self.state[2:3])
         tree = self.tree(n)
-        view = SlotView(dec.cache, length, length + self.arange[:n])
+        view = SlotView(dec.cache, length, length + self.arange[:n], span)
         logits, feats = dec.forward(tree.tokens, length + tree.depth, tree.mask(), view, features)
         if variant.penalty:
             history, skip = dec.recent.history(length)
