@@ -85,3 +85,21 @@ def test_a_cpu_engine_packs_its_products(engine):
     assert getattr(head, cpu_packed.PACKED, None) is not None
     if eng.decoder.draft_head is not None:
         assert getattr(eng.decoder.draft_head, cpu_packed.PACKED, None) is not None
+
+
+def test_a_cpu_without_the_bf16_reorder_keeps_f_linear_for_bf16(monkeypatch):
+    """oneDNN's bf16 reorder raises on a CPU without AVX512 or AVX-NE-CONVERT (an AVX2 CPU): available() finds that
+    out with one tiny product, and a bf16 weight is then never flagged (its products stay F.linear)."""
+    def no_reorder(*a):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw")
+
+    cpu_packed.available.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", no_reorder)
+    try:
+        assert not cpu_packed.available(torch.bfloat16)
+        w = torch.randn(16, 8).to(torch.bfloat16)
+        assert not cpu_packed.mark_tensor(w)
+        x = torch.randn(3, 8).to(torch.bfloat16)
+        assert torch.equal(cpu_packed.linear(x, w), F.linear(x, w))
+    finally:
+        cpu_packed.available.cache_clear()
