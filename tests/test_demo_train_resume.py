@@ -140,7 +140,9 @@ def test_step_0_of_a_fresh_run_skips_the_generation_probes(tmp_path, capsys, mon
 def test_the_drafter_asks_for_new_tasks_and_validates_on_held_out_ones(tmp_path, capsys):
     """--draft-novel-tasks: tasks no training request names are new to the target; some are held out of the
     drafter's requests and validate it ('new tasks tau'), the rest fill --draft-novel's share of its requests.
-    The whole distilled data, target and draft stages on 300 teacher answers of the committed data set."""
+    --draft-refills 3: the second pool of continuations comes from the other prompt batch, and with none left for a
+    third, training goes on with the second. The whole distilled data, target and draft stages on 300 teacher
+    answers of the committed data set."""
     import tarfile
 
     distil = tmp_path / "distil"
@@ -159,9 +161,13 @@ def test_the_drafter_asks_for_new_tasks_and_validates_on_held_out_ones(tmp_path,
     argv[argv.index("data,target")] = "data,target,draft"
     out = tmp_path / "out"
     assert train.main(["--out", str(out), "--distil", str(distil), "--draft-novel", "0.25",
-                       "--draft-novel-tasks", str(tasks), "--draft-steps", "2", "--device", "cpu"] + argv) == 0
+                       "--draft-novel-tasks", str(tasks), "--draft-steps", "3", "--draft-refills", "3",
+                       "--device", "cpu"] + argv) == 0
     log = capsys.readouterr().out
     assert "40 of the 40 tasks" in log and "20 of them held out" in log and "new tasks tau" in log
     res = json.loads((out / "draft_train.json").read_text())
     assert res["new_task_prompts"] == 20 and 0 < res["new_task_requests"] <= round(16 * 0.25) + 1
     assert res["variants"]["3x1024"]["new_tasks_tau"] >= 1 and all("new_tasks_tau" in c for c in res["curve"])
+    # the toy pool is 2 batches of 8 prompts, one batch a fill
+    assert (res["fills"], res["gen_batches"], res["gen_sequences"]) == (2, 2, 16)
+    assert "fill 2: 8 sequences" in log and "no unused prompt batch left" in log

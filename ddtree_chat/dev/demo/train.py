@@ -514,30 +514,48 @@ def train_draft(out: Path, a, device) -> dict:
     random.Random(SEED + 4).shuffle(order)
     log(f"draft: {len(pool)} prompts synthesised in {time.time() - t_start:.1f}s "
         f"(lengths {len(pool[0])}..{len(pool[-1])}, median {len(pool[len(pool) // 2])})")
-    buckets, feat_bytes = [], 0
-    for b, i in enumerate(order):
-        if a.draft_gen_batches is not None and b >= a.draft_gen_batches:
-            break
-        if a.draft_gen_batches is None and time.time() - t_start >= a.draft_gen_seconds:
-            break
-        if feat_bytes > a.max_feature_gb * 1e9:
-            log("draft: feature memory cap reached")
-            break
-        prompts = pool[i * a.gen_batch : (i + 1) * a.gen_batch]
-        toks, feats, lens = greedy_forced(model, prompts, a.gen_len, feature_layers, device)
-        stops = first_stop(toks, lens, stop_ids)
-        lo, hi = anchor_range(toks, lens, stops, B)
-        ok = (hi >= lo).nonzero().flatten()  # rows that stop at once have no round
-        buckets.append((toks, feats, stops, lo, hi, ok))
-        stopped = int((stops < toks.shape[1]).sum())
-        feat_bytes += feats.numel() * feats.element_size()
-        log(f"draft: generated batch {b + 1} ({toks.shape[0]} x {toks.shape[1]} tokens, prompts "
-            f"{int(lens.min())}..{int(lens.max())}, {stopped} stopped, mean round-able span "
-            f"{float((hi - lo + 1).clamp(min=0).float().mean()):.0f}) at {time.time() - t_start:.0f}s, "
-            f"features {feat_bytes / 1e9:.1f} GB")
-    gen_s = time.time() - t_start
-    n_seq = sum(b[0].shape[0] for b in buckets)
-    log(f"draft: {n_seq} sequences generated in {gen_s:.0f}s (reproduce with --draft-gen-batches {len(buckets)})")
+    # over every fill; each fill takes the next prompt batches of `order`, so no continuation is generated twice
+    made = {"next": 0, "batches": 0, "sequences": 0, "roundable": 0, "seconds": 0.0}
+
+    def fill(k: int, t0: float) -> list[tuple]:
+        """The k-th pool of continuations (1-based): the target's greedy continuations and features of the next
+        prompt batches, up to --draft-gen-seconds from t0 (or --draft-gen-batches) and the feature memory cap."""
+        got, feat_bytes = [], 0
+        while not (len(got) >= a.draft_gen_batches if a.draft_gen_batches is not None
+                   else time.time() - t0 >= a.draft_gen_seconds):
+            if feat_bytes > a.max_feature_gb * 1e9:
+                log("draft: feature memory cap reached")
+                break
+            if made["next"] == len(order):
+                log("draft: every synthesised prompt batch is used (raise --gen-pool-batches)")
+                break
+            i = order[made["next"]]
+            made["next"] += 1
+            prompts = pool[i * a.gen_batch : (i + 1) * a.gen_batch]
+            toks, feats, lens = greedy_forced(model, prompts, a.gen_len, feature_layers, device)
+            stops = first_stop(toks, lens, stop_ids)
+            lo, hi = anchor_range(toks, lens, stops, B)
+            ok = (hi >= lo).nonzero().flatten()  # rows that stop at once have no round
+            got.append((toks, feats, stops, lo, hi, ok))
+            stopped = int((stops < toks.shape[1]).sum())
+            feat_bytes += feats.numel() * feats.element_size()
+            log(f"draft: fill {k}: generated batch {len(got)} ({toks.shape[0]} x {toks.shape[1]} tokens, prompts "
+                f"{int(lens.min())}..{int(lens.max())}, {stopped} stopped, mean round-able span "
+                f"{float((hi - lo + 1).clamp(min=0).float().mean()):.0f}) at {time.time() - t0:.0f}s, "
+                f"features {feat_bytes / 1e9:.1f} GB")
+        n_seq = sum(b[0].shape[0] for b in got)
+        made["batches"] += len(got)
+        made["sequences"] += n_seq
+        made["roundable"] += sum(int((b[4] - b[3] + 1).clamp(min=0).sum()) for b in got)
+        made["seconds"] += time.time() - t0
+        log(f"draft: fill {k}: {n_seq} sequences generated in {time.time() - t0:.0f}s (reproduce with "
+            f"--draft-gen-batches {len(got)})")
+        return got
+
+    buckets = fill(1, t_start)
+    gen_s = time.time() - t_start  # NOTE: the prompt synthesis and the first fill: what a later fill is expected to take
+    if not buckets:
+        raise SystemExit("draft: no continuation was generated (raise --draft-gen-seconds or --gen-pool-batches)")
     sample = buckets[0][0][0].tolist()
     # Held-out check: the validation split's real chat prompts (at position 0, as in a chat).
     vprompts = sorted((p[3] for p in data["val_prompts"] if len(p[3]) <= a.max_prompt), key=len)
@@ -574,6 +592,7 @@ def train_draft(out: Path, a, device) -> dict:
     rng = random.Random(SEED + 3)
     agen = torch.Generator().manual_seed(SEED + 6)
     sizes = [b[5].numel() for b in buckets]
+    fills, refills, refill_s = 1, a.draft_refills, 0.0  # fills done, fills wanted, seconds of the later fills
 
     def sample_batch(bs):
         bi = rng.choices(range(len(buckets)), weights=sizes)[0]
@@ -613,6 +632,7 @@ def train_draft(out: Path, a, device) -> dict:
                 left = a.draft_seconds - (time.time() - t_train)
                 if a.deadline:
                     left = min(left, a.deadline - (time.time() - T0))
+                left -= (a.draft_refills - 1) * gen_s  # the later fills, each expected to take as long as the first
                 total = max(t_hi + 10, t_hi + int(left / per))
                 log(f"draft: {per * 1000:.0f} ms/step ({len(variants)} variants) -> {total} steps "
                     f"(reproduce with --draft-steps {total})")
@@ -620,6 +640,21 @@ def train_draft(out: Path, a, device) -> dict:
                 and time.time() - T0 > a.deadline + 20:
             log(f"draft: past the deadline: stopping at step {step} of {total}")
             total = step + 1
+        if fills < refills and step >= fills * total // a.draft_refills and made["next"] == len(order):
+            log("draft: no unused prompt batch left for another fill: training goes on with the last (raise "
+                "--gen-pool-batches)")
+            refills = fills
+        if fills < refills and step >= fills * total // a.draft_refills:
+            # NOTE: new continuations replace the pool: R fills show the drafter R times the distinct continuations
+            # under one feature memory cap (trained on one pool for ~15 epochs, it overfitted: docs/demo-training.md)
+            t_fill = time.time()
+            buckets.clear()
+            if cuda:
+                torch.cuda.empty_cache()
+            fills += 1
+            buckets.extend(fill(fills, time.time()))
+            sizes[:] = [b[5].numel() for b in buckets]
+            refill_s += time.time() - t_fill
         batch = sample_batch(a.draft_batch)
         lr = _lr(step, total, a.draft_lr, min(200, total // 10))
         report = step % 500 == 0 or step == total - 1
@@ -641,10 +676,10 @@ def train_draft(out: Path, a, device) -> dict:
                     + f" | val loss {vl:.3f} dflash-tau {vtau:.2f} acc/slot " + " ".join(f"{x:.2f}" for x in vacc)
                     + text)
         step += 1
-    train_s = time.time() - t_train
-    res = {"steps": total, "train_seconds": round(train_s, 1), "gen_seconds": round(gen_s, 1),
-           "gen_batches": len(buckets), "gen_sequences": n_seq, "gen_len": a.gen_len,
-           "gen_roundable_tokens": sum(int((b[4] - b[3] + 1).clamp(min=0).sum()) for b in buckets),
+    train_s = time.time() - t_train - refill_s
+    res = {"steps": total, "train_seconds": round(train_s, 1), "gen_seconds": round(made["seconds"], 1),
+           "fills": fills, "gen_batches": made["batches"], "gen_sequences": made["sequences"], "gen_len": a.gen_len,
+           "gen_roundable_tokens": made["roundable"],
            "draft_batch": a.draft_batch, "block": a.draft_block, "anchors": a.anchors, "lr": a.draft_lr,
            "target": str(target_dir), "val_prompts": len(vprompts), "new_task_requests": n_novel,
            "new_task_prompts": len(probe_users),
@@ -736,6 +771,10 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-steps", type=int, default=None)
     ap.add_argument("--draft-gen-seconds", type=float, default=40)
     ap.add_argument("--draft-gen-batches", type=int, default=None)
+    ap.add_argument("--draft-refills", type=int, default=1,
+                    help="fills of continuations, each replacing the last at an equal share of the steps (each as "
+                         "--draft-gen-seconds / --draft-gen-batches and the memory cap say): R times the distinct "
+                         "continuations under one memory cap")
     ap.add_argument("--gen-pool-batches", type=int, default=64, help="prompt batches synthesised (an upper bound)")
     ap.add_argument("--max-feature-gb", type=float, default=70.0, help="stop generating past this many GB of features")
     ap.add_argument("--deadline", type=float, default=None, help="stop drafter training by this many seconds after start")
@@ -750,6 +789,8 @@ def main(argv=None) -> int:
     for flag in ("target_steps_per_call", "target_checkpoint_every", "target_val_every"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if a.draft_refills < 1:
+        ap.error("--draft-refills must be at least 1")
     if not 0 <= a.draft_novel <= 1 - a.draft_everyday:
         ap.error("--draft-novel and --draft-everyday are shares of the drafter's requests: each >= 0, together <= 1")
     if a.draft_novel > 0 and not tasks_dir_ok(a.draft_novel_tasks):
