@@ -640,21 +640,21 @@ def train_draft(out: Path, a, device) -> dict:
                 and time.time() - T0 > a.deadline + 20:
             log(f"draft: past the deadline: stopping at step {step} of {total}")
             total = step + 1
-        if fills < refills and step >= fills * total // a.draft_refills and made["next"] == len(order):
-            log("draft: no unused prompt batch left for another fill: training goes on with the last (raise "
-                "--gen-pool-batches)")
-            refills = fills
         if fills < refills and step >= fills * total // a.draft_refills:
-            # NOTE: new continuations replace the pool: R fills show the drafter R times the distinct continuations
-            # under one feature memory cap (trained on one pool for ~15 epochs, it overfitted: docs/demo-training.md)
-            t_fill = time.time()
-            buckets.clear()
-            if cuda:
-                torch.cuda.empty_cache()
-            fills += 1
-            buckets.extend(fill(fills, time.time()))
-            sizes[:] = [b[5].numel() for b in buckets]
-            refill_s += time.time() - t_fill
+            if made["next"] == len(order):
+                log("draft: no unused prompt batch left for another fill: training goes on with the last (raise "
+                    "--gen-pool-batches)")
+                refills = fills
+            else:  # NOTE: new continuations replace the pool: R fills show the drafter R x the distinct continuations
+                # under one feature memory cap (trained on one pool for ~15 epochs, it overfitted: docs/demo-training.md)
+                t_fill = time.time()
+                buckets.clear()
+                if cuda:
+                    torch.cuda.empty_cache()
+                fills += 1
+                buckets.extend(fill(fills, time.time()))
+                sizes[:] = [b[5].numel() for b in buckets]
+                refill_s += time.time() - t_fill
         batch = sample_batch(a.draft_batch)
         lr = _lr(step, total, a.draft_lr, min(200, total // 10))
         report = step % 500 == 0 or step == total - 1
