@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/profile_round.py [--modes ar dflash ddtree:32 ddtree:auto] [--max-new 128]
                                                     [--eager] [--ops] [--host] [--programs] [--top 12]
-                                                    [--device cuda|cpu] [--json OUT]
+                                                    [--device cuda|cpu] [--json OUT] [--verify-sizes 1 2 9 17]
 
 Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall time, summed kernel time
 (the GPU's busy share), rounds, and the kernels that take the most time (name, calls, total, per call).
@@ -11,7 +11,9 @@ Defaults to the shipped demo pair and its first held-out prompt. Per mode: wall 
 wait shows up in the call that waits, e.g. tolist); --programs (graphs only) times each of the round's
 recorded programs (draft / verify / accept) alone, replayed back to back, with its kernel count.
 --device cpu: the same per mode without kernels (wall time, rounds), and --programs times each program run
-directly (where a CPU round goes)."""
+directly (where a CPU round goes). --verify-sizes N...: after the modes, the best of 20 verifies of N nodes each
+(the auto budget's cost curve, `graphs.verify_seconds`: a star of varied tokens, so the MoE touches as many
+experts as a real tree), and a plain step's (one node, no drafter features): what a tree costs over an ar step."""
 
 from __future__ import annotations
 
@@ -75,6 +77,18 @@ def programs(g, mode: str, budget, reps: int = 50, top_n: int = 8) -> list[dict]
     return rows
 
 
+def verify_costs(g, sizes: list[int], repeats: int = 20) -> dict[str, float]:
+    """ms of the best of `repeats` verifies per node count (the graphs' verify_seconds), and "plain": an ar step's."""
+    ms = {"plain": g.verify_seconds(1, torch.zeros(1, dtype=torch.long, device=g.dec.device), repeats, False) * 1e3}
+    for n in sizes:
+        toks = torch.randint(0, g.dec.tcfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
+        ms[str(n)] = g.verify_seconds(n, toks.to(g.dec.device), repeats) * 1e3
+    print("\n| verify nodes | ms | / plain step |\n|---|---:|---:|")
+    for k, v in ms.items():
+        print(f"| {k} | {v:.3f} | {v / ms['plain']:.2f}x |")
+    return ms
+
+
 def main(argv=None) -> int:
     from ddtree_chat.dev.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
@@ -90,6 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--verify-sizes", type=int, nargs="*", default=[])
     a = ap.parse_args(argv)
     eng = Engine.load(*shipped_demo_dirs(), device=a.device, graphs=not (a.eager or a.ops))
     cuda = eng.device.type == "cuda"
@@ -141,6 +156,8 @@ def main(argv=None) -> int:
             prof.disable()
             print(f"\n### host time, {spec}")
             pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+    if a.verify_sizes:
+        out["verify_ms"] = verify_costs(eng.decoder.graphs, a.verify_sizes)
     from ddtree_chat.engine.ops import triton_mla
 
     out["mla_configs"] = triton_mla.tuned_configs()

@@ -305,12 +305,15 @@ def test_exact_sweep_keeps_the_ar_step_then_picks_the_least_worst_ratio_to_cubla
 
 def test_profile_round_times_a_rounds_programs_on_the_cpu(tmp_path, capsys):
     """benchmarks/profile_round.py --device cpu: the demo pair's reply per mode (wall time, rounds) and, with
-    --programs, each program of the round (draft, verify, accept) run directly, each with a time."""
+    --programs, each program of the round (draft, verify, accept) run directly, each with a time; --verify-sizes,
+    the verify's time per node count."""
     import profile_round
 
     out = tmp_path / "round.json"
     assert profile_round.main(["--device", "cpu", "--modes", "ddtree:8", "--max-new", "8", "--programs",
-                               "--json", str(out)]) == 0
+                               "--verify-sizes", "2", "9", "--json", str(out)]) == 0
+    costs = json.loads(out.read_text())["verify_ms"]  # --verify-sizes: a plain step's verify, then each size's
+    assert list(costs) == ["plain", "2", "9"] and all(v > 0 for v in costs.values())
     got = json.loads(out.read_text())["ddtree:8"]
     assert got["tokens"] == 8 and 1 <= got["rounds"] <= 8 and got["wall_s"] > 0
     assert [p["key"][0] for p in got["programs"]] == ["draft", "verify", "accept"]
