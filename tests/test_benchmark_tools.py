@@ -312,9 +312,10 @@ def test_profile_round_times_a_rounds_programs_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "round.json"
     assert profile_round.main(["--device", "cpu", "--modes", "ddtree:8", "--max-new", "8", "--programs",
                                "--verify-sizes", "2", "9", "--json", str(out)]) == 0
-    costs = json.loads(out.read_text())["verify_ms"]  # --verify-sizes: a plain step's verify, then each size's
+    data = json.loads(out.read_text())
+    costs = data["verify_ms"]  # --verify-sizes: a plain step's verify, then each size's
     assert list(costs) == ["plain", "2", "9"] and all(v > 0 for v in costs.values())
-    got = json.loads(out.read_text())["ddtree:8"]
+    got = data["ddtree:8"]
     assert got["tokens"] == 8 and 1 <= got["rounds"] <= 8 and got["wall_s"] > 0
     assert [p["key"][0] for p in got["programs"]] == ["draft", "verify", "accept"]
     assert all(p["ms"] > 0 for p in got["programs"]) and "## ddtree:8: 8 tokens" in capsys.readouterr().out
