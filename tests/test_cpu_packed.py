@@ -19,19 +19,7 @@ def _flagged(n: int, k: int, dtype) -> torch.Tensor:
     return w
 
 
-def _runs_here(dtype) -> bool:
-    """Whether this CPU runs the packed product: oneDNN's bf16 weight reorder raises on a CPU without AVX512 (bw, vl,
-    dq) or AVX-NE-CONVERT (an AVX2 CPU), where cpu_packed.available(bf16) still says yes (a known fault)."""
-    if not cpu_packed.available(dtype):
-        return False
-    try:
-        cpu_packed.linear(torch.ones(2, 16, dtype=dtype), _flagged(16, 16, dtype))
-    except RuntimeError:
-        return False
-    return True
-
-
-DTYPES = [d for d in (torch.float32, torch.bfloat16) if _runs_here(d)]
+DTYPES = [d for d in (torch.float32, torch.bfloat16) if cpu_packed.available(d)]
 pytestmark = pytest.mark.skipif(not DTYPES, reason="this torch build has no packed CPU product")
 
 
@@ -98,3 +86,21 @@ def test_a_cpu_engine_packs_its_products(engine):
     assert getattr(head, cpu_packed.PACKED, None) is not None
     if eng.decoder.draft_head is not None:
         assert getattr(eng.decoder.draft_head, cpu_packed.PACKED, None) is not None
+
+
+def test_a_cpu_without_the_bf16_reorder_keeps_f_linear_for_bf16(monkeypatch):
+    """oneDNN's bf16 reorder raises on a CPU without AVX512 or AVX-NE-CONVERT (an AVX2 CPU): available() finds that
+    out with one tiny product, and a bf16 weight is then never flagged (its products stay F.linear)."""
+    def no_reorder(*a):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw")
+
+    cpu_packed.available.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", no_reorder)
+    try:
+        assert not cpu_packed.available(torch.bfloat16)
+        w = torch.randn(16, 8).to(torch.bfloat16)
+        assert not cpu_packed.mark_tensor(w)
+        x = torch.randn(3, 8).to(torch.bfloat16)
+        assert torch.equal(cpu_packed.linear(x, w), F.linear(x, w))
+    finally:
+        cpu_packed.available.cache_clear()

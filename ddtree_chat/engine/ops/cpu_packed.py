@@ -12,6 +12,8 @@ and in DDTREE_CPU_EXACT=1's row-invariant forms (ops/cpu_exact.py), which keep t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,13 +25,22 @@ PACKED = "_ddtree_packed"  # (the weight's version when packed, the packed form)
 HINT_ROWS = 16  # the row count the packing is laid out for; any row count may use it
 
 
+@functools.cache
 def available(dtype: torch.dtype) -> bool:
-    """Whether this torch build has the packed product for dtype (MKL for float32, oneDNN for bf16)."""
+    """Whether this torch build, on this CPU, has the packed product for dtype (MKL for float32, oneDNN for bf16).
+    NOTE: oneDNN's bf16 reorder needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT and raises without them (an AVX2
+    CPU): one tiny product tells."""
     if dtype == torch.float32:
         return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-    if dtype == torch.bfloat16:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    return False
+    if dtype != torch.bfloat16 or not (torch.backends.mkldnn.is_available()
+                                       and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    w = torch.ones(16, 16, dtype=dtype)
+    try:
+        p = torch.ops.mkldnn._reorder_linear_weight(w, HINT_ROWS)
+        return torch.equal(torch.ops.mkldnn._linear_pointwise(w, p, None, "none", [], ""), F.linear(w, w))
+    except RuntimeError:
+        return False
 
 
 def mark(model: nn.Module) -> int:
