@@ -1,10 +1,11 @@
 """A CPU form on and off, in one process, alternated prompt by prompt, so a busy or drifting machine weighs on both
 alike: for each mode, tokens/s with each, and its speedup over ar with each (every ratio of times measured on the
 same prompts in the same process). --what pack (default): packed CPU products (ops/cpu_packed.py) against
-F.linear; --what sdpa: the drafter's attention as one fused call (ops/cpu_draft_attention.py) against the einsum
-reference.
+F.linear; --what onednn: large float32 weights packed for oneDNN (cpu_packed.ONEDNN_MIN) against every float32
+weight packed for MKL; --what sdpa: the drafter's attention as one fused call (ops/cpu_draft_attention.py) against
+the einsum reference.
 
-    PYTHONPATH=. python benchmarks/cpu_pack_ab.py [--what pack|sdpa] [--prompts 20] [--max-new 128]
+    PYTHONPATH=. python benchmarks/cpu_pack_ab.py [--what pack|onednn|sdpa] [--prompts 20] [--max-new 128]
                                                   [--modes ar dflash ddtree:8 ddtree:16]
 
 The shipped pair and its held-out prompts, T=0, one intra-op thread. F.linear is what DDTREE_CPU_PACK=0 runs:
@@ -29,21 +30,25 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=["ar", "dflash", "ddtree:8", "ddtree:16"])
-    ap.add_argument("--what", choices=["pack", "sdpa"], default="pack")
+    ap.add_argument("--what", choices=["pack", "onednn", "sdpa"], default="pack")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     eng = Engine.load(*shipped_demo_dirs(), device="cpu")
     weights = [t for m in (eng.target, eng.drafter) for t in list(m.parameters()) + list(m.buffers())
                if cpu_packed.packable(t)] + [t for t in [eng.decoder.draft_head] if t is not None and cpu_packed.packable(t)]
-    assert weights or a.what != "pack", "nothing packed: DDTREE_CPU_PACK=0 or no packed product in this torch build"
+    assert weights or a.what == "sdpa", "nothing packed: DDTREE_CPU_PACK=0 or no packed product in this torch build"
+
+    limit = cpu_packed.ONEDNN_MIN
 
     def setting(on: bool) -> None:
         if a.what == "sdpa":
             cpu_draft_attention.ENABLED = on
             return
+        if a.what == "onednn":
+            cpu_packed.ONEDNN_MIN = limit if on else float("inf")
         for t in weights:
-            setattr(t, cpu_packed.FLAG, on)
-            if not on and hasattr(t, cpu_packed.PACKED):
+            setattr(t, cpu_packed.FLAG, on or a.what == "onednn")
+            if (not on or a.what == "onednn") and hasattr(t, cpu_packed.PACKED):
                 delattr(t, cpu_packed.PACKED)  # NOTE: repacked on first use (a few ms a reply, both sides warm)
 
     def cfg(spec: str) -> GenerationConfig:
@@ -73,7 +78,7 @@ def main(argv=None) -> int:
     setting(True)
     print(f"{len(prompts)} held-out prompts, {a.max_new} new tokens, T=0, CPU float32 target, one thread; "
           "ids == ar in every mode under both")
-    on_name, off_name = ("packed", "F.linear") if a.what == "pack" else ("fused", "einsum")
+    on_name, off_name = {"pack": ("packed", "F.linear"), "onednn": ("oneDNN", "MKL"), "sdpa": ("fused", "einsum")}[a.what]
     print(f"| mode | {on_name} tok/s | {off_name} tok/s | {on_name} / {off_name} | vs ar, {on_name} | vs ar, {off_name} |")
     print("|---|---:|---:|---:|---:|---:|")
     for spec in a.modes:

@@ -52,6 +52,20 @@ def test_the_ops_products_take_the_packed_form(dtype):
     assert getattr(wu, cpu_packed.PACKED, None) is not None
 
 
+@pytest.mark.skipif(not (cpu_packed._onednn(torch.float32) and cpu_packed._mkl()), reason="needs MKL and oneDNN")
+def test_a_large_float32_weight_packs_for_onednn_a_small_one_for_mkl():
+    """The lm head and the dense MLP (>= ONEDNN_MIN elements) take oneDNN's product at every row count, one row
+    included; a small weight MKL's at 2+ rows and F.linear's (bit for bit) at one."""
+    big, small = _flagged(8192, 384, torch.float32), _flagged(256, 384, torch.float32)
+    assert big.numel() >= cpu_packed.ONEDNN_MIN > small.numel()
+    for m in (1, 9):
+        x = torch.randn(m, 384)
+        torch.testing.assert_close(cpu_packed.linear(x, big), F.linear(x, big), rtol=1e-5, atol=1e-4)
+        y = cpu_packed.linear(x, small)
+        assert torch.equal(y, F.linear(x, small)) if m == 1 else torch.allclose(y, F.linear(x, small), atol=1e-4)
+    assert getattr(big, cpu_packed.PACKED)[2] and not getattr(small, cpu_packed.PACKED)[2]
+
+
 def test_a_weight_written_in_place_is_packed_again():
     w = _flagged(16, 8, DTYPES[0])
     x = torch.randn(3, 8).to(w.dtype)
@@ -95,6 +109,7 @@ def test_a_cpu_without_the_bf16_reorder_keeps_f_linear_for_bf16(monkeypatch):
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw")
 
     cpu_packed.available.cache_clear()
+    cpu_packed._onednn.cache_clear()
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", no_reorder)
     try:
         assert not cpu_packed.available(torch.bfloat16)
@@ -104,3 +119,4 @@ def test_a_cpu_without_the_bf16_reorder_keeps_f_linear_for_bf16(monkeypatch):
         assert torch.equal(cpu_packed.linear(x, w), F.linear(x, w))
     finally:
         cpu_packed.available.cache_clear()
+        cpu_packed._onednn.cache_clear()

@@ -1,5 +1,6 @@
-"""CPU products over weights packed once into the BLAS's own layout (MKL's packed SGEMM for float32, oneDNN's
-reordered weights for bf16) instead of torch's plain F.linear, which re-lays the weight out on every call.
+"""CPU products over weights packed once into the BLAS's own layout (oneDNN's reordered weights for bf16 and for
+large float32 weights, MKL's packed SGEMM for the smaller float32 ones) instead of torch's plain F.linear, which
+re-lays the weight out on every call.
 
 Why: a tree verify's products (9-33 rows) cost several times a one-row product through F.linear; packed, they cost
 less at those rows (a round gains on an AR step), and the drafter's bf16 products less at every row count
@@ -23,17 +24,14 @@ from ...knobs import CPU_PACK, get
 FLAG = "_ddtree_pack"  # set by mark(): pack this weight on first use
 PACKED = "_ddtree_packed"  # (the weight's version when packed, the packed form)
 HINT_ROWS = 16  # the row count the packing is laid out for; any row count may use it
+ONEDNN_MIN = 1 << 18  # elements: a float32 weight this large packs for oneDNN, a smaller one for MKL (cpu_products.py)
 
 
 @functools.cache
-def available(dtype: torch.dtype) -> bool:
-    """Whether this torch build, on this CPU, has the packed product for dtype (MKL for float32, oneDNN for bf16).
-    NOTE: oneDNN's bf16 reorder needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT and raises without them (an AVX2
-    CPU): one tiny product tells."""
-    if dtype == torch.float32:
-        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-    if dtype != torch.bfloat16 or not (torch.backends.mkldnn.is_available()
-                                       and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+def _onednn(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's reordered product runs for dtype on this CPU. NOTE: its bf16 reorder needs AVX512 (bw, vl,
+    dq) or AVX-NE-CONVERT and raises without them (an AVX2 CPU): one tiny product tells."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     w = torch.ones(16, 16, dtype=dtype)
     try:
@@ -41,6 +39,25 @@ def available(dtype: torch.dtype) -> bool:
         return torch.equal(torch.ops.mkldnn._linear_pointwise(w, p, None, "none", [], ""), F.linear(w, w))
     except RuntimeError:
         return False
+
+
+def _mkl() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+@functools.cache
+def available(dtype: torch.dtype) -> bool:
+    """Whether this torch build, on this CPU, has a packed product for dtype (float32: MKL or oneDNN; bf16: oneDNN)."""
+    if dtype == torch.float32:
+        return _mkl() or _onednn(dtype)
+    return dtype == torch.bfloat16 and _onednn(dtype)
+
+
+def _by_onednn(w: torch.Tensor) -> bool:
+    """Whether w packs for oneDNN: bf16, or float32 of ONEDNN_MIN elements or more (or MKL missing). oneDNN's
+    float32 product has ~10 us more fixed cost a call than MKL's but runs a large weight 1.5-3x faster at 2+ rows
+    and an 8192 x 384 head 2x faster at one."""
+    return w.dtype != torch.float32 or (_onednn(w.dtype) and (w.numel() >= ONEDNN_MIN or not _mkl()))
 
 
 def mark(model: nn.Module) -> int:
@@ -59,34 +76,31 @@ def mark_tensor(w: torch.Tensor) -> bool:
     return ok
 
 
-def _pack(w: torch.Tensor) -> torch.Tensor:
-    if w.dtype == torch.float32:
-        return torch.ops.mkl._mkl_reorder_linear_weight(w, HINT_ROWS)
-    return torch.ops.mkldnn._reorder_linear_weight(w, HINT_ROWS)
-
-
-def _packed(w: torch.Tensor) -> torch.Tensor | None:
+def _packed(w: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """w's packed form and whether it is oneDNN's (packed on first use, again after an in-place write)."""
     if not getattr(w, FLAG, False):
         return None
     held = getattr(w, PACKED, None)
     if held is not None and held[0] == w._version:
-        return held[1]
-    p = _pack(w.detach())
-    setattr(w, PACKED, (w._version, p))
-    return p
+        return held[1], held[2]
+    onednn = _by_onednn(w)
+    reorder = torch.ops.mkldnn._reorder_linear_weight if onednn else torch.ops.mkl._mkl_reorder_linear_weight
+    p = reorder(w.detach(), HINT_ROWS)
+    setattr(w, PACKED, (w._version, p, onednn))
+    return p, onednn
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for x [M, K], w [N, K]: through w's packed form when mark() flagged w, else F.linear.
-    NOTE: a float32 row alone takes F.linear: its one-row path is as fast or faster (BENCHMARKS.md)."""
+    NOTE: a float32 row alone takes F.linear on an MKL-packed weight: MKL's one-row path is as fast or faster."""
     use = x.device.type == "cpu" and x.dtype == w.dtype and not x.requires_grad
-    p = _packed(w) if use and (x.shape[0] > 1 or w.dtype != torch.float32) else None
-    if p is None:
+    form = _packed(w) if use else None
+    if form is None or (not form[1] and x.shape[0] == 1):
         return F.linear(x, w)
     x = x.contiguous()
-    if w.dtype == torch.float32:  # NOTE: the row count as the "packed for" size: the packed path for any M
-        return torch.ops.mkl._mkl_linear(x, p, w, None, x.shape[0])
-    return torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+    if form[1]:
+        return torch.ops.mkldnn._linear_pointwise(x, form[0], None, "none", [], "")
+    return torch.ops.mkl._mkl_linear(x, form[0], w, None, x.shape[0])  # NOTE: the row count as the "packed for" size
 
 
 def packable(w: torch.Tensor) -> bool:
