@@ -2,10 +2,11 @@
 alike: for each mode, tokens/s with each, and its speedup over ar with each (every ratio of times measured on the
 same prompts in the same process). --what pack (default): packed CPU products (ops/cpu_packed.py) against
 F.linear; --what onednn: large float32 weights packed for oneDNN (cpu_packed.ONEDNN_MIN) against every float32
-weight packed for MKL; --what sdpa: the drafter's attention as one fused call (ops/cpu_draft_attention.py) against
-the einsum reference.
+weight packed for MKL; --what moe: the routed experts run densely from ops/moe.py's DENSE_ROWS rows on against
+the grouped products at every row count; --what sdpa: the drafter's attention as one fused call
+(ops/cpu_draft_attention.py) against the einsum reference.
 
-    PYTHONPATH=. python benchmarks/cpu_pack_ab.py [--what pack|onednn|sdpa] [--prompts 20] [--max-new 128]
+    PYTHONPATH=. python benchmarks/cpu_pack_ab.py [--what pack|onednn|moe|sdpa] [--prompts 20] [--max-new 128]
                                                   [--modes ar dflash ddtree:8 ddtree:16]
 
 The shipped pair and its held-out prompts, T=0, one intra-op thread. F.linear is what DDTREE_CPU_PACK=0 runs:
@@ -24,25 +25,28 @@ def main(argv=None) -> int:
     from ddtree_chat.dev.demo.common import heldout_prompts
     from ddtree_chat.engine import Engine, GenerationConfig
     from ddtree_chat.engine.default_model import shipped_demo_dirs
-    from ddtree_chat.engine.ops import cpu_draft_attention, cpu_packed
+    from ddtree_chat.engine.ops import cpu_draft_attention, cpu_packed, moe
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=["ar", "dflash", "ddtree:8", "ddtree:16"])
-    ap.add_argument("--what", choices=["pack", "onednn", "sdpa"], default="pack")
+    ap.add_argument("--what", choices=["pack", "onednn", "moe", "sdpa"], default="pack")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     eng = Engine.load(*shipped_demo_dirs(), device="cpu")
     weights = [t for m in (eng.target, eng.drafter) for t in list(m.parameters()) + list(m.buffers())
                if cpu_packed.packable(t)] + [t for t in [eng.decoder.draft_head] if t is not None and cpu_packed.packable(t)]
-    assert weights or a.what == "sdpa", "nothing packed: DDTREE_CPU_PACK=0 or no packed product in this torch build"
+    assert weights or a.what in ("sdpa", "moe"), "nothing packed: DDTREE_CPU_PACK=0 or no packed product in this torch build"
 
-    limit = cpu_packed.ONEDNN_MIN
+    limit, dense_rows = cpu_packed.ONEDNN_MIN, moe.DENSE_ROWS
 
     def setting(on: bool) -> None:
         if a.what == "sdpa":
             cpu_draft_attention.ENABLED = on
+            return
+        if a.what == "moe":
+            moe.DENSE_ROWS = dense_rows if on else float("inf")
             return
         if a.what == "onednn":
             cpu_packed.ONEDNN_MIN = limit if on else float("inf")
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
     setting(True)
     print(f"{len(prompts)} held-out prompts, {a.max_new} new tokens, T=0, CPU float32 target, one thread; "
           "ids == ar in every mode under both")
-    on_name, off_name = {"pack": ("packed", "F.linear"), "onednn": ("oneDNN", "MKL"), "sdpa": ("fused", "einsum")}[a.what]
+    on_name, off_name = {"pack": ("packed", "F.linear"), "onednn": ("oneDNN", "MKL"), "moe": ("dense", "grouped"),
+                          "sdpa": ("fused", "einsum")}[a.what]
     print(f"| mode | {on_name} tok/s | {off_name} tok/s | {on_name} / {off_name} | vs ar, {on_name} | vs ar, {off_name} |")
     print("|---|---:|---:|---:|---:|---:|")
     for spec in a.modes:

@@ -145,6 +145,42 @@ def test_grouped_product_experts_equal_the_per_expert_form():
     assert not none.any()  # every expert on another rank: nothing added
 
 
+def test_cpu_dense_experts_equal_the_grouped_form(monkeypatch):
+    """From DENSE_ROWS rows on, the CPU runs every routed expert on every row through packed products: the grouped
+    form's values (ids of -1 skipped, the shared expert apart); fewer rows, DDTREE_CPU_EXACT=1's row-invariant
+    forms and DDTREE_CPU_PACK=0 keep the grouped products."""
+    from ddtree_chat.engine.ops import cpu_packed, moe
+    from ddtree_chat.engine.ops.moe import ExpertWeights, _routed_grouped_mm, moe_experts_ref, prepare_experts
+
+    if not cpu_packed.available(torch.float32):
+        pytest.skip("this torch build has no packed CPU product")
+    g = torch.Generator().manual_seed(4)
+    e, hdim, inter, k = 9, 32, 16, 3
+    experts = prepare_experts(ExpertWeights(*(torch.randn(e, *s, generator=g) for s in ((inter, hdim), (inter, hdim),
+                                                                                          (hdim, inter))), shared=1))
+    shared = lambda x: torch.nn.functional.silu(x @ experts.gate[-1].T) * (x @ experts.up[-1].T) @ experts.down[-1].T
+    for t in (moe.DENSE_ROWS - 1, moe.DENSE_ROWS, 9, 70):
+        x = torch.randn(t, hdim, generator=g)
+        ids = torch.stack([torch.randperm(e - 1, generator=g)[:k] for _ in range(t)])
+        ids[0, 1] = -1
+        w = torch.rand(t, k, generator=g)
+        want = torch.zeros(t, hdim)
+        _routed_grouped_mm(want, x, ids, w, experts)
+        torch.testing.assert_close(moe_experts_ref(x, ids, w, experts), want + shared(x), rtol=1e-5, atol=1e-4)
+        assert (experts.stacked is not None) == (t >= moe.DENSE_ROWS), t
+    gate, _, down, n = experts.stacked[1]
+    assert n == e - 1 and cpu_packed.packable(gate) and cpu_packed.packable(down)
+    routed = prepare_experts(ExpertWeights(experts.gate[:n], experts.up[:n], experts.down[:n]))
+    moe_experts_ref(x, ids, w, routed)
+    assert routed.stacked[1][2].data_ptr() == routed.down.data_ptr()  # no shared expert: views, no copy
+    for env in ("DDTREE_CPU_EXACT", "DDTREE_CPU_PACK"):
+        other = ExpertWeights(experts.gate, experts.up, experts.down, shared=1)
+        with monkeypatch.context() as m:
+            m.setenv(env, "1" if env == "DDTREE_CPU_EXACT" else "0")
+            moe_experts_ref(x, ids, w, other)
+        assert other.stacked is None or other.stacked[1] is None, env
+
+
 def test_rope_table_serves_the_computed_values_bit_for_bit():
     """A reserved RopeTable gathers what rope_cos_sin computes (same float64 maths, one cast), so the
     engine's outputs do not change; without a reservation it computes per call."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from . import cpu_exact
+from . import cpu_exact, cpu_packed
 from .int4 import Int4Weight
 from .linear import linear, linear_add, matmul_nt_ref, routed_glu, silu
 from .registry import define
@@ -22,6 +22,7 @@ class ExpertWeights:
     up: torch.Tensor | Int4Weight
     down: torch.Tensor | Int4Weight
     shared: int = 0
+    stacked: tuple | None = field(default=None, repr=False, compare=False)  # _stacked_cpu's, built on first use
 
     @property
     def num_experts(self) -> int:
@@ -33,10 +34,13 @@ class ExpertWeights:
 
 
 def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: ExpertWeights) -> torch.Tensor:
-    """x [T, H], ids/weights [T, k] -> [T, H]. Each touched expert is read once for all its tokens.
-    NOTE: id -1 marks an expert held by another rank (expert parallel): skipped."""
+    """x [T, H], ids/weights [T, k] -> [T, H]. Each touched expert is read once for all its tokens (on the CPU from
+    DENSE_ROWS rows on, every expert). NOTE: id -1 marks an expert held by another rank (expert parallel): skipped."""
     out = torch.zeros(x.shape[0], experts.down.shape[1], dtype=torch.float32, device=x.device)
-    if torch.is_tensor(experts.gate) and x.device.type == "cpu" and hasattr(F, "grouped_mm"):
+    stacked = _stacked_cpu(experts) if x.shape[0] >= DENSE_ROWS and not cpu_exact.enabled(x) else None
+    if stacked is not None:
+        _routed_dense_cpu(out, x, ids, weights, stacked)
+    elif torch.is_tensor(experts.gate) and x.device.type == "cpu" and hasattr(F, "grouped_mm"):
         _routed_grouped_mm(out, x, ids, weights, experts)
     else:
         _routed_per_expert(out, x, ids, weights, experts)
@@ -88,6 +92,41 @@ def _routed_grouped_mm(out: torch.Tensor, x, ids, weights, experts: ExpertWeight
     h = silu(F.grouped_mm(xs, gate, offs=offs)) * F.grouped_mm(xs, up, offs=offs)
     y = F.grouped_mm(h, down, offs=offs)
     out.index_add_(0, tok, (y if dest is None else y[dest]).float() * weights.flatten()[order, None].float())
+
+
+DENSE_ROWS = 4  # a CPU call of this many rows or more runs every routed expert densely (_routed_dense_cpu)
+
+
+def _stacked_cpu(experts: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """The routed experts of dense CPU weights as three products' weights, flagged for packing (ops/cpu_packed.py):
+    gate, up [E * I, H], down [H, E * I] (views where prepare_experts laid down out [H, E, I], else a copy, rebuilt
+    after an in-place write) and E, the routed experts; None where the weights are not dense CPU ones or are not
+    packed (DDTREE_CPU_PACK=0): every expert on every row pays only through the packed products."""
+    d = experts.down
+    if not (torch.is_tensor(d) and d.device.type == "cpu" and d.dim() == 3 and cpu_packed.available(d.dtype)):
+        return None
+    held = experts.stacked
+    if held is None or held[0] != d._version:
+        e, h, i = d.shape
+        n = e - experts.shared
+        g, u = (w[:n].reshape(n * i, h) for w in (experts.gate, experts.up))
+        down = d[:n].permute(1, 0, 2).reshape(h, n * i).contiguous()
+        ok = all([cpu_packed.mark_tensor(w) for w in (g, u, down)])
+        held = experts.stacked = (d._version, (g, u, down, n) if ok else None)
+    return held[1]
+
+
+def _routed_dense_cpu(out: torch.Tensor, x, ids, weights, stacked) -> None:
+    """out [T, H] float32 += the routed experts' weighted outputs, every expert on every row: gate and up one
+    product each over all E experts, each expert's GLU scaled by the row's routing weight (0 unless routed; id -1,
+    another rank's expert, matches none), and down with the top-k sum one product over the concatenated [T, E * I]
+    intermediates. It reads every expert once for all rows: on the CPU faster than the grouped products from a
+    few rows on (a verify touches most experts), slower below (BENCHMARKS.md, "CPU figures")."""
+    g, u, down, n = stacked
+    t = x.shape[0]
+    scale = torch.zeros(t, n + 1, dtype=x.dtype).scatter_add_(1, ids.long() + 1, weights.to(x.dtype))  # 0: id -1
+    h = silu(cpu_packed.linear(x, g)) * cpu_packed.linear(x, u)  # [T, E * I]
+    out += cpu_packed.linear((h.view(t, n, -1) * scale[:, 1:, None]).view(t, -1), down).float()
 
 
 def _expert(x: torch.Tensor, experts: ExpertWeights, e: int) -> torch.Tensor:
