@@ -22,7 +22,7 @@ from torch import nn
 from ...knobs import CPU_PACK, get
 
 FLAG = "_ddtree_pack"  # set by mark(): pack this weight on first use
-PACKED = "_ddtree_packed"  # (the weight's version when packed, the packed form)
+PACKED = "_ddtree_packed"  # (the weight's version when packed, the packed form, whether it is oneDNN's)
 HINT_ROWS = 16  # the row count the packing is laid out for; any row count may use it
 ONEDNN_MIN = 1 << 18  # elements: a float32 weight this large packs for oneDNN, a smaller one for MKL (cpu_products.py)
 
@@ -54,9 +54,8 @@ def available(dtype: torch.dtype) -> bool:
 
 
 def _by_onednn(w: torch.Tensor) -> bool:
-    """Whether w packs for oneDNN: bf16, or float32 of ONEDNN_MIN elements or more (or MKL missing). oneDNN's
-    float32 product has ~10 us more fixed cost a call than MKL's but runs a large weight 1.5-3x faster at 2+ rows
-    and an 8192 x 384 head 2x faster at one."""
+    """Whether w packs for oneDNN: bf16, or float32 of ONEDNN_MIN elements or more (or MKL missing). NOTE: oneDNN's
+    float32 product costs more per call than MKL's and less per element (BENCHMARKS.md, "CPU figures")."""
     return w.dtype != torch.float32 or (_onednn(w.dtype) and (w.numel() >= ONEDNN_MIN or not _mkl()))
 
 
