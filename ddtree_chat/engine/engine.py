@@ -268,10 +268,11 @@ class Engine:
                 raise
 
     def _cost_key(self) -> str:
-        """The verify cost curve's cache key: checkpoint, machine, dtype, ranks, and how rounds run."""
+        """The verify cost curve's cache key: checkpoint, machine, dtype, ranks, and how rounds run. NOTE: v7 since
+        the CPU's verifies got cheaper (oneDNN products, dense experts): an older curve would keep auto's trees small."""
         dec = self.decoder
         how = "graphs" if dec.graphs.capture else "eager"
-        return f"v6-{self.fingerprint[:16]}-{device_policy.machine(self.device)}-{dec.dtype}-tp{self.tp.world}-{how}"
+        return f"v7-{self.fingerprint[:16]}-{device_policy.machine(self.device)}-{dec.dtype}-tp{self.tp.world}-{how}"
 
 def load_worker_rank(**kwargs) -> Engine:
     """A tensor-parallel worker's rank (parallel.Workers imports this by name in each worker process)."""
