@@ -87,7 +87,8 @@ def test_mark_flags_product_weights_not_embeddings(monkeypatch):
 
 def test_a_cpu_engine_packs_its_products(engine):
     """A pair loaded on the CPU: the lm head (and the drafter's copy of it, in its own dtype) go through
-    packed forms once a reply ran, and the reply still equals plain decoding's in ddtree mode."""
+    packed forms once a reply ran, a verify's routed experts run densely over packed stacked weights
+    (ops/moe.py), and the reply still equals plain decoding's in ddtree mode."""
     from ddtree_chat.engine import GenerationConfig
 
     eng = engine
@@ -98,6 +99,8 @@ def test_a_cpu_engine_packs_its_products(engine):
     tree = list(eng.generate(ids, GenerationConfig(mode="ddtree", budget=16, max_new_tokens=24)))[-1]["token_ids"]
     assert tree == ar
     assert getattr(head, cpu_packed.PACKED, None) is not None
+    experts = [layer.mlp.experts for layer in eng.target.layers if getattr(layer.mlp, "experts", None) is not None]
+    assert experts and all(e.stacked is not None and e.stacked[1] is not None for e in experts)
     if eng.decoder.draft_head is not None:
         assert getattr(eng.decoder.draft_head, cpu_packed.PACKED, None) is not None
 
