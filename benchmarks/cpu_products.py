@@ -7,7 +7,8 @@ default) and bf16, against the same product's one-row time.
 A product that reads its weights at one row and is done (memory-bound) costs about the same at 9 rows; one whose
 arithmetic already sets the pace at one row costs up to 9x. Each shape is weighted by how many times one forward
 runs it; the routed experts by the distinct experts M tokens pick (expected, uniform routing), each over its share
-of the rows; the last line is a forward's products at M rows over their cost at one row (attention, norms and
+of the rows (with --packed from ops/moe.py's DENSE_ROWS rows on: every expert on all M rows, three products over
+the stacked experts, as the engine's CPU runs them); the last line is a forward's products at M rows over their cost at one row (attention, norms and
 the host's per-op work are not in it). x [M, K] @ w [N, K]^T as F.linear runs it (--packed: through the weight's
 packed form, ops/cpu_packed.py, as a loaded CPU engine runs it), random values, median of --repeats calls."""
 
@@ -53,10 +54,14 @@ def dense_shapes(model) -> dict[tuple[int, int], int]:
     return counts
 
 
-def expert_us(cfg, moe_layers: int, m: int, us) -> float:
+def expert_us(cfg, moe_layers: int, m: int, us, dense: bool = False) -> float:
     """A forward's routed-expert products at m rows: the distinct experts m tokens pick (expected, uniform routing)
-    each run gate, up and down over their share of the rows (rounded up); us(n, k, rows) times one product."""
+    each run gate, up and down over their share of the rows (rounded up); dense: every expert on every row as the
+    engine's CPU runs it from ops/moe.py's DENSE_ROWS rows on (gate and up [E * I, H], down [H, E * I], m rows
+    each); us(n, k, rows) times one product."""
     e, k, h, i = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size
+    if dense:
+        return moe_layers * (2 * us(e * i, h, m) + us(h, e * i, m))
     distinct = e * (1 - (1 - k / e) ** m)
     rows = -(-m * k // round(distinct))
     return moe_layers * distinct * (2 * us(i, h, rows) + us(h, i, rows))
@@ -65,6 +70,7 @@ def expert_us(cfg, moe_layers: int, m: int, us) -> float:
 def main(argv=None) -> int:
     from ddtree_chat.engine.default_model import shipped_demo_dirs
     from ddtree_chat.engine.loader import load_target
+    from ddtree_chat.engine.ops import moe
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 9, 17, 33])
@@ -98,10 +104,11 @@ def main(argv=None) -> int:
             res["products"][f"{name} {n}x{k}"] = {"per_forward": count, **{str(m): us(n, k, m) for m in rows}}
             cells = " | ".join(f"{us(n, k, m):.1f} ({us(n, k, m) / us(n, k, 1):.1f}x)" for m in rows)
             print(f"| {name} | {n} x {k} | {count} | {cells} |")
-        experts = {m: expert_us(cfg, moe_layers, m, us) for m in rows}
+        experts = {m: expert_us(cfg, moe_layers, m, us, a.packed and m >= moe.DENSE_ROWS) for m in rows}
         res["experts_us"][name] = {str(m): experts[m] for m in rows}
         cells = " | ".join(f"{experts[m]:.0f} ({experts[m] / experts[1]:.2f}x)" for m in rows)
-        print(f"| {name} | routed experts (expected distinct, gate + up + down) | {moe_layers} layers | {cells} |")
+        how = "; dense from DENSE_ROWS rows" if a.packed else ""
+        print(f"| {name} | routed experts (expected distinct, gate + up + down{how}) | {moe_layers} layers | {cells} |")
         for m in rows:
             total[m] += experts[m]
         res["forward_us"][name] = {str(m): total[m] for m in rows}

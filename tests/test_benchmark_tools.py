@@ -362,6 +362,9 @@ def test_cpu_products_counts_a_forwards_products_and_the_experts_tokens_pick():
     assert cpu_products.expert_us(cfg, 5, 1, unit) == 5 * 4 * 3 and set(calls) == {1}  # 4 experts, 1 row each
     many = cpu_products.expert_us(cfg, 5, 64, unit)
     assert 5 * 15.9 * 3 < many <= 5 * 16 * 3 and calls[-1] == 16  # every expert, 64 x 4 / 16 rows each
+    shapes = []
+    dense = cpu_products.expert_us(cfg, 5, 9, lambda n, k, rows: shapes.append((n, k, rows)) or 1.0, dense=True)
+    assert dense == 5 * 3 and set(shapes) == {(64, 8, 9), (8, 64, 9)}  # gate, up [E * I, H], down [H, E * I], all rows
 
 
 def test_e2e_under_a_repeat_penalty_adds_plain_ar_beside_the_penalised_modes(synthetic_pair, tmp_path, capsys):
