@@ -48,11 +48,12 @@ def main(argv=None) -> int:
         if a.what == "moe":
             moe.DENSE_ROWS = dense_rows if on else float("inf")
             return
-        if a.what == "onednn":
+        repack = a.what == "onednn"  # NOTE: both settings pack, each for its BLAS: drop the other's forms
+        if repack:
             cpu_packed.ONEDNN_MIN = limit if on else float("inf")
         for t in weights:
-            setattr(t, cpu_packed.FLAG, on or a.what == "onednn")
-            if (not on or a.what == "onednn") and hasattr(t, cpu_packed.PACKED):
+            setattr(t, cpu_packed.FLAG, on or repack)
+            if (repack or not on) and hasattr(t, cpu_packed.PACKED):
                 delattr(t, cpu_packed.PACKED)  # NOTE: repacked on first use (a few ms a reply, both sides warm)
 
     def cfg(spec: str) -> GenerationConfig:
