@@ -89,11 +89,17 @@ def routed_glu_ref(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, ids: tor
     """Every expert's GLU half on every token, scaled by the token's routing weight for that expert (0 if
     not routed to it; id -1, another rank's expert, matches none; the last `shared` experts: 1 for every
     token): x [T, K], wg/wu [E, I, K], ids/weights [T, k] -> [T, E, I]."""
-    e = wg.shape[0]
-    dense = torch.zeros(x.shape[0], e + 1, dtype=torch.float32, device=x.device)
+    dense = routing_matrix(ids, weights, wg.shape[0], shared)
+    return matmul_nt_glu(x, wg, wu).transpose(0, 1) * dense[:, :, None].to(x.dtype)
+
+
+def routing_matrix(ids: torch.Tensor, weights: torch.Tensor, experts: int, shared: int = 0) -> torch.Tensor:
+    """ids/weights [T, k] -> [T, experts] float32: each row's routing weight per expert (0 if not routed to it;
+    id -1, another rank's expert, matches none; the last `shared` experts: 1 for every row)."""
+    dense = torch.zeros(ids.shape[0], experts + 1, dtype=torch.float32, device=ids.device)
     dense.scatter_add_(1, ids.long() + 1, weights.float())  # column 0: other ranks' ids
-    dense[:, e + 1 - shared :] = 1.0
-    return matmul_nt_glu(x, wg, wu).transpose(0, 1) * dense[:, 1:, None].to(x.dtype)
+    dense[:, experts + 1 - shared :] = 1.0
+    return dense[:, 1:]
 
 
 ROUTED_GLU = define("routed_glu", routed_glu_ref)

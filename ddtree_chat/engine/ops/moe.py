@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from . import cpu_exact, cpu_packed
 from .int4 import Int4Weight
-from .linear import linear, linear_add, matmul_nt_ref, routed_glu, silu
+from .linear import linear, linear_add, matmul_nt_ref, routed_glu, routing_matrix, silu
 from .registry import define
 
 
@@ -124,9 +124,9 @@ def _routed_dense_cpu(out: torch.Tensor, x, ids, weights, stacked) -> None:
     few rows on (a verify touches most experts), slower below (BENCHMARKS.md, "CPU figures")."""
     g, u, down, n = stacked
     t = x.shape[0]
-    scale = torch.zeros(t, n + 1, dtype=x.dtype).scatter_add_(1, ids.long() + 1, weights.to(x.dtype))  # 0: id -1
+    scale = routing_matrix(ids, weights, n).to(x.dtype)
     h = silu(cpu_packed.linear(x, g)) * cpu_packed.linear(x, u)  # [T, E * I]
-    out += cpu_packed.linear((h.view(t, n, -1) * scale[:, 1:, None]).view(t, -1), down).float()
+    out += cpu_packed.linear((h.view(t, n, -1) * scale[:, :, None]).view(t, -1), down).float()
 
 
 def _expert(x: torch.Tensor, experts: ExpertWeights, e: int) -> torch.Tensor:
