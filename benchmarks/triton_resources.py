@@ -75,7 +75,7 @@ def exact_mla_configs(dtypes=(torch.bfloat16, torch.float32), heads=(8, 64), war
                 mconsts = {"F": f, "CHUNK": ex.chunk_keys(nh), "R": 512, "BLOCK_S": block_s, "BLOCK_R": block_r,
                            "PDL": pdl}
                 out.append((f"_merge_kernel {ty} heads={nh} F={f}", _src(ex._merge_kernel, msig, mconsts, _MERGE_PTRS),
-                            {"num_warps": ex.MERGE_WARPS}))
+                            {"num_warps": ex.MERGE_WARPS, "enable_fp_fusion": ex.MERGE_FP_FUSION}))
     return out
 
 

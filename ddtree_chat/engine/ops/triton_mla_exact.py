@@ -46,6 +46,9 @@ FOLD: bool | None = None  # one program per sub-chunk: None by the rule in layou
 WARPS = 8
 HOPPER_BF16_WARPS = 4  # sm_90 bf16: 224 B of spills at 4 warps, yet faster than 8 on the H200 (BENCHMARKS.md)
 MERGE_WARPS = 8  # the merge's [16, 128] fold spilled a few bytes at 4 (sm_90, Triton 3.6's ptxas); [128, 32]: none at 8
+# the merge is built per F (states a chunk): with contraction on, each build may fuse its multiplies and adds into
+# FMAs differently (LLVM and ptxas), so an AR step (F = 4) and a tree (F = 1) rounded the same row apart
+MERGE_FP_FUSION = False
 
 
 def merge_layout(heads: int) -> tuple[int, int]:
@@ -367,5 +370,6 @@ def mla_attention_exact(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max
     block_s, block_r = merge_layout(nh)
     block_r = min(r, block_r)
     _merge_kernel[(m, r // block_r)](op, lp, out, plen, m, ncs, ntl, slots * m, F=f, CHUNK=chunk, R=r,
-                                     BLOCK_S=block_s, BLOCK_R=block_r, num_warps=MERGE_WARPS, **pdl.launch(dev))
+                                     BLOCK_S=block_s, BLOCK_R=block_r, num_warps=MERGE_WARPS,
+                                     enable_fp_fusion=MERGE_FP_FUSION, **pdl.launch(dev))
     return out
