@@ -223,6 +223,29 @@ def _exact_mla_resources(arch: int, bf16_heads: tuple) -> dict:
     return found
 
 
+def test_row_invariant_mla_merges_leave_no_multiply_and_add_to_fuse():
+    """The MLA merge is compiled per stored states a chunk (F = 1 for a tree's launch, 4 for an AR step's at 8
+    heads), so its builds must round alike: built as the launch builds them, their PTX holds only round-to-
+    nearest float32 adds, subtractions and multiplies (ptxas fuses no pair into an FMA) and FMAs the source
+    asks for; with contraction on, plain mul.f32 / add.f32 would appear."""
+    import re
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import triton_resources
+
+    merges = [(n, src, opts) for n, src, opts in triton_resources.exact_mla_configs(dtypes=(torch.bfloat16,), heads=(8,))
+              if n.startswith("_merge_kernel")]
+    assert len(merges) == 2, [n for n, _, _ in merges]
+    for name, src, opts in merges:
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+        fusable = re.findall(r"^\s*(?:add|sub|mul)\.f32\b", ptx, re.M)
+        assert not fusable and re.search(r"^\s*mul\.rn\.f32", ptx, re.M), (name, fusable[:3])
+
+
 def test_row_invariant_mla_compiles_for_hopper_within_its_spill_budget():
     """The row-invariant MLA kernel and its merge as mla_attention_exact launches them on sm_90 (bf16 at 8 and
     64 heads' chunks, float32 at 64; the launch's 16-divisible pointers and strides), from ptxas -v
