@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit exactmerge exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mergefusion exactmerge exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -120,6 +120,7 @@ for s in "$@"; do
         exactchunk) step exactchunk 300 python benchmarks/kernels.py --only exact_chunk --json "$OUT/exact_chunk.json" ;;  # chunk lengths at 8 heads
         exactcap) step exactcap 240 python benchmarks/kernels.py --only exact_capacity --json "$OUT/exact_capacity.json" ;;  # attention planned for the whole cache (as the engine's programs) vs for the prefix
         exactdemo) step exactdemo 240 python benchmarks/kernels.py --only exact_demo --json "$OUT/exact_demo.json" ;;  # the same at the demo target's shapes (float32, 4 heads)
+        mergefusion) step mergefusion 200 python benchmarks/mla_merge_fusion.py ;;  # the MLA merge's rows vs AR steps, contraction on and off
         exactmerge) step exactmerge 240 python benchmarks/kernels.py --only exact_merge --json "$OUT/exact_merge.json" ;;  # the row-invariant MLA's merge layouts side by side
         mlasplit) step mlasplit 200 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # each MLA kernel's time (kernel_us), default plans only
         pdl) DDTREE_PDL=1 step pdl-tests 420 python -m pytest -q -m gpu --timeout 300 tests/test_pdl_gpu.py \
