@@ -159,6 +159,9 @@ def test_cpu_dense_experts_equal_the_grouped_form(monkeypatch):
     experts = prepare_experts(ExpertWeights(*(torch.randn(e, *s, generator=g) for s in ((inter, hdim), (inter, hdim),
                                                                                           (hdim, inter))), shared=1))
     shared = lambda x: torch.nn.functional.silu(x @ experts.gate[-1].T) * (x @ experts.up[-1].T) @ experts.down[-1].T
+    dense_calls = []
+    real_dense = moe._routed_dense_cpu
+    monkeypatch.setattr(moe, "_routed_dense_cpu", lambda out, x, *a: dense_calls.append(len(x)) or real_dense(out, x, *a))
     for t in (moe.DENSE_ROWS - 1, moe.DENSE_ROWS, 9, 70):
         x = torch.randn(t, hdim, generator=g)
         ids = torch.stack([torch.randperm(e - 1, generator=g)[:k] for _ in range(t)])
@@ -167,7 +170,7 @@ def test_cpu_dense_experts_equal_the_grouped_form(monkeypatch):
         want = torch.zeros(t, hdim)
         _routed_grouped_mm(want, x, ids, w, experts)
         torch.testing.assert_close(moe_experts_ref(x, ids, w, experts), want + shared(x), rtol=1e-5, atol=1e-4)
-        assert (experts.stacked is not None) == (t >= moe.DENSE_ROWS), t
+        assert (experts.stacked is not None) == (t >= moe.DENSE_ROWS) and (t in dense_calls) == (t >= moe.DENSE_ROWS), t
     gate, _, down, n = experts.stacked[1]
     assert n == e - 1 and cpu_packed.packable(gate) and cpu_packed.packable(down)
     routed = prepare_experts(ExpertWeights(experts.gate[:n], experts.up[:n], experts.down[:n]))
