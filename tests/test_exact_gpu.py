@@ -269,27 +269,31 @@ def test_mla_sub_chunk_fold_gives_every_row_the_same_bits(heads, monkeypatch):
             assert torch.equal(outs[0], outs[1]), f"{t} nodes at prefix {length}"
 
 
+@pytest.mark.parametrize("kernel", ["cuda", "triton"])
 @pytest.mark.parametrize("heads, lengths", [(8, (32768, 40000)), (64, (8192, 9000))])
-def test_mla_rows_of_long_contexts_match_their_ar_steps(heads, lengths):
-    """Contexts where a one-token launch folds sub-chunk states in the merge (F > 1) and a 17-node one folds them
-    in its programs (F = 1), so each launch builds its own merge: every row of the chain equals its AR step (a
-    TP=8 rank's 8 heads at 32k keys rounded rows apart while the merge's builds contracted FMAs their own way)."""
+def test_mla_rows_of_long_contexts_match_their_ar_steps(heads, lengths, kernel):
+    """Contexts where the Triton kernel's one-token launch folds sub-chunk states in the merge (F > 1) and a 17-node
+    one folds them in its programs (F = 1), so each launch builds its own merge; the CUDA kernel's plans differ
+    between the two launches too: every row of the chain equals its AR step (a TP=8 rank's 8 heads at 32k keys
+    rounded rows apart while the Triton merge's builds contracted FMAs their own way)."""
     from ddtree_chat.engine.ops import triton_mla_exact as ex
 
     dev = torch.device("cuda")
+    attend = _mla_kernel(kernel, heads)[0]
     g = torch.Generator().manual_seed(heads + 5)
     t = 17
     one = torch.ones(1, 1, dtype=torch.bool, device=dev)
     for length in lengths:
-        assert ex.layout(1, heads, length, dev)[2] > 1 and ex.layout(t, heads, length, dev)[2] == 1
+        if kernel == "triton":
+            assert ex.layout(1, heads, length, dev)[2] > 1 and ex.layout(t, heads, length, dev)[2] == 1
         keys = torch.randn(length + t, 576, generator=g).to(dev, BF16)
         q = (torch.randn(t, heads, 576, generator=g) * 0.5).to(dev, BF16)
         mask = torch.ones(t, t, device=dev).tril().bool()
         args = (keys[:, :512], keys[:, 512:], torch.tensor([length], device=dev), mask, SCALE)
-        out = ex.mla_attention_exact(q[..., :512], q[..., 512:], *args)
+        out = attend(q[..., :512], q[..., 512:], *args)
         for i in range(t):
-            ar = ex.mla_attention_exact(q[i:i + 1, :, :512], q[i:i + 1, :, 512:], keys[:length + i + 1, :512],
-                                        keys[:length + i + 1, 512:], length + i, one, SCALE)
+            ar = attend(q[i:i + 1, :, :512], q[i:i + 1, :, 512:], keys[:length + i + 1, :512],
+                        keys[:length + i + 1, 512:], length + i, one, SCALE)
             assert torch.equal(ar[0], out[i]), f"row {i} at prefix {length}"
 
 
