@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mergefusion exactmerge exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mergefusion mergecost exactmerge exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -121,6 +121,13 @@ for s in "$@"; do
         exactcap) step exactcap 240 python benchmarks/kernels.py --only exact_capacity --json "$OUT/exact_capacity.json" ;;  # attention planned for the whole cache (as the engine's programs) vs for the prefix
         exactdemo) step exactdemo 240 python benchmarks/kernels.py --only exact_demo --json "$OUT/exact_demo.json" ;;  # the same at the demo target's shapes (float32, 4 heads)
         mergefusion) step mergefusion 200 python benchmarks/mla_merge_fusion.py ;;  # the MLA merge's rows vs AR steps, contraction on and off
+        mergecost) for f in 0 1 0 1; do  # the merge built without / with FMA contraction, one process each
+                       step "mergecost-fusion$f" 120 python -c "import runpy, sys
+from ddtree_chat.engine.ops import triton_mla_exact as m
+m.MERGE_FP_FUSION = sys.argv[1] == '1'
+sys.argv = ['kernels.py', '--only', 'exact_merge']
+runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
+                   done ;;
         exactmerge) step exactmerge 240 python benchmarks/kernels.py --only exact_merge --json "$OUT/exact_merge.json" ;;  # the row-invariant MLA's merge layouts side by side
         mlasplit) step mlasplit 200 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # each MLA kernel's time (kernel_us), default plans only
         pdl) DDTREE_PDL=1 step pdl-tests 420 python -m pytest -q -m gpu --timeout 300 tests/test_pdl_gpu.py \
