@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mergefusion mergecost exactmerge exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -152,6 +152,7 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                         --max-new 128 --budgets 8 auto --json "$OUT/e2e_sampled.json" ;;
         e2epenalty) step e2epenalty 240 python benchmarks/e2e.py --device cuda --repeat-penalty 1.1 --prompts 12 \
                         --max-new 128 --budgets 16 auto --json "$OUT/e2e_penalty.json" ;;
+        fp32tiles) step fp32tiles 300 python benchmarks/fp32_tiles.py --json "$OUT/fp32_tiles.json" ;;  # the float32 product's tile at the demo's verify
         programs) step programs 90 python benchmarks/profile_round.py --modes ar dflash ddtree:32 ddtree:64 --programs \
                       --json "$OUT/programs.json" ;;
         k26) step k26 150 python benchmarks/k26_round.py --synthetic-layers 4 --context 4096 --budgets 16 32 64 \
