@@ -5,7 +5,7 @@ and of each --sizes node count (graphs.verify_seconds: the auto budget's cost cu
 tiles run in turn, then again in reverse order, in one process: drift shows as a difference between the passes.
 BLOCK_M stays 16 (the FFMA form's sums are laid out by the block, so one height serves every row count).
 
-    PYTHONPATH=. python benchmarks/fp32_tiles.py [--sizes 9 17 33 65] [--repeats 20] [--json OUT]
+    PYTHONPATH=. python benchmarks/fp32_tiles.py [--sizes 9 17 33 65] [--repeats 20] [--passes 2] [--json OUT]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[9, 17, 33, 65])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--passes", type=int, choices=[1, 2], default=2, help="1: the tiles once, in order")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     eng = Engine.load(*shipped_demo_dirs(), device="cuda", graphs=True)
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
         pass  # a committed context of a real reply for the verifies to attend to
     dec, shipped, rows = eng.decoder, el.FP32_TILE, []
     try:
-        for order in (TILES, TILES[::-1]):
+        for order in (TILES, TILES[::-1])[: a.passes]:
             for tile in order:
                 el.FP32_TILE = tile
                 dec.graphs = StaticRound(dec, capture=True)  # NOTE: programs recorded anew with this tile
@@ -54,12 +55,13 @@ def main(argv=None) -> int:
     finally:
         el.FP32_TILE = shipped
     keys = ["plain"] + [str(n) for n in a.sizes]
-    print(f"\n{torch.cuda.get_device_name()}, context {dec.cache.length} tokens; ms, pass 1 / pass 2")
+    passes = ", pass 1 / pass 2" if a.passes == 2 else ""
+    print(f"\n{torch.cuda.get_device_name()}, context {dec.cache.length} tokens; ms{passes}")
     print("| tile (M, N, K, warps, stages, split x) | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
     for tile in TILES:
-        a_, b_ = [r["ms"] for r in rows if r["tile"] == tile]
-        print(f"| {tile} | " + " | ".join(f"{a_[k]:.3f} / {b_[k]:.3f}" for k in keys) + " |")
+        runs = [r["ms"] for r in rows if r["tile"] == tile]
+        print(f"| {tile} | " + " | ".join(" / ".join(f"{ms[k]:.3f}" for ms in runs) for k in keys) + " |")
     if a.json:
         a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0
