@@ -273,9 +273,10 @@ def test_mla_sub_chunk_fold_gives_every_row_the_same_bits(heads, monkeypatch):
 @pytest.mark.parametrize("heads, lengths", [(8, (32768, 40000)), (64, (8192, 9000))])
 def test_mla_rows_of_long_contexts_match_their_ar_steps(heads, lengths, kernel):
     """Contexts where the Triton kernel's one-token launch folds sub-chunk states in the merge (F > 1) and a 17-node
-    one folds them in its programs (F = 1), so each launch builds its own merge; the CUDA kernel's plans differ
-    between the two launches too: every row of the chain equals its AR step (a TP=8 rank's 8 heads at 32k keys
-    rounded rows apart while the Triton merge's builds contracted FMAs their own way)."""
+    one folds them in its programs (F = 1), so each launch builds its own merge; the CUDA kernel's AR steps at 8
+    heads take one row group with the value columns split, its trees two row groups: every row of the chain equals
+    its AR step (a TP=8 rank's 8 heads at 32k keys rounded rows apart while the Triton merge's builds contracted
+    FMAs their own way)."""
     from ddtree_chat.engine.ops import triton_mla_exact as ex
 
     dev = torch.device("cuda")
