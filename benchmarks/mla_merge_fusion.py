@@ -2,19 +2,16 @@
 for chains of 17 and 65 nodes over 8k / 32k / 40k keys at 8 and 64 heads, each launch's rows against the AR step
 of each (one-token launches: every row of a 17-node chain, every 4th of a 65-node one), and the launch with one
 program per chunk against one per sub-chunk (FOLD forced both ways: two builds of the merge). Counts bf16 output
-rows that differ; one call, same inputs for both settings. GPU only.
+rows that differ; one process, same inputs for both settings. GPU only.
 
     PYTHONPATH=. python benchmarks/mla_merge_fusion.py
 """
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
-sys.path.insert(0, ".")
-from ddtree_chat.engine.ops import triton_mla_exact as ex  # noqa: E402
+from ddtree_chat.engine.ops import triton_mla_exact as ex
 
 SCALE = 0.14468
 
