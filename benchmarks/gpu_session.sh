@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mlawide mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -129,6 +129,9 @@ sys.argv = ['kernels.py', '--only', 'exact_merge']
 runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                    done ;;
         exactmerge) step exactmerge 240 python benchmarks/kernels.py --only exact_merge --json "$OUT/exact_merge.json" ;;  # the row-invariant MLA's merge layouts side by side
+        mlawide) step mlawide-tests 420 python -m pytest -q -x --durations=10 --timeout 150 tests/test_kernels_gpu.py \
+                     tests/test_exact_gpu.py -k "cuda_mla or mla_attention_rows or mla_attention_replays or mla_rows_of_long"
+                 step mlawide 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # the wide engine beside the narrow one
         mlasplit) step mlasplit 200 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # each MLA kernel's time (kernel_us), default plans only
         pdl) DDTREE_PDL=1 step pdl-tests 420 python -m pytest -q -m gpu --timeout 300 tests/test_pdl_gpu.py \
                  tests/test_exact_gpu.py  # every row-invariance and graph test with the kernels launched early

@@ -380,12 +380,13 @@ def bench_cuda_mla(ceiling, quick=False):
                 fn = lambda: cuda_mla.mla_attention_cuda(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us = 1e3 * graph_ms(fn, cold=True)
                 by_plan = {}
-                # quick: the default plan with one and with two row groups a CTA (the rest as the plan picks)
-                for force in [{"rg": 1}, {"rg": 2}] if quick else plans:
+                # quick: the default plan with one and with two row groups a CTA (the rest as the plan picks), and
+                # the wide engine's (64-row CTAs)
+                for force in [{"rg": 1}, {"rg": 2}, {"wide": 1}] if quick else plans + [{"wide": 1}]:
                     cuda_mla.FORCE = force
                     try:
                         name = " ".join(f"{k}{v}" for k, v in cuda_mla.device_plan(t, nh, ctx, q.device).items()
-                                        if k in ("F", "cs", "rg", "stages"))
+                                        if k in ("F", "cs", "rg", "stages", "wide"))
                         by_plan[name] = 1e3 * graph_ms(fn, cold=True)
                     finally:
                         cuda_mla.FORCE = {}
@@ -396,6 +397,11 @@ def bench_cuda_mla(ceiling, quick=False):
                 # kernel just wrote, as inside a forward)
                 split = {"cuda": kernel_us(fn),
                          "triton_exact": kernel_us(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468))}
+                cuda_mla.FORCE = {"wide": 1}
+                try:
+                    split["cuda_wide"] = kernel_us(fn)
+                finally:
+                    cuda_mla.FORCE = {}
                 rows.append(row("cuda_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, None, flops,
                                 extra={"triton_exact_us": exact_us, "triton_sm_plan_us": sm_us, "plan": chosen,
                                        "us_by_plan": by_plan, "x_triton_exact": exact_us / us,

@@ -126,6 +126,8 @@ def test_shared_library_links(tmp_path):
     lib = ctypes.CDLL(str(tmp_path / "lib.so"))
     assert lib.ddt_mla_smem_bytes(2, 1) < lib.ddt_mla_smem_bytes(2, 2) <= SM120_SMEM
     assert SM120_SMEM < lib.ddt_mla_smem_bytes(4, 1) < lib.ddt_mla_smem_bytes(4, 2) <= 227 * 1024
+    # the wide engine's 64-row CTA fits sm_90's block, not sm_120's (the plan keeps the narrow engine there)
+    assert SM120_SMEM < lib.ddt_mla_wide_smem_bytes() <= 227 * 1024
 
 
 def test_launchers_pass_what_the_c_definitions_take():
@@ -136,7 +138,7 @@ def test_launchers_pass_what_the_c_definitions_take():
 
     exports = build.exports()
     assert set(exports) == {"ddt_moe_forward", "ddt_route", "ddt_rms_norm", "ddt_mla_attention", "ddt_mla_smem_bytes",
-                            "ddt_mla_smem_optin", "ddt_mla_smem_per_sm"} and len(exports["ddt_moe_forward"]) == 22
+                            "ddt_mla_smem_optin", "ddt_mla_smem_per_sm", "ddt_mla_wide_smem_bytes"} and len(exports["ddt_moe_forward"]) == 22
     assert exports["ddt_route"][5] is ctypes.c_float and exports["ddt_rms_norm"][6] is ctypes.c_int64
     calls = 0
     for path in sorted((Path(build.__file__).parent).glob("cuda_*.py")):
@@ -144,7 +146,7 @@ def test_launchers_pass_what_the_c_definitions_take():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in exports:
                 assert len(node.args) == len(exports[node.func.attr]), (path.name, node.func.attr)
                 calls += 1
-    assert calls == 8
+    assert calls == 9
 
 
 def test_an_unknown_c_parameter_type_is_a_build_error(tmp_path):

@@ -166,21 +166,38 @@ def _tree(t: int, chain: int, g: torch.Generator) -> tuple[list[int], int]:
     return parents, chain - 1
 
 
+def _cuda_engine(wide: bool):
+    """The CUDA MLA kernel with its engine forced (cuda: 16-row CTAs; cuda-wide: 64-row ones, csrc/mla_wide.cu),
+    whatever the GPU's default; skips where a wide CTA does not fit the GPU."""
+    from ddtree_chat.engine.ops import cuda_mla as k
+
+    if wide and not k.wide_fits(torch.device("cuda")):
+        pytest.skip("a wide CTA's shared memory does not fit this GPU")
+
+    def attend(*args, **kw):
+        saved, k.FORCE = k.FORCE, {**k.FORCE, "wide": int(wide)}
+        try:
+            return k.mla_attention_cuda(*args, **kw)
+        finally:
+            k.FORCE = saved
+    return attend
+
+
 def _mla_kernel(kernel: str, heads: int):
     """(the row-invariant MLA kernel `kernel` called directly, the contexts it must be tested at: just before,
     on and after its chunk boundaries, and for the CUDA kernel its super-chunk boundaries)."""
-    if kernel == "cuda":
+    if kernel.startswith("cuda"):
         from ddtree_chat.engine.ops import cuda_mla as k
 
         c, s = k.CHUNK, k.CHUNK * k.SUPER
-        return k.mla_attention_cuda, (0, c - 3, c, s - 9, s + c - 1, 2 * s + 2 * c + 1)
+        return _cuda_engine(kernel == "cuda-wide"), (0, c - 3, c, s - 9, s + c - 1, 2 * s + 2 * c + 1)
     from ddtree_chat.engine.ops import triton_mla_exact as k
 
     c = k.chunk_keys(heads)
     return k.mla_attention_exact, (0, c - 3, c, 2 * c - 9, 3 * c - 1)
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda-wide", "triton"])
 @pytest.mark.parametrize("heads", [8, 64])
 @pytest.mark.parametrize("t", [1, 8, 17, 65, 256])
 def test_mla_attention_rows_match_the_ar_step(heads, t, kernel):
@@ -222,29 +239,34 @@ def test_mla_attention_rows_match_the_ar_step(heads, t, kernel):
 
 @pytest.mark.parametrize("heads", [8, 64])
 def test_cuda_mla_plans_give_every_row_the_same_bits(heads, monkeypatch):
-    """Every launch plan of the CUDA kernel (a CTA per chunk or per super, value columns split 1/2/4 ways,
-    one or two row groups a CTA, 2 or 4 stages, the nodes in one launch or several): every row of 1-, 17-
-    and 65-node chains the same bits, contexts around chunk and super boundaries."""
+    """Every launch plan of each CUDA engine (narrow: a CTA per chunk or per super, value columns split 1/2/4
+    ways, one or two row groups a CTA, 2 or 4 stages; wide: a CTA per chunk or per super; both: the nodes in one
+    launch or several): every row of 1-, 17- and 65-node chains the same bits within the engine, contexts around
+    chunk and super boundaries."""
     from ddtree_chat.engine.ops import cuda_mla
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(heads)
-    plans = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
-    plans += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)]
+    narrow = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
+    narrow += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)] + [{"scratch": 1}]
+    engines = [[{**p, "wide": 0} for p in narrow]]
+    if cuda_mla.wide_fits(dev):
+        engines.append([{"wide": 1, "F": 1}, {"wide": 1, "F": 8}, {"wide": 1, "scratch": 1}])
     for t in (1, 17, 65):
         for length in (5, 2048 - 3, 2 * 2048 + 300):
             ckv = torch.randn(length + t + 8, 576, generator=g).to(dev, BF16)
             q = (torch.randn(t, heads, 576, generator=g) * 0.5).to(dev, BF16)
             mask = torch.ones(t, t, device=dev).tril().bool()
             plen = torch.tensor([length], device=dev)
-            outs = []
-            for force in plans + [{"scratch": 1}]:
-                monkeypatch.setattr(cuda_mla, "FORCE", {k: v for k, v in force.items() if k != "scratch"})
-                monkeypatch.setattr(cuda_mla, "SCRATCH_BYTES", 1 if "scratch" in force else 256 << 20)
-                outs.append(cuda_mla.mla_attention_cuda(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:], plen,
-                                                        mask, SCALE))
-            for force, out in zip(plans[1:] + ["one node per launch"], outs[1:]):
-                assert torch.equal(outs[0], out), f"{t} nodes at prefix {length}, plan {force}"
+            for plans in engines:
+                outs = []
+                for force in plans:
+                    monkeypatch.setattr(cuda_mla, "FORCE", {k: v for k, v in force.items() if k != "scratch"})
+                    monkeypatch.setattr(cuda_mla, "SCRATCH_BYTES", 1 if "scratch" in force else 256 << 20)
+                    outs.append(cuda_mla.mla_attention_cuda(q[..., :512], q[..., 512:], ckv[:, :512], ckv[:, 512:],
+                                                            plen, mask, SCALE))
+                for force, out in zip(plans[1:], outs[1:]):
+                    assert torch.equal(outs[0], out), f"{t} nodes at prefix {length}, plan {force}"
 
 
 @pytest.mark.parametrize("heads", [8, 64])
@@ -269,7 +291,7 @@ def test_mla_sub_chunk_fold_gives_every_row_the_same_bits(heads, monkeypatch):
             assert torch.equal(outs[0], outs[1]), f"{t} nodes at prefix {length}"
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda-wide", "triton"])
 @pytest.mark.parametrize("heads, lengths", [(8, (32768, 40000)), (64, (8192, 9000))])
 def test_mla_rows_of_long_contexts_match_their_ar_steps(heads, lengths, kernel):
     """Contexts where the Triton kernel's one-token launch folds sub-chunk states in the merge (F > 1) and a 17-node
@@ -322,7 +344,7 @@ def test_mla_planned_for_the_whole_cache_gives_the_bounded_plans_bits(heads):
             ckv[:length + t] = float("nan")
 
 
-@pytest.mark.parametrize("kernel", ["dispatched", "cuda", "triton"])
+@pytest.mark.parametrize("kernel", ["dispatched", "cuda", "cuda-wide", "triton"])
 def test_mla_attention_replays_in_a_cuda_graph(kernel):
     dev = torch.device("cuda")
     t, heads, cap = 17, 8, 5000

@@ -523,6 +523,14 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     # one per SM (sm_120's ~100 KB per SM: 188 a wave on 188 SMs) none
     assert cuda_mla.plan(1, 8, 32768, 132, True)["cs"] == 2
     assert cuda_mla.plan(1, 8, 32768, 188, False, per_sm=1)["cs"] == 1
+    # the wide engine: 64-row CTAs, one an SM, whole columns, three stages; the same F rule over 64-row blocks
+    p = cuda_mla.plan(17, 8, 32768, 132, True, wide=True)
+    assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, 3, 1)  # 16 supers x 3 blocks < a wave
+    assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["F"] == 8  # 64 supers x 3 blocks fill it
+    assert cuda_mla.plan(1, 8, 131072, 132, True, wide=True)["F"] == 1  # 64 supers x 1 block: half a wave
+    monkeypatch.setattr(cuda_mla, "FORCE", {"wide": 1, "cs": 4, "rg": 2, "stages": 4})  # narrow-only fields
+    assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["cs"] == 1
+    assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["stages"] == 3
 
 
 CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]
@@ -531,14 +539,20 @@ CUDA_MLA_CASES += [(t, 131071, nh) for nh in (8, 64) for t in (1, 17)] + [(256, 
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("wide", [0, 1], ids=["narrow", "wide"])
 @pytest.mark.parametrize("t,ctx,nh", CUDA_MLA_CASES)
-def test_cuda_mla_matches_reference(t, ctx, nh):
-    """csrc/mla_attention.cu against its twin: odd key counts, random trees, NaN-poisoned unused slots, the
-    cache's strided [S, 576] views, host and device (int32 / int64) prefix lengths, and the dispatched op."""
+def test_cuda_mla_matches_reference(t, ctx, nh, wide, monkeypatch):
+    """csrc/mla_attention.cu (16-row CTAs) and csrc/mla_wide.cu (64-row CTAs) against their twin: odd key counts,
+    random trees, NaN-poisoned unused slots, the cache's strided [S, 576] views, host and device (int32 / int64)
+    prefix lengths, and the dispatched op where the knobs pick this engine."""
     from ddtree_chat import knobs
+    from ddtree_chat.engine.ops import cuda_mla
     from ddtree_chat.engine.ops.cuda_mla import mla_attention_cuda, supported
 
     dev = torch.device("cuda")
+    if wide and not cuda_mla.wide_fits(dev):
+        pytest.skip("a wide CTA's shared memory does not fit this GPU")
+    monkeypatch.setattr(cuda_mla, "FORCE", {"wide": wide})
     gen = torch.Generator().manual_seed(t * 1000 + ctx + nh)
     cap = ctx + t + 37
     ckv = torch.full((cap, 576), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -554,7 +568,7 @@ def test_cuda_mla_matches_reference(t, ctx, nh):
     for dt in (torch.int32, torch.int64):
         plen = torch.tensor([ctx], dtype=dt, device=dev)
         assert torch.equal(mla_attention_cuda(q_lat, q_pe, latent, kpe, plen, mask, K26_SCALE), out)
-    if knobs.mla_kernel() == "cuda":  # DDTREE_MLA=cuda: the dispatched op is this kernel
+    if knobs.mla_kernel() == "cuda":  # DDTREE_MLA=cuda: the dispatched op is this kernel (FORCE picks the engine)
         assert torch.equal(mla_attention(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE), out)
 
 

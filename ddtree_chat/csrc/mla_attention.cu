@@ -25,144 +25,19 @@
 // warp whose 8 rows are all outside the launch skips them. The two key halves meet through shared memory
 // twice per tile: their row maxima, then P (bf16) and their row sums. Values: warp w takes 128/CS value
 // columns of all 16 rows, P read back by ldmatrix.
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <math.h>
-#include <stdint.h>
-
+#include "mla_common.cuh"
 #include "pdl.cuh"
 
 namespace {
 
-constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
-constexpr int kChunk = 256, kSuper = 8;           // keys per chunk, chunks per super (fixed by position)
-constexpr int kBN = 32;                            // keys per tile
-constexpr int kRows = 16;                          // query rows per row group (a CTA holds RG groups)
+using namespace ddt_mla;
+
 constexpr int kWarps = 4, kThreads = kWarps * 32;  // a row group's
-constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
-constexpr int kTileBytes = kBN * kLd * 2;
-constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
-constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
-constexpr int kPLd = kBN + 8;                      // padded P row (80 B): ldmatrix rows hit distinct banks
 constexpr int kStatBytes = kRows * kPLd * 2 + 2 * 2 * kRows * 4;  // P [16][40] bf16, max and sum [2 halves][16]
 // The merge: a row's 512 columns over kMergeGroups blocks of one warp x 4 columns each, so an AR step's few rows
 // (8 at a TP=8 rank's 8 heads) still put several blocks' loads in flight
 constexpr int kMergeThreads = 32, kMergeGroups = kR / (kMergeThreads * 4);
 
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-// 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing (unused or poisoned slots stay unread).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-// The one fold of two unnormalised softmax states (running max m, sum l, accumulators), the second after
-// the first; an empty side (sum 0) leaves the other unchanged, bit for bit. Explicit roundings: the CTA's
-// register fold and the merge's fold of stored states are the same operations.
-struct Scales {
-  float a, b;
-};
-__device__ __forceinline__ Scales fold_stats(float& m, float& l, float ms, float ls) {
-  if (ls == 0.f) return {1.f, 0.f};
-  if (l == 0.f) {
-    m = ms;
-    l = ls;
-    return {0.f, 1.f};
-  }
-  const float mx = fmaxf(m, ms);
-  const float a = exp2f(__fsub_rn(m, mx)), b = exp2f(__fsub_rn(ms, mx));
-  m = mx;
-  l = __fmaf_rn(l, a, __fmul_rn(ls, b));
-  return {a, b};
-}
-__device__ __forceinline__ float fold_acc(float acc, float accs, Scales s) {
-  if (s.b == 0.f) return acc;
-  if (s.a == 0.f) return accs;
-  return __fmaf_rn(acc, s.a, __fmul_rn(accs, s.b));
-}
-
-// Round node `node`'s ancestors in index order (their rank = depth): anc[rank] = index; returns the count
-// (depth + 1). The mask row is [T] bytes; ancestors precede descendants in a round's numbering.
-__device__ int scan_ancestors(const uint8_t* __restrict__ mask_row, int T, int* anc, int* warp_count) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  int running = 0;
-  for (int s0 = 0; s0 < T; s0 += blockDim.x) {
-    const int j = s0 + threadIdx.x;
-    const bool bit = j < T && mask_row[j] != 0;
-    const unsigned ballot = __ballot_sync(0xffffffffu, bit);
-    if (lane == 0) warp_count[wid] = __popc(ballot);
-    __syncthreads();
-    int before = running;
-    for (int w = 0; w < wid; ++w) before += warp_count[w];
-    if (bit && anc != nullptr) anc[before + __popc(ballot & ((1u << lane) - 1u))] = j;
-    for (int w = 0; w < nw; ++w) running += warp_count[w];
-    __syncthreads();
-  }
-  return running;
-}
-
-struct Args {
-  const __nv_bfloat16* q_lat;  // [T, NH, 512] (row strides sql_t, sql_h)
-  const __nv_bfloat16* q_pe;   // [T, NH, 64]
-  const __nv_bfloat16* ckv;    // [S, 512] row stride s_ckv
-  const __nv_bfloat16* kpe;    // [S, 64] row stride s_kpe
-  const void* plen;            // [1] int32 or int64: committed prefix length L
-  const uint8_t* mask;         // [T, Tm] this launch's rows of the round's ancestor mask (self included)
-  float* part_acc;             // [slots, M, 512] unnormalised states
-  float* part_ml;              // [2, slots, M] their running max, then their sum
-  int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
-  int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
-  int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
-  int two_pass;                 // F = 1 with many chunks: supers folded in parallel first (fold_supers_kernel)
-  float scale_log2;
-};
-
-__device__ __forceinline__ int load_len(const void* p, int is64) {
-  return is64 ? (int)*(const int64_t*)p : *(const int*)p;
-}
-
-// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread) by
-// NT threads, TPK = NT / 32 a key: thread i copies key i / TPK, the 16-byte pieces i % TPK + TPK j of its 1024
-// value bytes and 128 rope bytes, so one slot lookup serves all its copies.
-template <int NT, class SlotOf>
-__device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int pos0, int hi, SlotOf slot_of) {
-  constexpr int kTPK = NT / kBN;
-  static_assert(kTPK * kBN == NT && (kR / 8) % kTPK == 0, "whole keys per thread group");
-  const int key = threadIdx.x / kTPK, part = threadIdx.x % kTPK, pos = pos0 + key;
-  const bool ok = pos < hi;
-  const int64_t slot = ok ? slot_of(pos) : 0;
-  const int bytes = ok ? 16 : 0;
-  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + 8 * part;
-  __nv_bfloat16* d = dst + key * kLd + 8 * part;
-  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + 8 * part;
-#pragma unroll
-  for (int j = 0; j < kR / 8 / kTPK; ++j) cp_async16(d + 8 * kTPK * j, v + 8 * kTPK * j, bytes);
-#pragma unroll
-  for (int j = 0; j < (kP / 8 + kTPK - 1) / kTPK; ++j)
-    if (part + kTPK * j < kP / 8) cp_async16(d + kR + 8 * kTPK * j, pe + 8 * kTPK * j, bytes);
-}
 
 // Shared memory of a chunk CTA: the key tiles, each row group's P and row statistics, the ancestor table.
 __host__ __device__ constexpr int chunk_smem(int stages, int rg) {
@@ -187,31 +62,9 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
   __shared__ int warp_count[kWarps * RG];
   const int cs = blockIdx.x % CS, unit = blockIdx.x / CS;
   const int L = load_len(a.plen, a.plen64);
-  const int nsf = L / (kChunk * kSuper), base = L / kChunk;
-
-  // ---- which rows, which chunks, which slot
-  int first, nchunks, slot, node = -1, row0 = 0;
-  int n_super_units = a.F == kSuper ? a.NSU * a.RB : 0;
-  int n_shared_units = a.F == kSuper ? (kSuper - 1) * a.RB : a.SH * a.RB;
-  if (unit < n_super_units) {
-    const int s = unit / a.RB;
-    if (s >= nsf) return;
-    row0 = (unit % a.RB) * kRows * RG + kRows * grp;
-    first = s * kSuper, nchunks = kSuper, slot = s;
-  } else if (unit < n_super_units + n_shared_units) {
-    const int u = unit - n_super_units, k = u / a.RB;
-    row0 = (u % a.RB) * kRows * RG + kRows * grp;
-    first = (a.F == kSuper ? nsf * kSuper : 0) + k, nchunks = 1;
-    slot = (a.F == kSuper ? a.NSU : 0) + k;
-    if (first >= base) return;
-  } else {
-    const int u = unit - n_super_units - n_shared_units;
-    node = u / (a.NTL * a.HB);
-    if (node >= a.T) return;
-    const int it = (u / a.HB) % a.NTL;
-    row0 = (u % a.HB) * kRows * RG + kRows * grp;
-    first = base + it, nchunks = 1, slot = a.SH + it;
-  }
+  Work wk;
+  if (!decode_unit(a, unit, kRows * RG, L, wk)) return;
+  const int first = wk.first, nchunks = wk.nchunks, slot = wk.slot, node = wk.node, row0 = wk.row0 + kRows * grp;
   int hi_all = L;  // keys visible to this CTA's rows end here (exclusive)
   if (node >= 0) {
     const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, anc, warp_count);
@@ -222,10 +75,8 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
 
   // The CTA's tiles in position order: chunk ch = gt / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
   // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
-  constexpr int kTilesPerChunk = kChunk / kBN;
   const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
-  const int total = (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo -
-                                                      (nchunks - 1) * kChunk + kBN - 1) / kBN;
+  const int total = tile_count(lo, nchunks, hi);
   for (int s = 0; s < STAGES - 1; ++s) {  // issued before the Q loads: both latencies overlap
     if (s < total) load_tile<kThr>(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
     cp_commit();
@@ -560,6 +411,9 @@ extern "C" {
 // against the GPU).
 int ddt_mla_smem_bytes(int stages, int rg) { return chunk_smem(stages, rg); }
 
+// Shared memory one 64-row CTA (csrc/mla_wide.cu) needs.
+int ddt_mla_wide_smem_bytes() { return wide_smem(); }
+
 // The shared memory a block may opt into on `device` (0 if the query fails).
 int ddt_mla_smem_optin(int device) {
   int v = 0;
@@ -576,23 +430,29 @@ int ddt_mla_smem_per_sm(int device) {
 // or int64), mask [T, Tm] uint8 (this launch's rows of a round of Tm nodes, which may come in several launches),
 // part_acc [(SH + NTL) * M * 512] and part_ml [2 * (SH + NTL) * M] float32 scratch (M = T * NH), out [T, NH, 512]
 // bf16. F: 1 or 8 chunks per super CTA; cs: 1, 2 or 4 CTAs per column set; stages: 2 or 4; rg: 1 or 2 row
-// groups of 16 a CTA (2 only with cs = 1).
+// groups of 16 a CTA (2 only with cs = 1); wide: csrc/mla_wide.cu's 64-row CTAs instead (cs = rg = 1, its own
+// stages).
 int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, const void* kpe, const void* plen,
                       int plen64, const void* mask, void* part_acc, void* part_ml, void* out, int64_t sql_t,
                       int64_t sql_h, int64_t sqp_t, int64_t sqp_h, int64_t s_ckv, int64_t s_kpe, int T, int Tm, int NH,
-                      int F, int NSU, int SH, int NTL, int cs, int stages, int rg, float scale_log2, void* stream_) {
+                      int F, int NSU, int SH, int NTL, int cs, int stages, int rg, int wide, float scale_log2,
+                      void* stream_) {
   if (T < 1 || Tm < T || Tm > kMaxT || (F != 1 && F != kSuper) || (cs != 1 && cs != 2 && cs != 4) ||
-      (stages != 2 && stages != 4) || (rg != 1 && rg != 2) || (rg == 2 && cs != 1))
+      (!wide && stages != 2 && stages != 4) || (rg != 1 && rg != 2) || (rg == 2 && cs != 1) ||
+      (wide && (rg != 1 || cs != 1)))
     return (int)cudaErrorInvalidValue;
   cudaStream_t stream = (cudaStream_t)stream_;
   Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,
          plen, (const uint8_t*)mask, (float*)part_acc, (float*)part_ml, sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe,
          T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, 0, scale_log2};
-  a.RB = (a.M + kRows * rg - 1) / (kRows * rg);
-  a.HB = (NH + kRows * rg - 1) / (kRows * rg);
+  const int rows = wide ? kWideRows : kRows * rg;  // query rows a CTA holds
+  a.RB = (a.M + rows - 1) / rows;
+  a.HB = (NH + rows - 1) / rows;
   const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : SH * a.RB) + T * NTL * a.HB;
   int rc;
-  if (rg == 2)
+  if (wide)
+    rc = launch_wide(a, units, stream);
+  else if (rg == 2)
     rc = stages == 2 ? launch_chunks<1, 2, 2>(a, units, stream) : launch_chunks<1, 4, 2>(a, units, stream);
   else if (stages == 2)
     rc = cs == 1 ? launch_chunks<1, 2, 1>(a, units, stream) : cs == 2 ? launch_chunks<2, 2, 1>(a, units, stream)

@@ -128,7 +128,7 @@ def exports(srcs: list[Path] | None = None) -> dict[str, list]:
     for src in srcs if srcs is not None else sources():
         for name, params in _EXPORT.findall(src.read_text()):
             types = []
-            for param in params.split(","):
+            for param in params.split(",") if params.strip() else []:  # NOTE: "()" takes nothing
                 decl = " ".join(param.split())
                 if "*" in decl:
                     types.append(ctypes.c_void_p)

@@ -12,11 +12,13 @@ import torch
 
 CHUNK, SUPER = 256, 8  # keys per chunk, chunks per super: fixed by position in the kernel
 ROWS = 16  # query rows per row group (a CTA holds one or two)
+WIDE_ROWS = 64  # query rows of a wide CTA (csrc/mla_wide.cu)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
-FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg"} (benchmarks, tests)
+FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
 
 _FACTS: dict[int, tuple[int, int, int]] = {}
+WIDE_BY_DEFAULT = False  # the engine for GPUs whose shared memory holds a wide CTA
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
 
 
@@ -44,7 +46,8 @@ def _device_facts(dev: torch.device) -> tuple[int, int, int]:
     return _FACTS[idx]
 
 
-def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None, per_sm: int = 2) -> dict:
+def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None, per_sm: int = 2,
+         wide: bool = False) -> dict:
     """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
     (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
     columns), rg (row groups of 16 a CTA), stages, shared slots (NSU of supers, SH in all), tail slots per row
@@ -56,33 +59,44 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     come in several launches (the fewest partial states); else a CTA per chunk (the merge folds each super's
     chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
-    and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm)."""
+    and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
+    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, their own three stages), the same rule for F."""
     nodes = nodes or t
-    rg = FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
-    stages = FORCE.get("stages") or (4 if rg == 2 and deep else 2)
+    rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
+    stages = 3 if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
     wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
-    rows = ROWS * rg
+    rows = WIDE_ROWS if wide else ROWS * rg
     rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
     f = FORCE.get("F") or (SUPER if (nsu >= 8 and 4 * nsu * rb >= 3 * wave) or nodes < t else 1)
     units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // rows)
-    cs = 1 if rg == 2 else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
+    cs = 1 if rg == 2 or wide else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
-    p = {"F": f, "cs": cs, "rg": rg, "stages": stages if deep else 2, "NSU": nsu if f == SUPER else 0, "SH": sh,
-         "NTL": ntl, "nodes": nodes}
+    p = {"F": f, "cs": cs, "rg": rg, "stages": stages if deep or wide else 2, "NSU": nsu if f == SUPER else 0,
+         "SH": sh, "NTL": ntl, "nodes": nodes, "wide": int(wide)}
     if nodes == t > 1 and (sh + ntl) * t * nh * (512 + 2) * 4 > SCRATCH_BYTES:
         per_node = (nsu + SUPER - 1 + ntl) * nh * (512 + 2) * 4
-        return plan(t, nh, bound, sms, deep, max(1, min(t - 1, SCRATCH_BYTES // per_node)), per_sm)
+        return plan(t, nh, bound, sms, deep, max(1, min(t - 1, SCRATCH_BYTES // per_node)), per_sm, wide)
     return p
 
 
+def wide_fits(dev: torch.device) -> bool:
+    """A wide CTA's shared memory fits this GPU's block (sm_90's 227 KB: yes; sm_120's 99 KB: no)."""
+    from .build import library
+
+    return library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
+
+
 def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
-    """plan() for this GPU (its SMs, whether four stages fit, how many CTAs share an SM)."""
+    """plan() for this GPU (its SMs, whether four stages fit, how many CTAs share an SM, the engine). The
+    engine depends on the GPU alone (FORCE["wide"] or WIDE_BY_DEFAULT where a wide CTA fits), never on the
+    launch's shape: an AR step and a round must compute a row with the same arithmetic."""
     from .build import library
 
     sms, optin, per_sm = _device_facts(dev)
-    return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4, 2) <= optin, per_sm=per_sm)
+    wide = bool(FORCE.get("wide", WIDE_BY_DEFAULT)) and wide_fits(dev)
+    return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4, 2) <= optin, per_sm=per_sm, wide=wide)
 
 
 def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
@@ -102,12 +116,13 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
     else:
         plen = torch.full((1,), int(prefix_len), dtype=torch.int32, device=dev)
         bound = int(prefix_len)
-    ql = q_lat if q_lat.stride(-1) == 1 and q_lat.stride(0) % 2 == 0 and q_lat.stride(1) % 2 == 0 \
-        else q_lat.contiguous()
-    qp = q_pe if q_pe.stride(-1) == 1 and q_pe.stride(0) % 2 == 0 and q_pe.stride(1) % 2 == 0 else q_pe.contiguous()
+    p = device_plan(t, nh, bound, dev)
+    # the narrow engine reads Q 4 bytes at a time, the wide one copies it 16 bytes at a time
+    align = 8 if p["wide"] else 2
+    ql, qp = (x if x.stride(-1) == 1 and x.stride(0) % align == 0 and x.stride(1) % align == 0
+              and x.data_ptr() % (2 * align) == 0 else x.contiguous() for x in (q_lat, q_pe))
     mask = tree_mask.to(device=dev)
     mask = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)).contiguous()
-    p = device_plan(t, nh, bound, dev)
     slots, batch = p["SH"] + p["NTL"], p["nodes"]
     out = torch.empty(t, nh, 512, dtype=torch.bfloat16, device=dev)
     acc = torch.empty(slots * batch * nh * 512, dtype=torch.float32, device=dev)
@@ -118,7 +133,7 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
                                    plen.data_ptr(), int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(),
                                    ml.data_ptr(), out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0),
                                    qp.stride(1), ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"],
-                                   p["NSU"], p["SH"], p["NTL"], p["cs"], p["stages"], p["rg"],
+                                   p["NSU"], p["SH"], p["NTL"], p["cs"], p["stages"], p["rg"], p["wide"],
                                    float(scale * 1.4426950408889634), stream)
         check(rc, "ddt_mla_attention")
     return out

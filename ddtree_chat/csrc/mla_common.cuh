@@ -1,0 +1,182 @@
+// Pieces both MLA chunk kernels share (csrc/mla_attention.cu: the narrow one and the merge; csrc/mla_wide.cu:
+// 64-row CTAs): the fixed positions' constants, the MMA / ldmatrix / cp.async wrappers, the fold of two softmax
+// states, the ancestor scan, the launch's arguments and which chunks and rows a CTA takes. A row's arithmetic is
+// each kernel's own; what they share here moves no floating-point operation.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace ddt_mla {
+
+constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
+constexpr int kChunk = 256, kSuper = 8;           // keys per chunk, chunks per super (fixed by position)
+constexpr int kBN = 32;                            // keys per tile
+constexpr int kRows = 16;                          // query rows per row group (an MMA's 16)
+constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
+constexpr int kTileBytes = kBN * kLd * 2;
+constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
+constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
+constexpr int kPLd = kBN + 8;                      // padded P row (80 B): ldmatrix rows hit distinct banks
+constexpr int kTilesPerChunk = kChunk / kBN;
+
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing (unused or poisoned slots stay unread).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// The one fold of two unnormalised softmax states (running max m, sum l, accumulators), the second after
+// the first; an empty side (sum 0) leaves the other unchanged, bit for bit. Explicit roundings: the CTA's
+// register fold and the merge's fold of stored states are the same operations.
+struct Scales {
+  float a, b;
+};
+__device__ __forceinline__ Scales fold_stats(float& m, float& l, float ms, float ls) {
+  if (ls == 0.f) return {1.f, 0.f};
+  if (l == 0.f) {
+    m = ms;
+    l = ls;
+    return {0.f, 1.f};
+  }
+  const float mx = fmaxf(m, ms);
+  const float a = exp2f(__fsub_rn(m, mx)), b = exp2f(__fsub_rn(ms, mx));
+  m = mx;
+  l = __fmaf_rn(l, a, __fmul_rn(ls, b));
+  return {a, b};
+}
+__device__ __forceinline__ float fold_acc(float acc, float accs, Scales s) {
+  if (s.b == 0.f) return acc;
+  if (s.a == 0.f) return accs;
+  return __fmaf_rn(acc, s.a, __fmul_rn(accs, s.b));
+}
+
+// Round node `node`'s ancestors in index order (their rank = depth): anc[rank] = index; returns the count
+// (depth + 1). The mask row is [T] bytes; ancestors precede descendants in a round's numbering.
+__device__ inline int scan_ancestors(const uint8_t* __restrict__ mask_row, int T, int* anc, int* warp_count) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int running = 0;
+  for (int s0 = 0; s0 < T; s0 += blockDim.x) {
+    const int j = s0 + threadIdx.x;
+    const bool bit = j < T && mask_row[j] != 0;
+    const unsigned ballot = __ballot_sync(0xffffffffu, bit);
+    if (lane == 0) warp_count[wid] = __popc(ballot);
+    __syncthreads();
+    int before = running;
+    for (int w = 0; w < wid; ++w) before += warp_count[w];
+    if (bit && anc != nullptr) anc[before + __popc(ballot & ((1u << lane) - 1u))] = j;
+    for (int w = 0; w < nw; ++w) running += warp_count[w];
+    __syncthreads();
+  }
+  return running;
+}
+
+struct Args {
+  const __nv_bfloat16* q_lat;  // [T, NH, 512] (row strides sql_t, sql_h)
+  const __nv_bfloat16* q_pe;   // [T, NH, 64]
+  const __nv_bfloat16* ckv;    // [S, 512] row stride s_ckv
+  const __nv_bfloat16* kpe;    // [S, 64] row stride s_kpe
+  const void* plen;            // [1] int32 or int64: committed prefix length L
+  const uint8_t* mask;         // [T, Tm] this launch's rows of the round's ancestor mask (self included)
+  float* part_acc;             // [slots, M, 512] unnormalised states
+  float* part_ml;              // [2, slots, M] their running max, then their sum
+  int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
+  int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
+  int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
+  int two_pass;                 // F = 1 with many chunks: supers folded in parallel first (fold_supers_kernel)
+  float scale_log2;
+};
+
+__device__ __forceinline__ int load_len(const void* p, int is64) {
+  return is64 ? (int)*(const int64_t*)p : *(const int*)p;
+}
+
+// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread) by
+// NT threads, TPK = NT / 32 a key: thread i copies key i / TPK, the 16-byte pieces i % TPK + TPK j of its 1024
+// value bytes and 128 rope bytes, so one slot lookup serves all its copies.
+template <int NT, class SlotOf>
+__device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int pos0, int hi, SlotOf slot_of) {
+  constexpr int kTPK = NT / kBN;
+  static_assert(kTPK * kBN == NT && (kR / 8) % kTPK == 0, "whole keys per thread group");
+  const int key = threadIdx.x / kTPK, part = threadIdx.x % kTPK, pos = pos0 + key;
+  const bool ok = pos < hi;
+  const int64_t slot = ok ? slot_of(pos) : 0;
+  const int bytes = ok ? 16 : 0;
+  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + 8 * part;
+  __nv_bfloat16* d = dst + key * kLd + 8 * part;
+  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + 8 * part;
+#pragma unroll
+  for (int j = 0; j < kR / 8 / kTPK; ++j) cp_async16(d + 8 * kTPK * j, v + 8 * kTPK * j, bytes);
+#pragma unroll
+  for (int j = 0; j < (kP / 8 + kTPK - 1) / kTPK; ++j)
+    if (part + kTPK * j < kP / 8) cp_async16(d + kR + 8 * kTPK * j, pe + 8 * kTPK * j, bytes);
+}
+// What a chunk CTA computes: the chunks first .. first + nchunks - 1 (from position first * kChunk), stored in
+// state slot `slot`, for CTA rows row0 .. row0 + rows - 1 (node < 0: rows of the launch's M = T x NH; else the
+// heads of round node `node`, reading positions >= L through its ancestors).
+struct Work {
+  int first, nchunks, slot, node, row0;
+};
+
+// Unit u of the launch (a CTA, or CS CTAs splitting the value columns): super CTAs (F = 8), shared chunk CTAs,
+// then tail CTAs (one node's heads from L's chunk on); false where the unit has nothing to do at this L.
+__device__ __forceinline__ bool decode_unit(const Args& a, int unit, int rows, int L, Work& w) {
+  const int nsf = L / (kChunk * kSuper), base = L / kChunk;
+  const int n_super_units = a.F == kSuper ? a.NSU * a.RB : 0;
+  const int n_shared_units = a.F == kSuper ? (kSuper - 1) * a.RB : a.SH * a.RB;
+  w.node = -1;
+  if (unit < n_super_units) {
+    const int s = unit / a.RB;
+    w.row0 = (unit % a.RB) * rows, w.first = s * kSuper, w.nchunks = kSuper, w.slot = s;
+    return s < nsf;
+  }
+  if (unit < n_super_units + n_shared_units) {
+    const int u = unit - n_super_units, k = u / a.RB;
+    w.row0 = (u % a.RB) * rows, w.first = (a.F == kSuper ? nsf * kSuper : 0) + k, w.nchunks = 1;
+    w.slot = (a.F == kSuper ? a.NSU : 0) + k;
+    return w.first < base;
+  }
+  const int u = unit - n_super_units - n_shared_units;
+  w.node = u / (a.NTL * a.HB);
+  const int it = (u / a.HB) % a.NTL;
+  w.row0 = (u % a.HB) * rows, w.first = base + it, w.nchunks = 1, w.slot = a.SH + it;
+  return w.node < a.T;
+}
+
+// The tiles of a CTA's chunks from position lo up to hi (exclusive): whole chunks, the last one cut at hi.
+__device__ __forceinline__ int tile_count(int lo, int nchunks, int hi) {
+  return (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo - (nchunks - 1) * kChunk + kBN - 1) / kBN;
+}
+
+// 64-row CTAs (csrc/mla_wide.cu): the dynamic shared memory one takes, and the launch of `units` of them.
+constexpr int kWideRows = 64;  // its query rows a CTA
+int wide_smem();
+int launch_wide(const Args& a, int units, cudaStream_t stream);
+
+}  // namespace ddt_mla
