@@ -82,10 +82,11 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
 
 
 def wide_fits(dev: torch.device) -> bool:
-    """A wide CTA's shared memory fits this GPU's block (sm_90's 227 KB: yes; sm_120's 99 KB: no)."""
+    """The wide engine runs here: Hopper (its wgmma code is built for sm_90a only) and a block holds its shared
+    memory (the H100's and H200's 227 KB)."""
     from .build import library
 
-    return library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
+    return torch.cuda.get_device_capability(dev)[0] == 9 and library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
 
 
 def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
