@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mlawide mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mlawide ncuwide mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -172,6 +172,12 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                  --kernel-name regex:moe_gemm "${sections[@]}" --csv --page details --log-file "$OUT/ncu.csv" \
                  python benchmarks/kernels.py --only ncu --json /dev/null
              python benchmarks/ncu_table.py "$OUT/ncu.csv" >> "$log" 2>&1 ;;  # the counters BENCHMARKS.md quotes
+        ncuwide) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)  # the wide MLA engine's counters
+                 step ncuwide 300 "$ncu_bin" --clock-control none --nvtx --nvtx-include "ncu/" --kernel-name regex:mla_wide \
+                     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+                     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
+                     --log-file "$OUT/ncu_wide.csv" python benchmarks/kernels.py --only ncuwide --json /dev/null
+                 python benchmarks/ncu_table.py "$OUT/ncu_wide.csv" >> "$log" 2>&1 ;;
         moe) step moe 240 python benchmarks/kernels.py --only moe --json "$OUT/moe.json" ;;  # the picked variants, whole and TP=8 slices
         kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;

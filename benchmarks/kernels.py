@@ -605,6 +605,29 @@ def profile_once():
     return []
 
 
+def profile_wide():
+    """--only ncuwide: the wide CUDA MLA engine (csrc/mla_wide.cu) at 131072 keys, 8 heads x 1 / 17 tokens and 64
+    heads x 17, once each inside an NVTX range "ncu" after an untimed call, for Nsight Compute's counters. No rows."""
+    from ddtree_chat.engine.ops import cuda_mla
+
+    ctx = 131072
+    cache = torch.randn(ctx + 32, 576, device="cuda").to(torch.bfloat16)
+    cuda_mla.FORCE = {"wide": 1}
+    try:
+        for nh, t in ((8, 1), (8, 17), (64, 17)):
+            args = mla_inputs(cache, ctx, t, nh)  # q, q_pe, ckv, kpe, mask
+            fn = lambda a=args: cuda_mla.mla_attention_cuda(*a[:4], ctx, a[4], 0.14468)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            with torch.cuda.nvtx.range("ncu"):
+                fn()
+            torch.cuda.synchronize()
+            print("profiled", nh, t, cuda_mla.device_plan(t, nh, ctx, cache.device), flush=True)
+    finally:
+        cuda_mla.FORCE = {}
+    return []
+
+
 def bench_small(ceiling):
     from ddtree_chat.engine.ops.cuda_small import rms_norm_fast, rms_norm_residual_fast, route_fast
     from ddtree_chat.engine.ops.norm import rms_norm_ref
@@ -846,7 +869,7 @@ def main():
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "build_s": build.build_seconds, "lib_s": time.perf_counter() - t0}
     only = a.only.split(",")
-    ceiling = copy_ceiling() if only != ["ncu"] else float("nan")  # NOTE: an ncu pass reads counters, no ceiling
+    ceiling = copy_ceiling() if only not in (["ncu"], ["ncuwide"]) else float("nan")  # NOTE: an ncu pass reads counters, no ceiling
     info["copy_ceiling_GBps"] = ceiling / 1e9
     print(info, flush=True)
     rows = []
@@ -863,7 +886,7 @@ def main():
                      ("exact_chunk", lambda: bench_exact_chunk(ceiling)),
                      ("exact_capacity", lambda: bench_exact_capacity(ceiling)),
                      ("exact_demo", lambda: bench_exact_demo(ceiling)),
-                     ("ncu", profile_once)):
+                     ("ncu", profile_once), ("ncuwide", profile_wide)):
         if name in only:
             try:
                 rows += fn()
