@@ -194,6 +194,15 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
     }
     const __nv_bfloat16* tile = tiles + (gt % kWStages) * kBN * kD;
     const bool chunk_end = gt % kTilesPerChunk == kTilesPerChunk - 1 || gt == total - 1;
+    if (chunk_end && gt >= kTilesPerChunk) {
+      // a super CTA's later chunk ends with this tile: the stored super state (this thread's 256 columns of a row:
+      // 8 lines) comes to L1 while the tile computes, so the fold's read-back does not wait on L2
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (row_ok[h]) asm volatile("prefetch.global.L1 [%0];" ::"l"(out_acc[h] + 32 * j));
+    }
     // scores S [64 rows x 32 keys]: s[4 j + e] is row 16 wl + g + 8 (e / 2), key 8 j + 2 c + (e % 2)
     float s[16];
     {
@@ -273,11 +282,17 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
         const Scales f = fold_stats(fm[h], fl[h], cm[h], cl[h]);
         if (!row_ok[h]) continue;
 #pragma unroll
-        for (int t = 0; t < 32; ++t) {
-          float2 v = make_float2(0.f, 0.f);
-          if (f.a != 0.f) v = *(const float2*)(out_acc[h] + 8 * t);
-          *(float2*)(out_acc[h] + 8 * t) =
-              make_float2(fold_acc(v.x, o[4 * t + 2 * h], f), fold_acc(v.y, o[4 * t + 2 * h + 1], f));
+        for (int t0 = 0; t0 < 32; t0 += 8) {  // eight loads in flight, then their stores (they may alias)
+          float2 v[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            v[u] = f.a != 0.f ? *(const float2*)(out_acc[h] + 8 * (t0 + u)) : make_float2(0.f, 0.f);
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int t = t0 + u;
+            *(float2*)(out_acc[h] + 8 * t) =
+                make_float2(fold_acc(v[u].x, o[4 * t + 2 * h], f), fold_acc(v[u].y, o[4 * t + 2 * h + 1], f));
+          }
         }
       }
     }
