@@ -4,7 +4,7 @@
 # files; with the `cache` step also the cache archive in 15 MB parts). At most 8 files come back: the
 # archive's parts count (a call that also wrote 4 parts lost its log).
 #
-#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mlawide ncuwide mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactkernels exacttp8 blockm e2ebf16 structure
+#   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mlawide ncuwide mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactwide exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
@@ -140,6 +140,7 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                  --pdl 0 1 0 1 --json "$OUT/k26_forward_pdl.json"
              step pdl-tprank 300 python benchmarks/k26_forward.py --synthetic-layers 61 --tp-world 8 --context 4096 \
                  --tokens 1 17 --pdl 0 1 0 1 --json "$OUT/tp8_rank0_pdl.json" ;;
+        exactwide) DDTREE_MLA=cuda-wide step exact-cuda-wide 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactcuda) DDTREE_MLA=cuda step exact-cuda-mla 300 python -m pytest -q --durations=10 --timeout 150 tests/test_exact_gpu.py ;;
         exactkernels) step exactkernels 300 python benchmarks/kernels.py --only exact --json "$OUT/exact_kernels.json" ;;
         exacttp8) step exacttp8 300 python benchmarks/kernels.py --only exact_tp8 --json "$OUT/exact_tp8.json" ;;

@@ -39,7 +39,8 @@ CPU_EXACT = Knob("DDTREE_CPU_EXACT", "0", "1 makes the CPU's float32 reference o
 CPU_PACK = Knob("DDTREE_CPU_PACK", "1", "0 keeps the CPU's products on torch's F.linear instead of weights packed once "
                 "into MKL's / oneDNN's layout at load (ops/cpu_packed.py)", ("0", "1"))
 MLA = Knob("DDTREE_MLA", "triton", "the bf16 MLA attention kernel at K2.6's latent shape: triton "
-           "(ops/triton_mla_exact.py) or cuda (csrc/mla_attention.cu); both row-invariant", ("triton", "cuda"))
+           "(ops/triton_mla_exact.py), cuda (csrc/mla_attention.cu: 16-row CTAs) or cuda-wide (csrc/mla_wide.cu: "
+           "64-row CTAs on Hopper's wgmma; elsewhere cuda's); all row-invariant", ("triton", "cuda", "cuda-wide"))
 PRECOMPILE = Knob("DDTREE_PRECOMPILE", "1", "how a first start compiles its Triton kernels: 1 side by side in worker processes "
                   "before recording, threads in threads of this process, 0 one by one while recording", ("0", "1", "threads"))
 PDL = Knob("DDTREE_PDL", "0", "1 launches the target's Triton kernels with programmatic dependent launch on sm_90+: each "

@@ -568,7 +568,8 @@ def test_cuda_mla_matches_reference(t, ctx, nh, wide, monkeypatch):
     for dt in (torch.int32, torch.int64):
         plen = torch.tensor([ctx], dtype=dt, device=dev)
         assert torch.equal(mla_attention_cuda(q_lat, q_pe, latent, kpe, plen, mask, K26_SCALE), out)
-    if knobs.mla_kernel() == "cuda":  # DDTREE_MLA=cuda: the dispatched op is this kernel (FORCE picks the engine)
+    if knobs.mla_kernel() == ("cuda-wide" if wide else "cuda"):  # the knob picks this engine: the dispatched op is it
+        monkeypatch.setattr(cuda_mla, "FORCE", {})
         assert torch.equal(mla_attention(q_lat, q_pe, latent, kpe, ctx, mask, K26_SCALE), out)
 
 

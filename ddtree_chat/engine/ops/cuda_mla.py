@@ -18,7 +18,6 @@ SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more no
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
 
 _FACTS: dict[int, tuple[int, int, int]] = {}
-WIDE_BY_DEFAULT = False  # the engine for GPUs whose shared memory holds a wide CTA
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
 
 
@@ -91,12 +90,13 @@ def wide_fits(dev: torch.device) -> bool:
 
 def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
     """plan() for this GPU (its SMs, whether four stages fit, how many CTAs share an SM, the engine). The
-    engine depends on the GPU alone (FORCE["wide"] or WIDE_BY_DEFAULT where a wide CTA fits), never on the
-    launch's shape: an AR step and a round must compute a row with the same arithmetic."""
+    engine depends on the knob and the GPU alone (DDTREE_MLA=cuda-wide, or FORCE["wide"], where wide_fits), never
+    on the launch's shape: an AR step and a round must compute a row with the same arithmetic."""
+    from ... import knobs
     from .build import library
 
     sms, optin, per_sm = _device_facts(dev)
-    wide = bool(FORCE.get("wide", WIDE_BY_DEFAULT)) and wide_fits(dev)
+    wide = bool(FORCE.get("wide", knobs.mla_kernel() == "cuda-wide")) and wide_fits(dev)
     return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4, 2) <= optin, per_sm=per_sm, wide=wide)
 
 

@@ -28,7 +28,7 @@ def fingerprint() -> str:
     h.update(b"exact" if registry.exact() else b"by-rows")
     h.update(knobs.mla_kernel().encode())
     here = Path(__file__).resolve().parent
-    for f in sorted(here.glob("*.py")) + sorted((here.parents[1] / "csrc").glob("*.cu")):
+    for f in sorted(here.glob("*.py")) + sorted((here.parents[1] / "csrc").glob("*.cu*")):
         h.update(f.read_bytes())
     return h.hexdigest()[:10]
 
@@ -82,7 +82,7 @@ def register_all() -> list[str]:
     _enable("route", cuda_small.route_kernel, supports=cuda_small.route_supported, errors=built)
     # NOTE: row-invariant by construction: where chosen it serves every bf16 call at K2.6's latent shape, exact
     # or not (a round and the AR step must take the same kernel)
-    if knobs.mla_kernel() == "cuda":
+    if knobs.mla_kernel() in ("cuda", "cuda-wide"):
         _enable("mla_attention", cuda_mla.mla_attention_cuda, (torch.bfloat16,), cuda_mla.supported, errors=built)
     _enable("rms_norm", cuda_small.rms_norm_fast, supports=cuda_small.norm_supported, errors=built)
     _enable("add_rms_norm", cuda_small.rms_norm_residual_fast, supports=cuda_small.add_norm_supported, errors=built)
