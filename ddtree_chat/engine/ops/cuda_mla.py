@@ -1,10 +1,11 @@
 """Launcher for csrc/mla_attention.cu: row-invariant MLA attention over K2.6's latent cache (512 + 64 columns,
-bf16). Its twin is ops.mla_attention_ref; the row invariance (a node's row equals the AR step's row at the same
-position, bit for bit) is what tests/test_kernels_gpu.py checks against it.
+bf16), by one of two engines: narrow (16-row groups, mma.sync; every GPU) or wide (csrc/mla_wide.cu: 64-row CTAs
+on wgmma; Hopper, DDTREE_MLA=cuda-wide). Their twin is ops.mla_attention_ref; the row invariance (a node's row
+equals the AR step's row at the same position, bit for bit) is what tests/test_exact_gpu.py checks for each.
 
 The launch plan (how many CTAs fold a super, how many split the value columns, row groups per CTA, pipeline
 depth, nodes per launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's
-header says why)."""
+header says why). The engine depends on the knob and the GPU only."""
 
 from __future__ import annotations
 
