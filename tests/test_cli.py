@@ -249,7 +249,7 @@ def test_a_knob_value_outside_its_choices_is_one_line(tmp_path):
     r = run_cli("--prompt", "hi", home=tmp_path, env={"DDTREE_MLA": "cudaa", "DDTREE_EXACT": ""})
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "DDTREE_MLA='cudaa'" in lines[0] and "triton, cuda" in lines[0], r.stderr
+    assert len(lines) == 1 and "DDTREE_MLA='cudaa'" in lines[0] and "triton, cuda, cuda-wide" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -257,6 +257,7 @@ def test_knob_choices():
     from ddtree_chat import knobs
 
     assert knobs.invalid({"DDTREE_MLA": "cuda", "DDTREE_EXACT": "0", "DDTREE_CHAT_MODEL": "anything"}) == []
+    assert knobs.invalid({"DDTREE_MLA": "cuda-wide"}) == []
     assert knobs.invalid({"DDTREE_EXACT": ""}) == []  # empty: unset
     bad = knobs.invalid({"DDTREE_EXACT": "yes", "DDTREE_TP_COLLECTIVES": "mpi"})
     assert bad == ["DDTREE_TP_COLLECTIVES='mpi' is not one of auto, nccl", "DDTREE_EXACT='yes' is not one of 0, 1"]
