@@ -13,7 +13,7 @@ import torch
 
 CHUNK, SUPER = 256, 8  # keys per chunk, chunks per super: fixed by position in the kernel
 ROWS = 16  # query rows per row group (a CTA holds one or two)
-WIDE_ROWS = 64  # query rows of a wide CTA (csrc/mla_wide.cu)
+WIDE_ROWS, WIDE_STAGES = 64, 4  # query rows and pipeline stages of a wide CTA (csrc/mla_wide.cu's kWideRows, kWStages)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
@@ -60,10 +60,10 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
-    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, their own three stages), the same rule for F."""
+    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 4 stages), the same rule for F."""
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
-    stages = 3 if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
+    stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
     wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
     rows = WIDE_ROWS if wide else ROWS * rg
     rb = -(-nodes * nh // rows)
@@ -86,7 +86,8 @@ def wide_fits(dev: torch.device) -> bool:
     memory (the H100's and H200's 227 KB)."""
     from .build import library
 
-    return torch.cuda.get_device_capability(dev)[0] == 9 and library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
+    hopper = torch.cuda.get_device_capability(dev)[0] == 9
+    return hopper and library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
 
 
 def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
