@@ -525,7 +525,7 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     assert cuda_mla.plan(1, 8, 32768, 188, False, per_sm=1)["cs"] == 1
     # the wide engine: 64-row CTAs, one an SM, whole columns, its own stages; the same F rule over 64-row blocks
     p = cuda_mla.plan(17, 8, 32768, 132, True, wide=True)
-    assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, 4, 1)  # 16 supers x 3 blocks < a wave
+    assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, cuda_mla.WIDE_STAGES, 1)  # 48 < 132 CTAs
     assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["F"] == 8  # 64 supers x 3 blocks fill it
     assert cuda_mla.plan(1, 8, 131072, 132, True, wide=True)["F"] == 1  # 64 supers x 1 block: half a wave
     monkeypatch.setattr(cuda_mla, "FORCE", {"wide": 1, "cs": 4, "rg": 2, "stages": 4})  # narrow-only fields

@@ -64,7 +64,8 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
     stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
-    wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
+    # CTAs resident at once (shared memory, registers): two-stage one-group CTAs per_sm an SM, the rest one
+    wave = sms * (per_sm if stages == 2 and rg == 1 and not wide else 1)
     rows = WIDE_ROWS if wide else ROWS * rg
     rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
