@@ -178,7 +178,11 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
                      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
                      --log-file "$OUT/ncu_wide.csv" python benchmarks/kernels.py --only ncuwide --json /dev/null
-                 python benchmarks/ncu_table.py "$OUT/ncu_wide.csv" >> "$log" 2>&1 ;;
+                 python benchmarks/ncu_table.py "$OUT/ncu_wide.csv" >> "$log" 2>&1
+                 # the same launches' stall reasons (cycles per issued instruction) and pipe activity, raw counters
+                 step ncuwide-stalls 300 "$ncu_bin" --clock-control none --nvtx --nvtx-include "ncu/" --kernel-name regex:mla_wide \
+                     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum" \
+                     --csv --page raw --log-file "$OUT/ncu_wide_stalls.csv" python benchmarks/kernels.py --only ncuwide --json /dev/null ;;
         moe) step moe 240 python benchmarks/kernels.py --only moe --json "$OUT/moe.json" ;;  # the picked variants, whole and TP=8 slices
         kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
