@@ -7,7 +7,7 @@
 //
 // Why: every row of a launch (T nodes x NH heads) reads the same prefix keys, and an MMA's output element never
 // sums over other rows, so a CTA scoring 64 rows against each key tile reads the cache once for 64 rows, and
-// wgmma reads its operands straight from shared memory (no per-warp ldmatrix copies, as mma.sync needs).
+// wgmma reads its operands straight from shared memory (mma.sync's per-warp ldmatrix traffic was the limit).
 //
 // Per CTA: two warpgroups over the same 64 rows; warpgroup h takes value columns 256 h .. 256 h + 255. Each
 // computes the tile's scores S [64 rows x 32 keys] = Q K^T itself (36 wgmma k-steps from shared memory; the same

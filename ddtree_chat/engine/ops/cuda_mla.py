@@ -1,11 +1,10 @@
 """Launcher for csrc/mla_attention.cu: row-invariant MLA attention over K2.6's latent cache (512 + 64 columns,
-bf16), by one of two engines: narrow (16-row groups, mma.sync; every GPU) or wide (csrc/mla_wide.cu: 64-row CTAs
-on wgmma; Hopper, DDTREE_MLA=cuda-wide). Their twin is ops.mla_attention_ref; the row invariance (a node's row
-equals the AR step's row at the same position, bit for bit) is what tests/test_exact_gpu.py checks for each.
+bf16). Its twin is ops.mla_attention_ref; the row invariance (a node's row equals the AR step's row at the same
+position, bit for bit) is what tests/test_kernels_gpu.py checks against it.
 
 The launch plan (how many CTAs fold a super, how many split the value columns, row groups per CTA, pipeline
 depth, nodes per launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's
-header says why). The engine depends on the knob and the GPU only."""
+header says why)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import torch
 
 CHUNK, SUPER = 256, 8  # keys per chunk, chunks per super: fixed by position in the kernel
 ROWS = 16  # query rows per row group (a CTA holds one or two)
-WIDE_ROWS, WIDE_STAGES = 64, 4  # query rows and pipeline stages of a wide CTA (csrc/mla_wide.cu's kWideRows, kWStages)
+WIDE_ROWS = 64  # query rows of a wide CTA (csrc/mla_wide.cu)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
@@ -60,12 +59,11 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
-    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 4 stages), the same rule for F."""
+    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, their own three stages), the same rule for F."""
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
-    stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
-    # CTAs resident at once (shared memory, registers): two-stage one-group CTAs per_sm an SM, the rest one
-    wave = sms * (per_sm if stages == 2 and rg == 1 and not wide else 1)
+    stages = 3 if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
+    wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
     rows = WIDE_ROWS if wide else ROWS * rg
     rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
@@ -87,8 +85,7 @@ def wide_fits(dev: torch.device) -> bool:
     memory (the H100's and H200's 227 KB)."""
     from .build import library
 
-    hopper = torch.cuda.get_device_capability(dev)[0] == 9
-    return hopper and library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
+    return torch.cuda.get_device_capability(dev)[0] == 9 and library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
 
 
 def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
