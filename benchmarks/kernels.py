@@ -371,6 +371,8 @@ def bench_cuda_mla(ceiling, quick=False):
     rows = []
     plans = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
     plans += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)]
+    # the narrow engine's plans, then the wide engine's where it runs (elsewhere a wide entry would time the narrow)
+    wide = [{"wide": 1}] if cuda_mla.wide_fits(torch.device("cuda")) else []
     for ctx in (8192, 32768, 131072):
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (8, 64):
@@ -382,7 +384,8 @@ def bench_cuda_mla(ceiling, quick=False):
                 by_plan = {}
                 # quick: the default plan with one and with two row groups a CTA (the rest as the plan picks), and
                 # the wide engine's (64-row CTAs)
-                for force in [{"rg": 1}, {"rg": 2}, {"wide": 1}] if quick else plans + [{"wide": 1}]:
+                for force in [{"rg": 1, "wide": 0}, {"rg": 2, "wide": 0}] + wide if quick else \
+                        [{**p, "wide": 0} for p in plans] + wide:
                     cuda_mla.FORCE = force
                     try:
                         name = " ".join(f"{k}{v}" for k, v in cuda_mla.device_plan(t, nh, ctx, q.device).items()
@@ -397,11 +400,12 @@ def bench_cuda_mla(ceiling, quick=False):
                 # kernel just wrote, as inside a forward)
                 split = {"cuda": kernel_us(fn),
                          "triton_exact": kernel_us(lambda: mla_attention_exact(q, qp, ckv, kpe, ctx, mask, 0.14468))}
-                cuda_mla.FORCE = {"wide": 1}
-                try:
-                    split["cuda_wide"] = kernel_us(fn)
-                finally:
-                    cuda_mla.FORCE = {}
+                for force in wide:
+                    cuda_mla.FORCE = force
+                    try:
+                        split["cuda_wide"] = kernel_us(fn)
+                    finally:
+                        cuda_mla.FORCE = {}
                 rows.append(row("cuda_mla", f"ctx={ctx} T={t} heads={nh}", us, nbytes, ceiling, None, flops,
                                 extra={"triton_exact_us": exact_us, "triton_sm_plan_us": sm_us, "plan": chosen,
                                        "us_by_plan": by_plan, "x_triton_exact": exact_us / us,
@@ -610,6 +614,9 @@ def profile_wide():
     heads x 17, once each inside an NVTX range "ncu" after an untimed call, for Nsight Compute's counters. No rows."""
     from ddtree_chat.engine.ops import cuda_mla
 
+    if not cuda_mla.wide_fits(torch.device("cuda")):
+        print("the wide engine does not run on this GPU (Hopper only): nothing to profile", flush=True)
+        return []
     ctx = 131072
     cache = torch.randn(ctx + 32, 576, device="cuda").to(torch.bfloat16)
     cuda_mla.FORCE = {"wide": 1}
