@@ -154,3 +154,14 @@ def test_an_unknown_c_parameter_type_is_a_build_error(tmp_path):
     src.write_text('extern "C" {\nint ddt_probe(const float* x, double d, int n) {\n  return 0;\n}\n}\n')
     with pytest.raises(build.KernelBuildError, match="double d"):
         build.exports([src])
+
+
+def test_the_wide_plan_knows_the_kernels_rows_and_stages():
+    """ops/cuda_mla.py plans wide CTAs with csrc/mla_wide.cu's rows a CTA and pipeline stages (two languages)."""
+    from ddtree_chat.engine.ops import cuda_mla
+
+    csrc = Path(build.__file__).parents[2] / "csrc"
+    rows = re.search(r"constexpr int kWideRows = (\d+);", (csrc / "mla_common.cuh").read_text())
+    stages = re.search(r"constexpr int kWStages = (\d+);", (csrc / "mla_wide.cu").read_text())
+    assert rows and stages
+    assert (int(rows[1]), int(stages[1])) == (cuda_mla.WIDE_ROWS, cuda_mla.WIDE_STAGES)

@@ -523,14 +523,14 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     # one per SM (sm_120's ~100 KB per SM: 188 a wave on 188 SMs) none
     assert cuda_mla.plan(1, 8, 32768, 132, True)["cs"] == 2
     assert cuda_mla.plan(1, 8, 32768, 188, False, per_sm=1)["cs"] == 1
-    # the wide engine: 64-row CTAs, one an SM, whole columns, three stages; the same F rule over 64-row blocks
+    # the wide engine: 64-row CTAs, one an SM, whole columns, its own stages; the same F rule over 64-row blocks
     p = cuda_mla.plan(17, 8, 32768, 132, True, wide=True)
-    assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, 3, 1)  # 16 supers x 3 blocks < a wave
+    assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, cuda_mla.WIDE_STAGES, 1)  # 48 < 132 CTAs
     assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["F"] == 8  # 64 supers x 3 blocks fill it
     assert cuda_mla.plan(1, 8, 131072, 132, True, wide=True)["F"] == 1  # 64 supers x 1 block: half a wave
     monkeypatch.setattr(cuda_mla, "FORCE", {"wide": 1, "cs": 4, "rg": 2, "stages": 4})  # narrow-only fields
     assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["cs"] == 1
-    assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["stages"] == 3
+    assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["stages"] == cuda_mla.WIDE_STAGES
 
 
 CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]

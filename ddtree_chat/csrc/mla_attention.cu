@@ -19,6 +19,10 @@
 // fold_supers_kernel first folds each super's chunk states (in parallel over supers, the same folds). L is
 // read from device memory, so a CUDA graph replays at any length up to the launch's bound.
 //
+// This file is the narrow engine (16-row groups, mma.sync, sm_90a and sm_120a), the merge and the launch;
+// csrc/mla_wide.cu is the wide engine (64-row CTAs on wgmma, sm_90a) that stores the same chunk states for the
+// same merge, with arithmetic of its own (ops/cuda_mla.py picks one per GPU, never per launch).
+//
 // Per row group: 4 warps. Scores are split by keys, keys as the MMA's M and query rows as its N (S^T = K Q^T):
 // warp w takes keys 16 (w % 2) .. +15 of the 32-key tile for rows 8 (w / 2) .. +7, full 576-wide dots (its
 // Q^T fragments live in registers), so one warp computes each score and no partial scores are exchanged; a
@@ -32,13 +36,57 @@ namespace {
 
 using namespace ddt_mla;
 
+constexpr int kRows = 16;                          // query rows per row group (an MMA's 16)
+constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
+constexpr int kTileBytes = kBN * kLd * 2;
+constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
+constexpr int kPLd = kBN + 8;                      // padded P row (80 B): ldmatrix rows hit distinct banks
 constexpr int kWarps = 4, kThreads = kWarps * 32;  // a row group's
 constexpr int kStatBytes = kRows * kPLd * 2 + 2 * 2 * kRows * 4;  // P [16][40] bf16, max and sum [2 halves][16]
 // The merge: a row's 512 columns over kMergeGroups blocks of one warp x 4 columns each, so an AR step's few rows
 // (8 at a TP=8 rank's 8 heads) still put several blocks' loads in flight
 constexpr int kMergeThreads = 32, kMergeGroups = kR / (kMergeThreads * 4);
 
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread) by
+// NT threads, TPK = NT / 32 a key: thread i copies key i / TPK, the 16-byte pieces i % TPK + TPK j of its 1024
+// value bytes and 128 rope bytes, so one slot lookup serves all its copies.
+template <int NT, class SlotOf>
+__device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int pos0, int hi, SlotOf slot_of) {
+  constexpr int kTPK = NT / kBN;
+  static_assert(kTPK * kBN == NT && (kR / 8) % kTPK == 0, "whole keys per thread group");
+  const int key = threadIdx.x / kTPK, part = threadIdx.x % kTPK, pos = pos0 + key;
+  const bool ok = pos < hi;
+  const int64_t slot = ok ? slot_of(pos) : 0;
+  const int bytes = ok ? 16 : 0;
+  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + 8 * part;
+  __nv_bfloat16* d = dst + key * kLd + 8 * part;
+  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + 8 * part;
+#pragma unroll
+  for (int j = 0; j < kR / 8 / kTPK; ++j) cp_async16(d + 8 * kTPK * j, v + 8 * kTPK * j, bytes);
+#pragma unroll
+  for (int j = 0; j < (kP / 8 + kTPK - 1) / kTPK; ++j)
+    if (part + kTPK * j < kP / 8) cp_async16(d + kR + 8 * kTPK * j, pe + 8 * kTPK * j, bytes);
+}
 // Shared memory of a chunk CTA: the key tiles, each row group's P and row statistics, the ancestor table.
 __host__ __device__ constexpr int chunk_smem(int stages, int rg) {
   return stages * kTileBytes + rg * kStatBytes + kMaxT * 4;
@@ -99,12 +147,8 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
   const bool scores_here = row0 + 8 * rh < limit;  // warp-uniform: some of the warp's 8 score rows are real
   uint32_t qf[kKSteps][2];
   {
-    const int i = row0 + 8 * rh + g;
-    const bool ok = i < limit;
-    const int mr = ok ? (node >= 0 ? node * a.NH + i : i) : 0;
-    const int t = mr / a.NH, hd = mr % a.NH;
-    const __nv_bfloat16* ql = a.q_lat + t * a.sql_t + hd * a.sql_h;
-    const __nv_bfloat16* qp = a.q_pe + t * a.sqp_t + hd * a.sqp_h;
+    const __nv_bfloat16 *ql, *qp;
+    const bool ok = q_row(a, node, row0 + 8 * rh + g, limit, ql, qp);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s)
 #pragma unroll

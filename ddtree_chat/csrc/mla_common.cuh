@@ -1,5 +1,5 @@
 // Pieces both MLA chunk kernels share (csrc/mla_attention.cu: the narrow one and the merge; csrc/mla_wide.cu:
-// 64-row CTAs): the fixed positions' constants, the MMA / ldmatrix / cp.async wrappers, the fold of two softmax
+// 64-row CTAs): the fixed positions' constants, the cp.async wrappers, the fold of two softmax
 // states, the ancestor scan, the launch's arguments and which chunks and rows a CTA takes. A row's arithmetic is
 // each kernel's own; what they share here moves no floating-point operation.
 #pragma once
@@ -14,34 +14,8 @@ namespace ddt_mla {
 constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
 constexpr int kChunk = 256, kSuper = 8;           // keys per chunk, chunks per super (fixed by position)
 constexpr int kBN = 32;                            // keys per tile
-constexpr int kRows = 16;                          // query rows per row group (an MMA's 16)
-constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
-constexpr int kTileBytes = kBN * kLd * 2;
 constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
-constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
-constexpr int kPLd = kBN + 8;                      // padded P row (80 B): ldmatrix rows hit distinct banks
 constexpr int kTilesPerChunk = kChunk / kBN;
-
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
 
 // 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing (unused or poisoned slots stay unread).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
@@ -117,26 +91,18 @@ __device__ __forceinline__ int load_len(const void* p, int is64) {
   return is64 ? (int)*(const int64_t*)p : *(const int*)p;
 }
 
-// Issue the cp.asyncs of one 32-key tile at positions pos0.. (keys at or past hi are zero-filled, unread) by
-// NT threads, TPK = NT / 32 a key: thread i copies key i / TPK, the 16-byte pieces i % TPK + TPK j of its 1024
-// value bytes and 128 rope bytes, so one slot lookup serves all its copies.
-template <int NT, class SlotOf>
-__device__ __forceinline__ void load_tile(const Args& a, __nv_bfloat16* dst, int pos0, int hi, SlotOf slot_of) {
-  constexpr int kTPK = NT / kBN;
-  static_assert(kTPK * kBN == NT && (kR / 8) % kTPK == 0, "whole keys per thread group");
-  const int key = threadIdx.x / kTPK, part = threadIdx.x % kTPK, pos = pos0 + key;
-  const bool ok = pos < hi;
-  const int64_t slot = ok ? slot_of(pos) : 0;
-  const int bytes = ok ? 16 : 0;
-  const __nv_bfloat16* v = a.ckv + slot * a.s_ckv + 8 * part;
-  __nv_bfloat16* d = dst + key * kLd + 8 * part;
-  const __nv_bfloat16* pe = a.kpe + slot * a.s_kpe + 8 * part;
-#pragma unroll
-  for (int j = 0; j < kR / 8 / kTPK; ++j) cp_async16(d + 8 * kTPK * j, v + 8 * kTPK * j, bytes);
-#pragma unroll
-  for (int j = 0; j < (kP / 8 + kTPK - 1) / kTPK; ++j)
-    if (part + kTPK * j < kP / 8) cp_async16(d + kR + 8 * kTPK * j, pe + 8 * kTPK * j, bytes);
+// Query row `row` of a CTA (rows of the launch's M, or node's heads): its latent and rope parts; ok is false
+// (and the pointers those of row 0) for rows past `limit`, which a CTA fills with zeros.
+__device__ __forceinline__ bool q_row(const Args& a, int node, int row, int limit, const __nv_bfloat16*& ql,
+                                      const __nv_bfloat16*& qp) {
+  const bool ok = row < limit;
+  const int mr = ok ? (node >= 0 ? node * a.NH + row : row) : 0;
+  const int t = mr / a.NH, hd = mr % a.NH;
+  ql = a.q_lat + t * a.sql_t + hd * a.sql_h;
+  qp = a.q_pe + t * a.sqp_t + hd * a.sqp_h;
+  return ok;
 }
+
 // What a chunk CTA computes: the chunks first .. first + nchunks - 1 (from position first * kChunk), stored in
 // state slot `slot`, for CTA rows row0 .. row0 + rows - 1 (node < 0: rows of the launch's M = T x NH; else the
 // heads of round node `node`, reading positions >= L through its ancestors).
@@ -169,9 +135,10 @@ __device__ __forceinline__ bool decode_unit(const Args& a, int unit, int rows, i
   return w.node < a.T;
 }
 
-// The tiles of a CTA's chunks from position lo up to hi (exclusive): whole chunks, the last one cut at hi.
+// The BN-key tiles of a CTA's chunks from position lo up to hi (exclusive): whole chunks, the last one cut at hi.
+template <int BN = kBN>
 __device__ __forceinline__ int tile_count(int lo, int nchunks, int hi) {
-  return (nchunks - 1) * kTilesPerChunk + (min(lo + nchunks * kChunk, hi) - lo - (nchunks - 1) * kChunk + kBN - 1) / kBN;
+  return (nchunks - 1) * (kChunk / BN) + (min(lo + nchunks * kChunk, hi) - lo - (nchunks - 1) * kChunk + BN - 1) / BN;
 }
 
 // 64-row CTAs (csrc/mla_wide.cu): the dynamic shared memory one takes, and the launch of `units` of them.

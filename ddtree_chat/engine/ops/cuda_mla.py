@@ -1,10 +1,11 @@
 """Launcher for csrc/mla_attention.cu: row-invariant MLA attention over K2.6's latent cache (512 + 64 columns,
-bf16). Its twin is ops.mla_attention_ref; the row invariance (a node's row equals the AR step's row at the same
-position, bit for bit) is what tests/test_kernels_gpu.py checks against it.
+bf16), by one of two engines: narrow (16-row groups, mma.sync; every GPU) or wide (csrc/mla_wide.cu: 64-row CTAs
+on wgmma; Hopper, DDTREE_MLA=cuda-wide). Their twin is ops.mla_attention_ref; the row invariance (a node's row
+equals the AR step's row at the same position, bit for bit) is what tests/test_exact_gpu.py checks for each.
 
 The launch plan (how many CTAs fold a super, how many split the value columns, row groups per CTA, pipeline
 depth, nodes per launch) depends on the launch's shape and the GPU only; no arithmetic does (the kernel's
-header says why)."""
+header says why). The engine depends on the knob and the GPU only."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import torch
 
 CHUNK, SUPER = 256, 8  # keys per chunk, chunks per super: fixed by position in the kernel
 ROWS = 16  # query rows per row group (a CTA holds one or two)
-WIDE_ROWS = 64  # query rows of a wide CTA (csrc/mla_wide.cu)
+WIDE_ROWS, WIDE_STAGES = 64, 2  # query rows and pipeline stages of a wide CTA (csrc/mla_wide.cu's kWideRows, kWStages)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
 
-_FACTS: dict[int, tuple[int, int, int]] = {}
+_FACTS: dict[int, tuple[int, int, int, bool]] = {}
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
 
 
@@ -32,16 +33,20 @@ def supported(q_lat, q_pe, ckv, kpe, prefix_len=None, tree_mask=None, scale=None
     return all(x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 for x in (ckv, kpe))
 
 
-def _device_facts(dev: torch.device) -> tuple[int, int, int]:
-    """(SMs, the shared memory a block may opt into, two-stage CTAs resident per SM: 2 on sm_90, 1 on sm_120)."""
+def _device_facts(dev: torch.device) -> tuple[int, int, int, bool]:
+    """(SMs, the shared memory a block may opt into, two-stage CTAs resident per SM: 2 on sm_90, 1 on sm_120,
+    whether the wide engine runs here: Hopper (its wgmma code is built for sm_90a only) and a block holds its
+    shared memory)."""
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     if idx not in _FACTS:
         from .build import library
 
         lib = library()
         per_sm = lib.ddt_mla_smem_per_sm(idx) // (lib.ddt_mla_smem_bytes(2, 1) + RESERVED)
-        _FACTS[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count, lib.ddt_mla_smem_optin(idx),
-                       max(1, min(2, per_sm)))  # NOTE: launch bounds ask for two per SM
+        optin = lib.ddt_mla_smem_optin(idx)
+        wide = torch.cuda.get_device_capability(idx)[0] == 9 and lib.ddt_mla_wide_smem_bytes() <= optin
+        _FACTS[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count, optin,
+                       max(1, min(2, per_sm)), wide)  # NOTE: launch bounds ask for two per SM
     return _FACTS[idx]
 
 
@@ -59,11 +64,12 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
-    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, their own three stages), the same rule for F."""
+    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 2 stages), the same rule for F."""
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
-    stages = 3 if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
-    wave = sms * (per_sm if stages == 2 and rg == 1 else 1)  # CTAs resident at once (shared memory, registers)
+    stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
+    # CTAs resident at once (shared memory, registers): two-stage one-group CTAs per_sm an SM, the rest one
+    wave = sms * (per_sm if stages == 2 and rg == 1 and not wide else 1)
     rows = WIDE_ROWS if wide else ROWS * rg
     rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
@@ -81,11 +87,8 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
 
 
 def wide_fits(dev: torch.device) -> bool:
-    """The wide engine runs here: Hopper (its wgmma code is built for sm_90a only) and a block holds its shared
-    memory (the H100's and H200's 227 KB)."""
-    from .build import library
-
-    return torch.cuda.get_device_capability(dev)[0] == 9 and library().ddt_mla_wide_smem_bytes() <= _device_facts(dev)[1]
+    """The wide engine runs here (the H100's and H200's 227 KB hold its CTA; other GPUs take the narrow one)."""
+    return _device_facts(dev)[3]
 
 
 def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
@@ -95,8 +98,8 @@ def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
     from ... import knobs
     from .build import library
 
-    sms, optin, per_sm = _device_facts(dev)
-    wide = bool(FORCE.get("wide", knobs.mla_kernel() == "cuda-wide")) and wide_fits(dev)
+    sms, optin, per_sm, fits = _device_facts(dev)
+    wide = bool(FORCE.get("wide", knobs.mla_kernel() == "cuda-wide")) and fits
     return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4, 2) <= optin, per_sm=per_sm, wide=wide)
 
 
