@@ -192,7 +192,14 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                  # the same launches' stall reasons (cycles per issued instruction) and pipe activity, raw counters
                  step ncuwide-stalls 300 "$ncu_bin" --clock-control none --nvtx --nvtx-include "ncu/" --kernel-name regex:mla_wide \
                      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum" \
-                     --csv --page raw --log-file "$OUT/ncu_wide_stalls.csv" python benchmarks/kernels.py --only ncuwide --json /dev/null ;;
+                     --csv --page raw --log-file "$OUT/ncu_wide_stalls.csv" python benchmarks/kernels.py --only ncuwide --json /dev/null
+                 # where the warps wait, instruction by instruction (the first launch: 131k keys x 8 heads x one token):
+                 # sampled stall reasons per SASS line; the report comes back too, for the Nsight Compute GUI
+                 step ncuwide-source 300 "$ncu_bin" --clock-control none --nvtx --nvtx-include "ncu/" --kernel-name regex:mla_wide \
+                     --launch-count 1 --section SourceCounters --section WarpStateStats --import-source yes -f \
+                     -o "$OUT/ncu_wide_source" python benchmarks/kernels.py --only ncuwide --json /dev/null
+                 step ncuwide-sass 120 "$ncu_bin" --import "$OUT/ncu_wide_source.ncu-rep" --page source --print-source sass \
+                     --csv --log-file "$OUT/ncu_wide_sass.csv" ;;
         moe) step moe 240 python benchmarks/kernels.py --only moe --json "$OUT/moe.json" ;;  # the picked variants, whole and TP=8 slices
         kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;
