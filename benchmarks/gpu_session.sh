@@ -47,6 +47,10 @@ fresh_home() {  # a new user home holding only the CUDA kernel library already b
     echo "$h"
 }
 
+# the CUDA MLA tests of both engines (the `mlawide` and `mlaab` steps)
+MLA_TESTS=(-m pytest -q -x --durations=10 --timeout 150 tests/test_kernels_gpu.py tests/test_exact_gpu.py
+           -k "cuda_mla or mla_attention_rows or mla_attention_replays or mla_rows_of_long")
+
 # the `alone` step's longest file (~250 s of a ~400 s call), run as two processes side by side
 ALONE_SPLIT=${ALONE_SPLIT:-tests/test_kernels_gpu.py}
 
@@ -131,15 +135,13 @@ sys.argv = ['kernels.py', '--only', 'exact_merge']
 runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                    done ;;
         exactmerge) step exactmerge 240 python benchmarks/kernels.py --only exact_merge --json "$OUT/exact_merge.json" ;;  # the row-invariant MLA's merge layouts side by side
-        mlawide) step mlawide-tests 420 python -m pytest -q -x --durations=10 --timeout 150 tests/test_kernels_gpu.py \
-                     tests/test_exact_gpu.py -k "cuda_mla or mla_attention_rows or mla_attention_replays or mla_rows_of_long"
+        mlawide) step mlawide-tests 420 python "${MLA_TESTS[@]}"
                  step mlawide 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # the wide engine beside the narrow one
         mlaab) alt=${ALT_WIDE:-}  # the tree's wide MLA engine against another csrc/mla_wide.cu (ALT_WIDE, an untracked file), one machine
                if [ ! -f "$alt" ]; then echo "=== mlaab: set ALT_WIDE to a mla_wide.cu in the working tree" >> "$log"; continue; fi
                step mlaab-base 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla_base.json"
                cp ddtree_chat/csrc/mla_wide.cu "$cache_root/mla_wide_base.cu" && cp "$alt" ddtree_chat/csrc/mla_wide.cu
-               step mlaab-tests 420 python -m pytest -q -x --durations=10 --timeout 150 tests/test_kernels_gpu.py \
-                   tests/test_exact_gpu.py -k "cuda_mla or mla_attention_rows or mla_attention_replays or mla_rows_of_long"
+               step mlaab-tests 420 python "${MLA_TESTS[@]}"
                step mlaab-alt 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla_alt.json"
                cp "$cache_root/mla_wide_base.cu" ddtree_chat/csrc/mla_wide.cu ;;  # the tree's engine back for later steps
         mlasplit) step mlasplit 200 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # each MLA kernel's time (kernel_us), default plans only
