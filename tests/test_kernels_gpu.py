@@ -526,8 +526,9 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     # the wide engine: 64-row CTAs, one an SM, whole columns, its own stages; the same F rule over 64-row blocks
     p = cuda_mla.plan(17, 8, 32768, 132, True, wide=True)
     assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, cuda_mla.WIDE_STAGES, 1)  # 48 < 132 CTAs
-    assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["F"] == 8  # 64 supers x 3 blocks fill it
-    assert cuda_mla.plan(1, 8, 131072, 132, True, wide=True)["F"] == 1  # 64 supers x 1 block: half a wave
+    assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["F"] == 1  # 71 super CTAs x 3 blocks: under 3 waves
+    assert cuda_mla.plan(65, 8, 131072, 132, True, wide=True)["F"] == 8  # x 9 blocks: 639 CTAs
+    assert cuda_mla.plan(1, 8, 131072, 132, True, wide=True)["F"] == 1
     monkeypatch.setattr(cuda_mla, "FORCE", {"wide": 1, "cs": 4, "rg": 2, "stages": 4})  # narrow-only fields
     assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["cs"] == 1
     assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["stages"] == cuda_mla.WIDE_STAGES

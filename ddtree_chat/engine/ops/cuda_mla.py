@@ -64,7 +64,8 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
-    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 2 stages), the same rule for F."""
+    wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 2 stages), a CTA per super when
+    those CTAs make three waves."""
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
     stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
@@ -74,7 +75,9 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
-    f = FORCE.get("F") or (SUPER if (nsu >= 8 and 4 * nsu * rb >= 3 * wave) or nodes < t else 1)
+    # the wide engine's super CTAs pay only when they make three waves (a CTA's fixed costs are larger, its chunks fewer)
+    many = (nsu + SUPER - 1) * rb >= 3 * wave if wide else nsu >= 8 and 4 * nsu * rb >= 3 * wave
+    f = FORCE.get("F") or (SUPER if many or nodes < t else 1)
     units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // rows)
     cs = 1 if rg == 2 or wide else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
