@@ -30,6 +30,7 @@
 // twice per tile: their row maxima, then P (bf16) and their row sums. Values: warp w takes 128/CS value
 // columns of all 16 rows, P read back by ldmatrix.
 #include "mla_common.cuh"
+#include "mma.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -46,14 +47,6 @@ constexpr int kStatBytes = kRows * kPLd * 2 + 2 * 2 * kRows * 4;  // P [16][40] 
 // The merge: a row's 512 columns over kMergeGroups blocks of one warp x 4 columns each, so an AR step's few rows
 // (8 at a TP=8 rank's 8 heads) still put several blocks' loads in flight
 constexpr int kMergeThreads = 32, kMergeGroups = kR / (kMergeThreads * 4);
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -206,7 +199,7 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
       for (int s = 0; s < kKSteps; ++s) {
         uint32_t af[4];
         ldsm_x4(af, ap + 16 * s);
-        mma16816(sacc[s & 3], af, qf[s][0], qf[s][1]);
+        mma_bf16(sacc[s & 3], af, qf[s][0], qf[s][1]);
       }
       float pm[2];
 #pragma unroll
@@ -283,8 +276,8 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
       for (int t = 0; t < kNT; t += 2) {
         uint32_t b[4];
         ldsm_x4_t(b, vp + 8 * t);
-        mma16816(acc[t], pa, b[0], b[1]);
-        mma16816(acc[t + 1], pa, b[2], b[3]);
+        mma_bf16(acc[t], pa, b[0], b[1]);
+        mma_bf16(acc[t + 1], pa, b[2], b[3]);
       }
     }
     if (gt % kTilesPerChunk == kTilesPerChunk - 1 || gt == total - 1) {

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "mma.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -33,14 +34,6 @@ __device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) {
   uint32_t u;
   memcpy(&u, &v, 4);
   return u;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // (q & 0x000f000f) | 0x43004300 as one LOP3: written in C, nvcc emits an AND and an OR (two immediates),
