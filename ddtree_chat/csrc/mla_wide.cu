@@ -412,6 +412,8 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
       }
       load_b(ga + 3);  // B's columns 0-255 and P_B are read
       if (chunk_end) {
+        // NOTE: a last pair without B waited on group 1 nowhere: wait until it has read the chunk sum before
+        if (!has_b) bar_wait(kP1Ready);
         if (c == 0) xl[r0] = cl[0], xl[r0 + 8] = cl[1];
         bar_arrive(kSumReady);
       }
@@ -481,6 +483,7 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
       pin(o);
       load_a(ga + 2);  // A's columns 256-511 and P_A are read
       if (chunk_end) {
+        if (!has_b) bar_arrive(kP1Ready);  // the chunk sum before is read (group 0 writes the next)
         bar_wait(kSumReady);
         cl[0] = xl[r0], cl[1] = xl[r0 + 8];
       }
