@@ -18,7 +18,7 @@ MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
 FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
 
-_FACTS: dict[int, tuple[int, int, int, bool]] = {}
+_FACTS: dict[int, tuple[int, bool, int, bool]] = {}
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
 
 
@@ -33,10 +33,10 @@ def supported(q_lat, q_pe, ckv, kpe, prefix_len=None, tree_mask=None, scale=None
     return all(x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 for x in (ckv, kpe))
 
 
-def _device_facts(dev: torch.device) -> tuple[int, int, int, bool]:
-    """(SMs, the shared memory a block may opt into, two-stage CTAs resident per SM: 2 on sm_90, 1 on sm_120,
-    whether the wide engine runs here: Hopper (its wgmma code is built for sm_90a only) and a block holds its
-    shared memory)."""
+def _device_facts(dev: torch.device) -> tuple[int, bool, int, bool]:
+    """(SMs, whether a block's shared memory holds four stages of two row groups (plan's deep), two-stage CTAs
+    resident per SM: 2 on sm_90, 1 on sm_120, whether the wide engine runs here: Hopper (its wgmma code is built
+    for sm_90a only) and a block holds its shared memory). Asked once a GPU: the plan runs every call."""
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     if idx not in _FACTS:
         from .build import library
@@ -45,8 +45,9 @@ def _device_facts(dev: torch.device) -> tuple[int, int, int, bool]:
         per_sm = lib.ddt_mla_smem_per_sm(idx) // (lib.ddt_mla_smem_bytes(2, 1) + RESERVED)
         optin = lib.ddt_mla_smem_optin(idx)
         wide = torch.cuda.get_device_capability(idx)[0] == 9 and lib.ddt_mla_wide_smem_bytes() <= optin
-        _FACTS[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count, optin,
-                       max(1, min(2, per_sm)), wide)  # NOTE: launch bounds ask for two per SM
+        deep = lib.ddt_mla_smem_bytes(4, 2) <= optin
+        _FACTS[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count, deep, max(1, min(2, per_sm)),
+                       wide)  # NOTE: launch bounds ask for two per SM
     return _FACTS[idx]
 
 
@@ -99,11 +100,10 @@ def device_plan(t: int, nh: int, bound: int, dev: torch.device) -> dict:
     engine depends on the knob and the GPU alone (DDTREE_MLA=cuda-wide, or FORCE["wide"], where wide_fits), never
     on the launch's shape: an AR step and a round must compute a row with the same arithmetic."""
     from ... import knobs
-    from .build import library
 
-    sms, optin, per_sm, fits = _device_facts(dev)
+    sms, deep, per_sm, fits = _device_facts(dev)
     wide = bool(FORCE.get("wide", knobs.mla_kernel() == "cuda-wide")) and fits
-    return plan(t, nh, bound, sms, library().ddt_mla_smem_bytes(4, 2) <= optin, per_sm=per_sm, wide=wide)
+    return plan(t, nh, bound, sms, deep, per_sm=per_sm, wide=wide)
 
 
 def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_prefix: int | None = None):
