@@ -372,7 +372,8 @@ def bench_cuda_mla(ceiling, quick=False):
     plans = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
     plans += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)]
     # the narrow engine's plans, then the wide engine's where it runs (elsewhere a wide entry would time the narrow)
-    wide = [{"wide": 1, "F": 1}, {"wide": 1, "F": 8}] if cuda_mla.wide_fits(torch.device("cuda")) else []
+    wide = [{"wide": 1, "F": 1, "FC": 1}, {"wide": 1, "F": 1}, {"wide": 1, "F": 8}] \
+        if cuda_mla.wide_fits(torch.device("cuda")) else []
     for ctx in (8192, 32768, 131072):
         cache = torch.randn(ctx + 64, 576, device="cuda").to(torch.bfloat16)
         for nh in (8, 64):
@@ -383,13 +384,13 @@ def bench_cuda_mla(ceiling, quick=False):
                 us = 1e3 * graph_ms(fn, cold=True)
                 by_plan = {}
                 # quick: the default plan with one and with two row groups a CTA (the rest as the plan picks), and
-                # the wide engine's (64-row CTAs) with a CTA per chunk and per super
+                # the wide engine's (64-row CTAs) with a CTA per chunk, per the plan's FC chunks, and per super
                 for force in [{"rg": 1, "wide": 0}, {"rg": 2, "wide": 0}] + wide if quick else \
                         [{**p, "wide": 0} for p in plans] + wide:
                     cuda_mla.FORCE = force
                     try:
                         name = " ".join(f"{k}{v}" for k, v in cuda_mla.device_plan(t, nh, ctx, q.device).items()
-                                        if k in ("F", "cs", "rg", "stages", "wide"))
+                                        if k in ("F", "FC", "cs", "rg", "stages", "wide"))
                         by_plan[name] = 1e3 * graph_ms(fn, cold=True)
                     finally:
                         cuda_mla.FORCE = {}

@@ -472,20 +472,20 @@ int ddt_mla_smem_per_sm(int device) {
 int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, const void* kpe, const void* plen,
                       int plen64, const void* mask, void* part_acc, void* part_ml, void* out, int64_t sql_t,
                       int64_t sql_h, int64_t sqp_t, int64_t sqp_h, int64_t s_ckv, int64_t s_kpe, int T, int Tm, int NH,
-                      int F, int NSU, int SH, int NTL, int cs, int stages, int rg, int wide, float scale_log2,
+                      int F, int NSU, int SH, int NTL, int FC, int cs, int stages, int rg, int wide, float scale_log2,
                       void* stream_) {
   if (T < 1 || Tm < T || Tm > kMaxT || (F != 1 && F != kSuper) || (cs != 1 && cs != 2 && cs != 4) ||
       (!wide && stages != 2 && stages != 4) || (rg != 1 && rg != 2) || (rg == 2 && cs != 1) ||
-      (wide && (rg != 1 || cs != 1)))
+      (wide && (rg != 1 || cs != 1)) || FC < 1 || (FC != 1 && (!wide || F != 1)))
     return (int)cudaErrorInvalidValue;
   cudaStream_t stream = (cudaStream_t)stream_;
   Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,
          plen, (const uint8_t*)mask, (float*)part_acc, (float*)part_ml, sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe,
-         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, 0, scale_log2};
+         T, Tm, NH, T * NH, plen64, F, NSU, SH, NTL, 0, 0, FC, 0, scale_log2};
   const int rows = wide ? kWideRows : kRows * rg;  // query rows a CTA holds
   a.RB = (a.M + rows - 1) / rows;
   a.HB = (NH + rows - 1) / rows;
-  const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : SH * a.RB) + T * NTL * a.HB;
+  const int units = (F == kSuper ? (NSU + kSuper - 1) * a.RB : (SH + FC - 1) / FC * a.RB) + T * NTL * a.HB;
   int rc;
   if (wide)
     rc = launch_wide(a, units, stream);

@@ -83,6 +83,7 @@ struct Args {
   int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
   int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
   int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
+  int FC;                       // F = 1: shared chunks a CTA takes in turn, each its own state (the wide engine)
   int two_pass;                 // F = 1 with many chunks: supers folded in parallel first (fold_supers_kernel)
   float scale_log2;
 };
@@ -103,19 +104,20 @@ __device__ __forceinline__ bool q_row(const Args& a, int node, int row, int limi
   return ok;
 }
 
-// What a chunk CTA computes: the chunks first .. first + nchunks - 1 (from position first * kChunk), stored in
-// state slot `slot`, for CTA rows row0 .. row0 + rows - 1 (node < 0: rows of the launch's M = T x NH; else the
+// What a chunk CTA computes: the chunks first .. first + nchunks - 1 (from position first * kChunk), folded into
+// state slot `slot` (F = 8), or each chunk stored alone in slots slot, slot + 1, ... (F = 1), for CTA rows row0 .. row0 + rows - 1 (node < 0: rows of the launch's M = T x NH; else the
 // heads of round node `node`, reading positions >= L through its ancestors).
 struct Work {
   int first, nchunks, slot, node, row0;
 };
 
-// Unit u of the launch (a CTA, or CS CTAs splitting the value columns): super CTAs (F = 8), shared chunk CTAs,
-// then tail CTAs (one node's heads from L's chunk on); false where the unit has nothing to do at this L.
+// Unit u of the launch (a CTA, or CS CTAs splitting the value columns): super CTAs (F = 8), shared chunk CTAs (FC
+// chunks each with F = 1), then tail CTAs (one node's heads from L's chunk on); false where the unit has nothing to
+// do at this L.
 __device__ __forceinline__ bool decode_unit(const Args& a, int unit, int rows, int L, Work& w) {
   const int nsf = L / (kChunk * kSuper), base = L / kChunk;
   const int n_super_units = a.F == kSuper ? a.NSU * a.RB : 0;
-  const int n_shared_units = a.F == kSuper ? (kSuper - 1) * a.RB : a.SH * a.RB;
+  const int n_shared_units = a.F == kSuper ? (kSuper - 1) * a.RB : (a.SH + a.FC - 1) / a.FC * a.RB;
   w.node = -1;
   if (unit < n_super_units) {
     const int s = unit / a.RB;
@@ -123,8 +125,9 @@ __device__ __forceinline__ bool decode_unit(const Args& a, int unit, int rows, i
     return s < nsf;
   }
   if (unit < n_super_units + n_shared_units) {
-    const int u = unit - n_super_units, k = u / a.RB;
-    w.row0 = (u % a.RB) * rows, w.first = (a.F == kSuper ? nsf * kSuper : 0) + k, w.nchunks = 1;
+    const int u = unit - n_super_units, k = (u / a.RB) * (a.F == kSuper ? 1 : a.FC);
+    w.row0 = (u % a.RB) * rows, w.first = (a.F == kSuper ? nsf * kSuper : 0) + k;
+    w.nchunks = a.F == kSuper ? 1 : min(a.FC, base - w.first);  // NOTE: shared chunks end below L's chunk
     w.slot = (a.F == kSuper ? a.NSU : 0) + k;
     return w.first < base;
   }

@@ -318,11 +318,12 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
     m_row[h] = node >= 0 ? node * a.NH + i : i;
   }
   const int col0 = wg * (kR / 2), r0 = 16 * wl + g;
+  int slot = wk.slot;  // the state's slot (F = 1: the chunk's, one on at each chunk end)
   float* out_acc[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)wk.slot * a.M + m_row[h]) * kR + col0 + 2 * c;
+  for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)slot * a.M + m_row[h]) * kR + col0 + 2 * c;
   const uint64_t q_desc = smem_desc(qs, kWRows * 16, 128);
-  // super state (F = 8 CTAs keep its accumulators in the output slot), chunk state (cm in both groups, cl kept by
+  // super state (F = 8 CTAs keep its accumulators in the output slot; F = 1, the chunk's alone), chunk state (cm in both groups, cl kept by
   // group 0), value accumulators: o[4 t + e] is row r0 + 8 (e / 2), column col0 + 8 t + 2 c + (e % 2)
   float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
   float cm[2] = {-INFINITY, -INFINITY}, cl[2] = {0.f, 0.f}, o[128];
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] = 0.f;
     }
-    if (chunk_end && ga >= kWTiles) {
+    if (chunk_end && ga >= kWTiles && a.F == kSuper) {
       // a super CTA's later chunk ends with this pair: the stored super state (this thread's 256 columns of a row:
       // 8 lines) comes to L1 while the pair computes, so the fold's read-back does not wait on L2
 #pragma unroll
@@ -509,17 +510,23 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
           }
         }
       }
-    }
-  }
-  // ---- the state's max and sum (its accumulators are stored)
-  if (wg == 0 && c == 0) {
-    const int slots = a.SH + a.NTL;
+      // the state's max and sum (its accumulators are stored; a super's, again at each of its chunks)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!row_ok[h]) continue;
-      const int64_t r = (int64_t)wk.slot * a.M + m_row[h];
-      a.part_ml[r] = fm[h];
-      a.part_ml[(int64_t)slots * a.M + r] = fl[h];
+      for (int h = 0; h < 2; ++h) {
+        if (wg == 0 && c == 0 && row_ok[h]) {
+          const int64_t r = (int64_t)slot * a.M + m_row[h];
+          a.part_ml[r] = fm[h];
+          a.part_ml[(int64_t)(a.SH + a.NTL) * a.M + r] = fl[h];
+        }
+      }
+      if (a.F != kSuper) {  // F = 1 with chunks in turn: the next chunk's state starts empty in the next slot
+        ++slot;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          out_acc[h] += (int64_t)a.M * kR;
+          fm[h] = -INFINITY, fl[h] = 0.f;
+        }
+      }
     }
   }
 #endif

@@ -16,7 +16,7 @@ ROWS = 16  # query rows per row group (a CTA holds one or two)
 WIDE_ROWS, WIDE_STAGES = 64, 2  # query rows and pipeline stages of a wide CTA (csrc/mla_wide.cu's kWideRows, kWStages)
 MAX_NODES = 1024  # round nodes one call may hold (the kernel's ancestor table)
 SCRATCH_BYTES = 256 << 20  # float32 partial states one launch may hold; more nodes go in several launches
-FORCE: dict = {}  # plan overrides {"F", "cs", "stages", "rg", "wide"} (benchmarks, tests)
+FORCE: dict = {}  # plan overrides {"F", "FC", "cs", "stages", "rg", "wide"} (benchmarks, tests)
 
 _FACTS: dict[int, tuple[int, bool, int, bool]] = {}
 RESERVED = 1024  # shared memory the GPU keeps per resident CTA
@@ -54,7 +54,8 @@ def _device_facts(dev: torch.device) -> tuple[int, bool, int, bool]:
 def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None, per_sm: int = 2,
          wide: bool = False) -> dict:
     """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
-    (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk), cs (CTAs splitting the value
+    (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk, or FC chunks each stored alone), cs
+    (CTAs splitting the value
     columns), rg (row groups of 16 a CTA), stages, shared slots (NSU of supers, SH in all), tail slots per row
     NTL, nodes per launch. Two row groups (one 256-thread CTA an SM, each key tile read once for 32 rows, four
     stages where they fit, whole columns) when a launch has more than 16 rows (nodes x heads).
@@ -66,7 +67,9 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
     wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 2 stages), a CTA per super when
-    those CTAs make three waves."""
+    those CTAs make three waves; with F = 1 each CTA takes FC prefix chunks in turn (its tiles' pipeline runs on
+    across them; each chunk still its own state, so FC moves no operation): the FC of fewest waves x (FC + 1/4),
+    a CTA's own costs (its start, its first tiles' wait) counted as a quarter chunk."""
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
     stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
@@ -79,10 +82,15 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     # the wide engine's super CTAs pay only when they make three waves (a CTA's fixed costs are larger, its chunks fewer)
     many = (nsu + SUPER - 1) * rb >= 3 * wave if wide else nsu >= 8 and 4 * nsu * rb >= 3 * wave
     f = FORCE.get("F") or (SUPER if many or nodes < t else 1)
-    units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + nodes * ntl * -(-nh // rows)
+    tails = nodes * ntl * -(-nh // rows)
+    units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + tails
     cs = 1 if rg == 2 or wide else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
-    p = {"F": f, "cs": cs, "rg": rg, "stages": stages if deep or wide else 2, "NSU": nsu if f == SUPER else 0,
+    fc = 1
+    if wide and f == 1:
+        waves = lambda c: -(-(-(-sh // c) * rb + tails) // wave)  # noqa: E731
+        fc = FORCE.get("FC") or min((8, 4, 2, 1), key=lambda c: waves(c) * (4 * c + 1))
+    p = {"F": f, "FC": fc, "cs": cs, "rg": rg, "stages": stages if deep or wide else 2, "NSU": nsu if f == SUPER else 0,
          "SH": sh, "NTL": ntl, "nodes": nodes, "wide": int(wide)}
     if nodes == t > 1 and (sh + ntl) * t * nh * (512 + 2) * 4 > SCRATCH_BYTES:
         per_node = (nsu + SUPER - 1 + ntl) * nh * (512 + 2) * 4
@@ -140,7 +148,7 @@ def mla_attention_cuda(q_lat, q_pe, ckv, kpe, prefix_len, tree_mask, scale, max_
                                    plen.data_ptr(), int(plen.dtype == torch.int64), mask[n0].data_ptr(), acc.data_ptr(),
                                    ml.data_ptr(), out[n0].data_ptr(), ql.stride(0), ql.stride(1), qp.stride(0),
                                    qp.stride(1), ckv.stride(0), kpe.stride(0), min(batch, t - n0), t, nh, p["F"],
-                                   p["NSU"], p["SH"], p["NTL"], p["cs"], p["stages"], p["rg"], p["wide"],
+                                   p["NSU"], p["SH"], p["NTL"], p["FC"], p["cs"], p["stages"], p["rg"], p["wide"],
                                    float(scale * 1.4426950408889634), stream)
         check(rc, "ddt_mla_attention")
     return out
