@@ -105,8 +105,9 @@ __device__ __forceinline__ bool q_row(const Args& a, int node, int row, int limi
 }
 
 // What a chunk CTA computes: the chunks first .. first + nchunks - 1 (from position first * kChunk), folded into
-// state slot `slot` (F = 8), or each chunk stored alone in slots slot, slot + 1, ... (F = 1), for CTA rows row0 .. row0 + rows - 1 (node < 0: rows of the launch's M = T x NH; else the
-// heads of round node `node`, reading positions >= L through its ancestors).
+// state slot `slot` (F = 8), or each chunk stored alone in slots slot, slot + 1, ... (F = 1), for CTA rows row0 ..
+// row0 + rows - 1 (node < 0: rows of the launch's M = T x NH; else the heads of round node `node`, reading
+// positions >= L through its ancestors).
 struct Work {
   int first, nchunks, slot, node, row0;
 };

@@ -79,7 +79,8 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     rb = -(-nodes * nh // rows)
     ntl = (CHUNK - 1 + t - 1) // CHUNK + 1  # chunks from L's chunk to L + depth
     nsu = max(bound, 0) // (CHUNK * SUPER)
-    # the wide engine's super CTAs pay only when they make three waves (a CTA's fixed costs are larger, its chunks fewer)
+    # the wide engine's super CTAs pay only when they make three waves (a CTA's fixed costs are larger, its chunks
+    # fewer)
     many = (nsu + SUPER - 1) * rb >= 3 * wave if wide else nsu >= 8 and 4 * nsu * rb >= 3 * wave
     f = FORCE.get("F") or (SUPER if many or nodes < t else 1)
     tails = nodes * ntl * -(-nh // rows)
