@@ -383,10 +383,11 @@ def bench_cuda_mla(ceiling, quick=False):
                 fn = lambda: cuda_mla.mla_attention_cuda(q, qp, ckv, kpe, ctx, mask, 0.14468)  # noqa: E731
                 us = 1e3 * graph_ms(fn, cold=True)
                 by_plan = {}
-                # quick: the default plan with one and with two row groups a CTA (the rest as the plan picks), and
-                # the wide engine's (64-row CTAs) with a CTA per chunk, per the plan's FC chunks, and per super
-                for force in [{"rg": 1, "wide": 0}, {"rg": 2, "wide": 0}] + wide if quick else \
-                        [{**p, "wide": 0} for p in plans] + wide:
+                # quick: the default plan with one (a CTA per chunk and per the plan's FC chunks) and with two row
+                # groups a CTA (the rest as the plan picks), and the wide engine's (64-row CTAs) with a CTA per
+                # chunk, per the plan's FC chunks, and per super
+                narrow = [{"rg": 1, "wide": 0, "FC": 1}, {"rg": 1, "wide": 0}, {"rg": 2, "wide": 0}]
+                for force in narrow + wide if quick else [{**p, "wide": 0} for p in plans] + wide:
                     cuda_mla.FORCE = force
                     try:
                         name = " ".join(f"{k}{v}" for k, v in cuda_mla.device_plan(t, nh, ctx, q.device).items()

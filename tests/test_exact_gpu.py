@@ -239,9 +239,8 @@ def test_mla_attention_rows_match_the_ar_step(heads, t, kernel):
 
 @pytest.mark.parametrize("heads", [8, 64])
 def test_cuda_mla_plans_give_every_row_the_same_bits(heads, monkeypatch):
-    """Every launch plan of each CUDA engine (narrow: a CTA per chunk or per super, value columns split 1/2/4
-    ways, one or two row groups a CTA, 2 or 4 stages; wide: a CTA per super, per chunk, or per 2 or 4 chunks each
-    stored alone; both: the nodes in one
+    """Every launch plan of each CUDA engine (both: a CTA per super, per chunk, or per 2 or 4 chunks each stored
+    alone; narrow: value columns split 1/2/4 ways, one or two row groups a CTA, 2 or 4 stages; both: the nodes in one
     launch or several): every row of 1-, 17- and 65-node chains the same bits within the engine, contexts around
     chunk and super boundaries."""
     from ddtree_chat.engine.ops import cuda_mla
@@ -250,6 +249,7 @@ def test_cuda_mla_plans_give_every_row_the_same_bits(heads, monkeypatch):
     g = torch.Generator().manual_seed(heads)
     narrow = [{"F": f, "cs": cs, "stages": st, "rg": 1} for f in (1, 8) for cs in (1, 2, 4) for st in (2, 4)]
     narrow += [{"F": f, "stages": st, "rg": 2} for f in (1, 8) for st in (2, 4)] + [{"scratch": 1}]
+    narrow += [{"F": 1, "FC": 2, "cs": 2, "stages": 2, "rg": 1}, {"F": 1, "FC": 4, "stages": 4, "rg": 2}]
     engines = [[{**p, "wide": 0} for p in narrow]]
     if cuda_mla.wide_fits(dev):
         engines.append([{"wide": 1, "F": 1, "FC": 1}, {"wide": 1, "F": 8}, {"wide": 1, "scratch": 1},

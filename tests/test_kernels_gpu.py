@@ -528,19 +528,20 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     assert (p["wide"], p["rg"], p["cs"], p["stages"], p["F"]) == (1, 1, 1, cuda_mla.WIDE_STAGES, 1)  # 48 < 132 CTAs
     assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["F"] == 1  # 71 super CTAs x 3 blocks: under 3 waves
     assert cuda_mla.plan(65, 8, 131072, 132, True, wide=True)["F"] == 8  # x 9 blocks: 639 CTAs
-    # a CTA a chunk taking FC chunks in turn: fewest waves x (FC + 1/4); the narrow engine and supers take one
+    # a CTA per FC chunks taken in turn: fewest waves x (FC + 1/4); supers take one
     assert cuda_mla.plan(1, 8, 131072, 132, True, wide=True)["FC"] == 4  # 512 chunks: 129 CTAs, one wave
     assert cuda_mla.plan(1, 8, 65536, 132, True, wide=True)["FC"] == 2  # 256 chunks: 129 CTAs
     assert cuda_mla.plan(1, 8, 32768, 132, True, wide=True)["FC"] == 1  # 128 chunks: a wave already
     assert cuda_mla.plan(17, 8, 131072, 132, True, wide=True)["FC"] == 1  # 12 waves of one against 4 of four
     assert cuda_mla.plan(65, 8, 131072, 132, True, wide=True)["FC"] == 1  # supers
-    assert cuda_mla.plan(1, 8, 131072, 132, True)["FC"] == 1
+    p = cuda_mla.plan(1, 8, 131072, 132, True)  # narrow: two CTAs an SM, 264 a wave: 257 CTAs of two chunks
+    assert (p["FC"], p["cs"]) == (2, 1)
     monkeypatch.setattr(cuda_mla, "FORCE", {"wide": 1, "cs": 4, "rg": 2, "stages": 4})  # narrow-only fields
     assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["cs"] == 1
     assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["stages"] == cuda_mla.WIDE_STAGES
     monkeypatch.setattr(cuda_mla, "FORCE", {"FC": 2})
     assert cuda_mla.plan(1, 8, 8192, 132, False, wide=True)["FC"] == 2
-    assert cuda_mla.plan(1, 8, 8192, 132, False)["FC"] == 1  # the narrow engine stores a chunk a CTA
+    assert cuda_mla.plan(65, 8, 131072, 132, True, wide=True)["FC"] == 1  # a super CTA takes its own chunks
 
 
 CUDA_MLA_CASES = [(t, ctx, nh) for nh in (8, 64) for ctx in (1, 7, 255, 4097) for t in (1, 17, 65)]

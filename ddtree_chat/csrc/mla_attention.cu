@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
   const int L = load_len(a.plen, a.plen64);
   Work wk;
   if (!decode_unit(a, unit, kRows * RG, L, wk)) return;
-  const int first = wk.first, nchunks = wk.nchunks, slot = wk.slot, node = wk.node, row0 = wk.row0 + kRows * grp;
+  const int first = wk.first, nchunks = wk.nchunks, node = wk.node, row0 = wk.row0 + kRows * grp;
+  int slot = wk.slot;  // the state's slot (F = 1: the chunk's, one on at each chunk end)
   int hi_all = L;  // keys visible to this CTA's rows end here (exclusive)
   if (node >= 0) {
     const int count = scan_ancestors(a.mask + (int64_t)node * a.Tm, a.Tm, anc, warp_count);
@@ -151,7 +152,8 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
       }
   }
 
-  // super state (F = 8 CTAs; its accumulators live in the CTA's own output slot) and chunk state, per row
+  // super state (F = 8 CTAs; its accumulators live in the CTA's own output slot; F = 1, the chunk's alone) and
+  // chunk state, per row
   // g / g + 8; value accumulators of kNT n8-tiles
   float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
   float cm[2], cl[2], acc[kNT][4];
@@ -295,20 +297,24 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
           *(float2*)(out_acc[h] + 8 * t) =
               make_float2(fold_acc(o.x, acc[t][2 * h], f), fold_acc(o.y, acc[t][2 * h + 1], f));
         }
+        // the state's max and sum (its accumulators are stored; a super's, again at each of its chunks)
+        if (cs == 0 && wl == 0 && c == 0) {
+          const int64_t r = (int64_t)slot * a.M + m_row[h];
+          a.part_ml[r] = fm[h];
+          a.part_ml[(int64_t)slots * a.M + r] = fl[h];
+        }
+      }
+      if (a.F != kSuper) {  // F = 1 with chunks in turn: the next chunk's state starts empty in the next slot
+        ++slot;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          out_acc[h] += (int64_t)a.M * kR;
+          fm[h] = -INFINITY, fl[h] = 0.f;
+        }
       }
     }
   }
   cp_wait<0>();
-  // ---- the state's max and sum (its accumulators are stored)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (!row_ok[h]) continue;
-    const int64_t r = (int64_t)slot * a.M + m_row[h];
-    if (cs == 0 && wl == 0 && c == 0) {
-      a.part_ml[r] = fm[h];
-      a.part_ml[(int64_t)slots * a.M + r] = fl[h];
-    }
-  }
 }
 
 // The slot of chunk ch's state with a CTA per chunk (F = 1): shared chunks below L's chunk, then the tail's.
@@ -476,7 +482,7 @@ int ddt_mla_attention(const void* q_lat, const void* q_pe, const void* ckv, cons
                       void* stream_) {
   if (T < 1 || Tm < T || Tm > kMaxT || (F != 1 && F != kSuper) || (cs != 1 && cs != 2 && cs != 4) ||
       (!wide && stages != 2 && stages != 4) || (rg != 1 && rg != 2) || (rg == 2 && cs != 1) ||
-      (wide && (rg != 1 || cs != 1)) || FC < 1 || (FC != 1 && (!wide || F != 1)))
+      (wide && (rg != 1 || cs != 1)) || FC < 1 || (FC != 1 && F != 1))
     return (int)cudaErrorInvalidValue;
   cudaStream_t stream = (cudaStream_t)stream_;
   Args a{(const __nv_bfloat16*)q_lat, (const __nv_bfloat16*)q_pe, (const __nv_bfloat16*)ckv, (const __nv_bfloat16*)kpe,

@@ -83,7 +83,7 @@ struct Args {
   int64_t sql_t, sql_h, sqp_t, sqp_h, s_ckv, s_kpe;
   int T, Tm, NH, M, plen64;   // this launch's nodes, the mask's row length (the round's nodes), heads, rows
   int F, NSU, SH, NTL, RB, HB;  // chunks per super CTA (1 or 8), super slots, shared slots, tail slots/node
-  int FC;                       // F = 1: shared chunks a CTA takes in turn, each its own state (the wide engine)
+  int FC;                       // F = 1: shared chunks a CTA takes in turn, each its own state
   int two_pass;                 // F = 1 with many chunks: supers folded in parallel first (fold_supers_kernel)
   float scale_log2;
 };

@@ -54,22 +54,21 @@ def _device_facts(dev: torch.device) -> tuple[int, bool, int, bool]:
 def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = None, per_sm: int = 2,
          wide: bool = False) -> dict:
     """The launch for a round of t nodes x nh heads over a prefix of at most `bound` keys, `nodes` of them
-    (default all) per launch: F (8: a CTA per full super, 1: a CTA per chunk, or FC chunks each stored alone), cs
-    (CTAs splitting the value
-    columns), rg (row groups of 16 a CTA), stages, shared slots (NSU of supers, SH in all), tail slots per row
-    NTL, nodes per launch. Two row groups (one 256-thread CTA an SM, each key tile read once for 32 rows, four
-    stages where they fit, whole columns) when a launch has more than 16 rows (nodes x heads).
+    (default all) per launch: F (8: a CTA per full super; 1: a CTA per FC prefix chunks taken in turn, each stored
+    alone), cs (CTAs splitting the value columns), rg (row groups of 16 a CTA), stages, shared slots (NSU of supers,
+    SH in all), tail slots per row NTL, nodes per launch. Two row groups (one 256-thread CTA an SM, each key tile
+    read once for 32 rows, four stages where they fit, whole columns) when a launch has more than 16 rows.
     Rule (`benchmarks/kernels.py --only cuda_mla`): one-group CTAs take two stages (two CTAs per SM); a CTA per
     super from 8 supers of context when the super CTAs alone fill three quarters of a wave (a CTA per chunk
     would then take several waves of short CTAs and store 8x the partial states), and always when the nodes
-    come in several launches (the fewest partial states); else a CTA per chunk (the merge folds each super's
-    chunks in parallel before the row's fold, so many chunk states cost little); the value columns split as
-    far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
+    come in several launches (the fewest partial states); else a CTA per FC chunks (the merge folds each super's
+    chunks in parallel before the row's fold, so many chunk states cost little), FC the one of fewest waves x
+    (FC + 1/4): a CTA's own costs (its start, its first tiles' wait) count as a quarter chunk, and its tile
+    pipeline runs on across its chunks (each still its own state: FC moves no operation); the value columns split
+    as far as the CTAs still fit in one wave. deep (the GPU's shared memory takes four stages) lets two-group CTAs
     and FORCE take four; per_sm: two-stage one-group CTAs resident per SM (a wave is sms x per_sm).
     wide: 64-row CTAs (csrc/mla_wide.cu: one an SM, whole columns, its kWStages = 2 stages), a CTA per super when
-    those CTAs make three waves; with F = 1 each CTA takes FC prefix chunks in turn (its tiles' pipeline runs on
-    across them; each chunk still its own state, so FC moves no operation): the FC of fewest waves x (FC + 1/4),
-    a CTA's own costs (its start, its first tiles' wait) counted as a quarter chunk."""
+    those CTAs make three waves."""
     nodes = nodes or t
     rg = 1 if wide else FORCE.get("rg") or (2 if nodes * nh > ROWS else 1)
     stages = WIDE_STAGES if wide else FORCE.get("stages") or (4 if rg == 2 and deep else 2)
@@ -84,13 +83,13 @@ def plan(t: int, nh: int, bound: int, sms: int, deep: bool, nodes: int | None = 
     many = (nsu + SUPER - 1) * rb >= 3 * wave if wide else nsu >= 8 and 4 * nsu * rb >= 3 * wave
     f = FORCE.get("F") or (SUPER if many or nodes < t else 1)
     tails = nodes * ntl * -(-nh // rows)
-    units = ((nsu + SUPER - 1) * rb if f == SUPER else (max(bound, 0) // CHUNK) * rb) + tails
-    cs = 1 if rg == 2 or wide else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     sh = nsu + SUPER - 1 if f == SUPER else max(bound, 0) // CHUNK
     fc = 1
-    if wide and f == 1:
+    if f == 1:
         waves = lambda c: -(-(-(-sh // c) * rb + tails) // wave)  # noqa: E731
         fc = FORCE.get("FC") or min((8, 4, 2, 1), key=lambda c: waves(c) * (4 * c + 1))
+    units = ((nsu + SUPER - 1) * rb if f == SUPER else -(-sh // fc) * rb) + tails
+    cs = 1 if rg == 2 or wide else FORCE.get("cs") or max(c for c in (1, 2, 4) if units * c <= wave or c == 1)
     p = {"F": f, "FC": fc, "cs": cs, "rg": rg, "stages": stages if deep or wide else 2, "NSU": nsu if f == SUPER else 0,
          "SH": sh, "NTL": ntl, "nodes": nodes, "wide": int(wide)}
     if nodes == t > 1 and (sh + ntl) * t * nh * (512 + 2) * 4 > SCRATCH_BYTES:
