@@ -500,7 +500,7 @@ def test_cuda_mla_plan_cpu(monkeypatch):
     p = cuda_mla.plan(1, 8, 8192, 132, True)
     assert (p["F"], p["cs"], p["stages"], p["SH"], p["NTL"], p["nodes"]) == (1, 4, 2, 32, 1, 1)
     p = cuda_mla.plan(1, 8, 131072, 132, True)  # 64 super CTAs would leave most of a 264-CTA wave idle
-    assert (p["F"], p["cs"], p["NSU"], p["SH"]) == (1, 1, 0, 512)  # 512 chunk CTAs + 1 tail: no column split
+    assert (p["F"], p["cs"], p["NSU"], p["SH"]) == (1, 1, 0, 512)  # 256 CTAs of two chunks + 1 tail: no split
     assert cuda_mla.plan(1, 64, 131072, 132, True)["F"] == 8  # 64 supers x 4 row blocks: 256 of 264
     assert cuda_mla.plan(17, 8, 131072, 132, True)["F"] == 8  # 64 supers x 9 row blocks fill it
     assert cuda_mla.plan(17, 8, 32768, 132, True)["F"] == 1  # 16 supers x 9 row blocks: fewer than a wave
