@@ -158,7 +158,6 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
   float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
   float cm[2], cl[2], acc[kNT][4];
   const int col0 = cs * (kR / CS) + wl * (128 / CS);  // the warp's first value column
-  const int slots = a.SH + a.NTL;
   float* out_acc[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)slot * a.M + m_row[h]) * kR + col0 + 2 * c;
@@ -298,20 +297,9 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
               make_float2(fold_acc(o.x, acc[t][2 * h], f), fold_acc(o.y, acc[t][2 * h + 1], f));
         }
         // the state's max and sum (its accumulators are stored; a super's, again at each of its chunks)
-        if (cs == 0 && wl == 0 && c == 0) {
-          const int64_t r = (int64_t)slot * a.M + m_row[h];
-          a.part_ml[r] = fm[h];
-          a.part_ml[(int64_t)slots * a.M + r] = fl[h];
-        }
+        if (cs == 0 && wl == 0 && c == 0) store_ml(a, slot, m_row[h], fm[h], fl[h]);
       }
-      if (a.F != kSuper) {  // F = 1 with chunks in turn: the next chunk's state starts empty in the next slot
-        ++slot;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          out_acc[h] += (int64_t)a.M * kR;
-          fm[h] = -INFINITY, fl[h] = 0.f;
-        }
-      }
+      next_chunk_slot(a, slot, out_acc, fm, fl);
     }
   }
   cp_wait<0>();

@@ -139,6 +139,26 @@ __device__ __forceinline__ bool decode_unit(const Args& a, int unit, int rows, i
   return w.node < a.T;
 }
 
+// A state's max and sum for row m in slot `slot` (its accumulators are the CTA's to store).
+__device__ __forceinline__ void store_ml(const Args& a, int slot, int m, float mx, float l) {
+  const int64_t r = (int64_t)slot * a.M + m;
+  a.part_ml[r] = mx;
+  a.part_ml[(int64_t)(a.SH + a.NTL) * a.M + r] = l;
+}
+
+// After a chunk's state is stored: with F = 1 the CTA's next chunk starts from an empty state in the next slot
+// (the rows' accumulator pointers one slot on); a super CTA (F = 8) keeps folding into its one slot.
+__device__ __forceinline__ void next_chunk_slot(const Args& a, int& slot, float* (&out_acc)[2], float (&fm)[2],
+                                                float (&fl)[2]) {
+  if (a.F == kSuper) return;
+  ++slot;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    out_acc[h] += (int64_t)a.M * kR;
+    fm[h] = -INFINITY, fl[h] = 0.f;
+  }
+}
+
 // The BN-key tiles of a CTA's chunks from position lo up to hi (exclusive): whole chunks, the last one cut at hi.
 template <int BN = kBN>
 __device__ __forceinline__ int tile_count(int lo, int nchunks, int hi) {

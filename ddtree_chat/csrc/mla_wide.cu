@@ -512,21 +512,9 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
       }
       // the state's max and sum (its accumulators are stored; a super's, again at each of its chunks)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (wg == 0 && c == 0 && row_ok[h]) {
-          const int64_t r = (int64_t)slot * a.M + m_row[h];
-          a.part_ml[r] = fm[h];
-          a.part_ml[(int64_t)(a.SH + a.NTL) * a.M + r] = fl[h];
-        }
-      }
-      if (a.F != kSuper) {  // F = 1 with chunks in turn: the next chunk's state starts empty in the next slot
-        ++slot;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          out_acc[h] += (int64_t)a.M * kR;
-          fm[h] = -INFINITY, fl[h] = 0.f;
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+        if (wg == 0 && c == 0 && row_ok[h]) store_ml(a, slot, m_row[h], fm[h], fl[h]);
+      next_chunk_slot(a, slot, out_acc, fm, fl);
     }
   }
 #endif
