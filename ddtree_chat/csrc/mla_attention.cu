@@ -153,8 +153,7 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
   }
 
   // super state (F = 8 CTAs; its accumulators live in the CTA's own output slot; F = 1, the chunk's alone) and
-  // chunk state, per row
-  // g / g + 8; value accumulators of kNT n8-tiles
+  // chunk state, per row g / g + 8; value accumulators of kNT n8-tiles
   float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
   float cm[2], cl[2], acc[kNT][4];
   const int col0 = cs * (kR / CS) + wl * (128 / CS);  // the warp's first value column

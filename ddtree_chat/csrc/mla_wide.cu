@@ -324,7 +324,8 @@ __global__ void __launch_bounds__(kWThreads, 1) mla_wide_kernel(Args a) {
   for (int h = 0; h < 2; ++h) out_acc[h] = a.part_acc + ((int64_t)slot * a.M + m_row[h]) * kR + col0 + 2 * c;
   const uint64_t q_desc = smem_desc(qs, kWRows * 16, 128);
   // super state (F = 8 CTAs keep its accumulators in the output slot; F = 1, the chunk's alone), chunk state (cm
-  // in both groups, cl kept by group 0), value accumulators: o[4 t + e] is row r0 + 8 (e / 2), column col0 + 8 t + 2 c + (e % 2)
+  // in both groups, cl kept by group 0), value accumulators: o[4 t + e] is row r0 + 8 (e / 2), column
+  // col0 + 8 t + 2 c + (e % 2)
   float fm[2] = {-INFINITY, -INFINITY}, fl[2] = {0.f, 0.f};
   float cm[2] = {-INFINITY, -INFINITY}, cl[2] = {0.f, 0.f}, o[128];
 
