@@ -201,7 +201,8 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                      --launch-count 1 --section SourceCounters --section WarpStateStats --import-source yes -f \
                      -o "$OUT/ncu_wide_source" python benchmarks/kernels.py --only ncuwide --json /dev/null
                  step ncuwide-sass 120 "$ncu_bin" --import "$OUT/ncu_wide_source.ncu-rep" --page source --print-source sass \
-                     --csv --log-file "$OUT/ncu_wide_sass.csv" ;;
+                     --csv --log-file "$OUT/ncu_wide_sass.csv"
+                 python benchmarks/ncu_sass.py "$OUT/ncu_wide_sass.csv" >> "$log" 2>&1 ;;  # the most sampled lines
         moe) step moe 240 python benchmarks/kernels.py --only moe --json "$OUT/moe.json" ;;  # the picked variants, whole and TP=8 slices
         kernels) DDTREE_MOE_SWEEP=1 step kernels 200 python benchmarks/kernels.py --json "$OUT/kernels.json" ;;
         small) step small 150 python benchmarks/kernels.py --only small --json "$OUT/small.json" ;;

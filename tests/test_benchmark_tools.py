@@ -449,3 +449,24 @@ def test_ncu_table_reads_each_launchs_counters_in_us_after_ncus_warnings(tmp_pat
     path = tmp_path / "bad.csv"
     path.write_text("no table here\n")
     assert ncu_table.main([str(path)]) == 1
+
+
+def test_ncu_sass_ranks_a_launchs_sass_lines_by_their_stall_samples():
+    """benchmarks/ncu_sass.py: the header found after ncu's own lines, samples read with thousands separators,
+    the lines ranked by samples with their share of all, and one clear error for a file without the columns."""
+    import ncu_sass
+
+    text = "\n".join(['==PROF== Connected to process 7', '"# Address","Source","Warp Stall Sampling (All Samples)",'
+                      '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed"',
+                      '"0x10","LDS.128 R4, [R2]","120","100","1,024"',
+                      '"0x20","HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24","2,000","40","512"',
+                      '"0x30","SYNCS.PHASECHK.TRANS64 P0, [UR8], R3","880","870","64"'])
+    lines = ncu_sass.sampled_lines(text)
+    assert [x["samples"] for x in lines] == [120, 2000, 880] and lines[2]["not_issued"] == 870
+    out = ncu_sass.table(lines, top=2)
+    assert out.splitlines()[0].startswith("3000 warp samples over 3 SASS lines")
+    assert "| 0x20 | 2000 | 66.7 | 40 | `HGMMA" in out and "| 0x30 | 880 | 29.3 |" in out and "LDS" not in out
+    with pytest.raises(ValueError, match="SourceCounters"):
+        ncu_sass.sampled_lines('"Address","Source","Instructions Executed"\n"0x10","NOP","1"')
+    with pytest.raises(ValueError, match="not an ncu"):
+        ncu_sass.sampled_lines("no table here")
