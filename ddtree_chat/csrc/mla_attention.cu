@@ -38,6 +38,8 @@ namespace {
 using namespace ddt_mla;
 
 constexpr int kRows = 16;                          // query rows per row group (an MMA's 16)
+constexpr int kBN = 32;                            // keys per tile
+constexpr int kTilesPerChunk = kChunk / kBN;
 constexpr int kLd = kD + 8;                        // padded smem row (1168 B): ldmatrix rows hit distinct banks
 constexpr int kTileBytes = kBN * kLd * 2;
 constexpr int kKSteps = kD / 16;                   // 16-column k-steps of a score (36)
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kThreads * RG, RG == 1 ? 2 : 1) mla_chunks_ker
   // The CTA's tiles in position order: chunk ch = gt / 8 holds tiles 8 ch .. 8 ch + 7 (a tail CTA's one chunk
   // may hold fewer); the pipeline runs across chunk boundaries, the softmax restarts at each.
   const int hi = node >= 0 ? hi_all : L, lo = first * kChunk;
-  const int total = tile_count(lo, nchunks, hi);
+  const int total = tile_count<kBN>(lo, nchunks, hi);
   for (int s = 0; s < STAGES - 1; ++s) {  // issued before the Q loads: both latencies overlap
     if (s < total) load_tile<kThr>(a, tiles + s * kBN * kLd, lo + s * kBN, hi, slot_of);
     cp_commit();

@@ -13,9 +13,7 @@ namespace ddt_mla {
 
 constexpr int kR = 512, kP = 64, kD = kR + kP;  // value, rope, key width
 constexpr int kChunk = 256, kSuper = 8;           // keys per chunk, chunks per super (fixed by position)
-constexpr int kBN = 32;                            // keys per tile
 constexpr int kMaxT = 1024;                        // round nodes a launch may hold (the ancestor table)
-constexpr int kTilesPerChunk = kChunk / kBN;
 
 // 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing (unused or poisoned slots stay unread).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
@@ -160,7 +158,7 @@ __device__ __forceinline__ void next_chunk_slot(const Args& a, int& slot, float*
 }
 
 // The BN-key tiles of a CTA's chunks from position lo up to hi (exclusive): whole chunks, the last one cut at hi.
-template <int BN = kBN>
+template <int BN>
 __device__ __forceinline__ int tile_count(int lo, int nchunks, int hi) {
   return (nchunks - 1) * (kChunk / BN) + (min(lo + nchunks * kChunk, hi) - lo - (nchunks - 1) * kChunk + BN - 1) / BN;
 }
