@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_session.sh STEP...      steps: tests gputests alone reversed tp tprank tpround loadspeed allreduce multigpu exact exactab exactabtp8 pdl cudamla mlasplit mlawide mlaab ncuwide mergefusion mergecost exactmerge fp32tiles exactchunk exactcap exactdemo exactcuda exactwide exactkernels exacttp8 blockm e2ebf16 structure
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               mlaab (ALT_WIDE=alt/mla_wide.cu: the tree's wide MLA engine timed, then the
-#                                               alternative's CUDA MLA tests and timings, the tree's file restored)
+#                                               alternative's CUDA MLA tests and timings, the tree's file restored; ALT_OF=
+#                                               ddtree_chat/csrc/mla_attention.cu: that file instead, e.g. the merge)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
@@ -137,13 +138,14 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
         exactmerge) step exactmerge 240 python benchmarks/kernels.py --only exact_merge --json "$OUT/exact_merge.json" ;;  # the row-invariant MLA's merge layouts side by side
         mlawide) step mlawide-tests 420 python "${MLA_TESTS[@]}"
                  step mlawide 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # the wide engine beside the narrow one
-        mlaab) alt=${ALT_WIDE:-}  # the tree's wide MLA engine against another csrc/mla_wide.cu (ALT_WIDE, an untracked file), one machine
-               if [ ! -f "$alt" ]; then echo "=== mlaab: set ALT_WIDE to a mla_wide.cu in the working tree" >> "$log"; continue; fi
+        mlaab) alt=${ALT_WIDE:-} of=${ALT_OF:-ddtree_chat/csrc/mla_wide.cu}  # the tree's MLA kernels against another
+               # version of one file (ALT_WIDE, an untracked file, in place of ALT_OF: by default the wide engine), one machine
+               if [ ! -f "$alt" ] || [ ! -f "$of" ]; then echo "=== mlaab: set ALT_WIDE to a file in the working tree (ALT_OF: the file it replaces)" >> "$log"; continue; fi
                step mlaab-base 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla_base.json"
-               cp ddtree_chat/csrc/mla_wide.cu "$cache_root/mla_wide_base.cu" && cp "$alt" ddtree_chat/csrc/mla_wide.cu
+               cp "$of" "$cache_root/mlaab_base" && cp "$alt" "$of"
                step mlaab-tests 420 python "${MLA_TESTS[@]}"
                step mlaab-alt 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla_alt.json"
-               cp "$cache_root/mla_wide_base.cu" ddtree_chat/csrc/mla_wide.cu ;;  # the tree's engine back for later steps
+               cp "$cache_root/mlaab_base" "$of" ;;  # the tree's file back for later steps
         mlasplit) step mlasplit 200 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # each MLA kernel's time (kernel_us), default plans only
         pdl) DDTREE_PDL=1 step pdl-tests 420 python -m pytest -q -m gpu --timeout 300 tests/test_pdl_gpu.py \
                  tests/test_exact_gpu.py  # every row-invariance and graph test with the kernels launched early
