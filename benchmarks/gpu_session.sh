@@ -8,7 +8,8 @@
 #                                               smoke e2e e2esampled (e2e at T=0.7, top-p 0.95: ar, dflash, ddtree 8, auto)
 #                                               mlaab (ALT_WIDE=alt/mla_wide.cu: the tree's wide MLA engine timed, then the
 #                                               alternative's CUDA MLA tests and timings, the tree's file restored; ALT_OF=
-#                                               ddtree_chat/csrc/mla_attention.cu: that file instead, e.g. the merge)
+#                                               ddtree_chat/csrc/mla_attention.cu: that file instead, e.g. the merge;
+#                                               MLAAB_TESTS=0: the two timings alone, e.g. the tree's file against main's)
 #                                               e2epenalty (e2e at T=0 under --repeat-penalty 1.1: ids == ar, speed; plain ar beside)
 #                                               programs k26 layer kernels
 #                                               moe moemla small tiles fma mlatiles compile firststart ncu cache (tests: a quick
@@ -143,7 +144,7 @@ runpy.run_path('benchmarks/kernels.py', run_name='__main__')" $f
                if [ ! -f "$alt" ] || [ ! -f "$of" ]; then echo "=== mlaab: set ALT_WIDE to a file in the working tree (ALT_OF: the file it replaces)" >> "$log"; continue; fi
                step mlaab-base 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla_base.json"
                cp "$of" "$cache_root/mlaab_base" && cp "$alt" "$of"
-               step mlaab-tests 420 python "${MLA_TESTS[@]}"
+               [ "${MLAAB_TESTS:-1}" = 0 ] || step mlaab-tests 420 python "${MLA_TESTS[@]}"  # 0: timings only
                step mlaab-alt 300 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla_alt.json"
                cp "$cache_root/mlaab_base" "$of" ;;  # the tree's file back for later steps
         mlasplit) step mlasplit 200 python benchmarks/kernels.py --only cuda_mla --quick --json "$OUT/cuda_mla.json" ;;  # each MLA kernel's time (kernel_us), default plans only
