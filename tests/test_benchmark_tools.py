@@ -94,6 +94,34 @@ def test_gpu_session_script_logs_steps_and_round_trips_its_cache(tmp_path):
     assert not (restored / "triton" / "kernel.llir").exists()
 
 
+def test_gpu_session_mlaab_times_and_tests_another_version_of_the_named_file(tmp_path):
+    """gpu_session.sh mlaab: the tree's file timed, then ALT_WIDE in place of ALT_OF (default the wide engine) tested
+    and timed, the tree's file back afterwards; MLAAB_TESTS=0 leaves the tests out (a python stand-in records which
+    version each step saw)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    target = tmp_path / "ddtree_chat" / "csrc" / "mla_attention.cu"
+    target.parent.mkdir(parents=True)
+    target.write_text("TREE")
+    (tmp_path / "alt.cu").write_text("ALT")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python").write_text(f'#!/bin/sh\necho "saw $(cat {target}) for $1"\n')
+    (bin_ / "python").chmod(0o755)
+    for tests, want in (("1", ["TREE for benchmarks/kernels.py", "ALT for -m", "ALT for benchmarks/kernels.py"]),
+                        ("0", ["TREE for benchmarks/kernels.py", "ALT for benchmarks/kernels.py"])):
+        out = tmp_path / f"out{tests}"
+        out.mkdir()
+        env = dict(os.environ, OUT=str(out), CACHE_ROOT=str(tmp_path / "cache"), PATH=f"{bin_}:{os.environ['PATH']}",
+                   ALT_WIDE="alt.cu", ALT_OF="ddtree_chat/csrc/mla_attention.cu", MLAAB_TESTS=tests)
+        subprocess.run(["bash", str(root / "benchmarks" / "gpu_session.sh"), "mlaab"], cwd=tmp_path, env=env,
+                       check=True, timeout=60)
+        log = (out / "log.txt").read_text()
+        assert [line[4:] for line in log.splitlines() if line.startswith("saw ")] == want, log
+        assert target.read_text() == "TREE"
+
+
 def test_k26_forward_one_layer_mode_runs_scaled_down_on_cpu(tmp_path):
     """benchmarks/k26_forward.py --layer (issue 9's one-layer benchmark) at tiny dims: one row per token
     count, a layer's bytes from memory.layer_bytes (less than the whole forward's)."""
