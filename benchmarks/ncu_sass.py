@@ -14,14 +14,13 @@ import csv
 import sys
 from pathlib import Path
 
+from ncu_table import metric
+
 ALL, NOT_ISSUED = "Warp Stall Sampling (All", "Warp Stall Sampling (Not-issued"
 
 
 def _number(cell: str) -> int:
-    try:
-        return int(float(cell.replace(",", "") or 0))
-    except ValueError:  # NOTE: ncu leaves some cells as words ("n/a")
-        return 0
+    return int(metric(cell) or 0)  # NOTE: a word or empty cell ("n/a") counts no samples
 
 
 def sampled_lines(text: str) -> list[dict]:

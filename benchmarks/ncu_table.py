@@ -20,6 +20,14 @@ COLUMNS = [("Duration", "us"), ("DRAM Throughput", "DRAM %"), ("L2 Cache Through
            ("Registers Per Thread", "registers")]
 
 
+def metric(cell: str) -> float | None:
+    """A counter's cell as a number (ncu writes thousands separators), None where it is a word or empty ("n/a")."""
+    try:
+        return float(cell.replace(",", ""))
+    except ValueError:
+        return None
+
+
 def launches(text: str) -> list[dict]:
     """Each launch's {"id", "kernel", "grid", "block", metric name: value} from the CSV's text, in ID order."""
     lines = text.splitlines()
@@ -36,9 +44,8 @@ def launches(text: str) -> list[dict]:
             continue
         one = out.setdefault(int(r[col["ID"]]), {"id": int(r[col["ID"]]), "kernel": r[col["Kernel Name"]],
                                                  "grid": r[col["Grid Size"]], "block": r[col["Block Size"]]})
-        try:
-            value = float(r[col["Metric Value"]].replace(",", ""))
-        except ValueError:  # NOTE: some metrics are words or empty (a cache's name, "n/a"): not table figures
+        value = metric(r[col["Metric Value"]])
+        if value is None:  # NOTE: some metrics are words or empty (a cache's name, "n/a"): not table figures
             continue
         if r[col["Metric Name"]] == "Duration":  # NOTE: ncu picks the unit per launch; the table is in us
             value *= {"ns": 1e-3, "us": 1.0, "ms": 1e3}.get(r[col["Metric Unit"]], 1.0)
